@@ -1,0 +1,114 @@
+"""Per-run statistics of the speculative round loop. Passed into the loop, never global."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+PHASES = ("verify", "draft", "accept", "finalize", "residual")
+
+
+@dataclass
+class RunStats:
+    block_size: int = 1
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    generation_tokens: int = 0
+    generation_s: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    host_syncs: int = 0
+    # offered[j] / hits[j]: rounds in which a draft at position j + 1 was made / accepted.
+    offered: List[int] = field(default_factory=list)
+    hits: List[int] = field(default_factory=list)
+    phase_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    rounds_s: float = 0.0
+    peak_memory_gb: float = 0.0
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_s[name] += time.perf_counter() - t0
+
+    def record_round(self, drafted: int, accepted: int, wall_s: float) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rounds_s += wall_s
+        while len(self.offered) < drafted:
+            self.offered.append(0)
+            self.hits.append(0)
+        for j in range(drafted):
+            self.offered[j] += 1
+            self.hits[j] += j < accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> List[float]:
+        return [h / o if o else 0.0 for h, o in zip(self.hits, self.offered)]
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generation_tokens / self.generation_s if self.generation_s else 0.0
+
+    def phase_ms(self) -> Dict[str, float]:
+        """Wall ms per phase summed over the run; residual = round wall minus the named phases."""
+        named = sum(v for k, v in self.phase_s.items() if k != "residual")
+        out = {k: 1e3 * v for k, v in self.phase_s.items()}
+        out["residual"] = 1e3 * max(self.rounds_s - named, 0.0)
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "block_size": self.block_size,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tps": self.prompt_tps,
+            "generation_tokens": self.generation_tokens,
+            "generation_tps": self.generation_tps,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_round": self.tokens_per_round,
+            "per_position_acceptance": self.per_position_acceptance,
+            "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
+            "phase_ms": self.phase_ms(),
+            "peak_memory_gb": self.peak_memory_gb,
+        }
+
+    def rows(self) -> List[tuple]:
+        """(statistic, value) rows for the CLI table."""
+        rows = [
+            ("prompt", f"{self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s"),
+            ("generation", f"{self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s"),
+            ("block size", self.block_size),
+            ("rounds", self.rounds),
+            ("drafted / accepted", f"{self.drafted} / {self.accepted}"),
+            ("acceptance rate", f"{self.acceptance_rate:.3f}"),
+            ("tokens per round", f"{self.tokens_per_round:.3f}"),
+        ]
+        for j, (rate, n) in enumerate(zip(self.per_position_acceptance, self.offered), 1):
+            rows.append((f"accepted at draft position {j} (share of {n} rounds)", f"{rate:.3f}"))
+        ms = self.phase_ms()
+        per_round = max(self.rounds, 1)
+        for p in PHASES:
+            rows.append((f"{p} ms/round", f"{ms[p] / per_round:.2f}"))
+        rows.append(("peak memory", f"{self.peak_memory_gb:.3f} GB"))
+        return rows

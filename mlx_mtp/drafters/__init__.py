@@ -1,0 +1,1 @@
+"""Drafters: one per family, behind the protocol in ``base``."""

@@ -1,0 +1,31 @@
+"""The protocol every drafter implements for the shared round loop (``mlx_mtp.speculative``).
+
+State convention (B = 1): after ``prefill`` / ``accept`` the drafter has consumed one pair per
+committed position, i.e. (hidden of the target at position p, token at position p + 1). The last
+pair's token is the bonus: sampled but not yet fed to the target. ``draft(k)`` proposes the k
+tokens that follow the bonus, as a device array, without reading anything back to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import mlx.core as mx
+
+
+class Drafter(Protocol):
+    def reset(self) -> None:
+        """Forget everything: a new generation starts."""
+
+    def prefill(self, hidden: mx.array, next_ids: mx.array) -> None:
+        """Consume pairs (``hidden [1, S, H]`` at positions p, ``next_ids [S]`` at p + 1)."""
+
+    def draft(self, k: int) -> mx.array:
+        """Propose ``k >= 1`` ids ``[k]`` after the bonus; no host sync."""
+
+    def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
+        """After a verify: undo this round's drafting state, then consume the ``a + 1`` verified
+        pairs (the target's true hidden states and the emitted tokens)."""
+
+    def state_arrays(self) -> list:
+        """Arrays to evaluate so the drafter's pending work is done (used for timing)."""

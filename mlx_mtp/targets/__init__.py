@@ -1,0 +1,1 @@
+"""Target adapters: one per model family, over the mlx-lm model."""
