@@ -88,27 +88,8 @@ class RunStats:
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_round": self.tokens_per_round,
             "per_position_acceptance": self.per_position_acceptance,
+            "per_position_rounds": list(self.offered),
             "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
             "phase_ms": self.phase_ms(),
             "peak_memory_gb": self.peak_memory_gb,
         }
-
-    def rows(self) -> List[tuple]:
-        """(statistic, value) rows for the CLI table."""
-        rows = [
-            ("prompt", f"{self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s"),
-            ("generation", f"{self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s"),
-            ("block size", self.block_size),
-            ("rounds", self.rounds),
-            ("drafted / accepted", f"{self.drafted} / {self.accepted}"),
-            ("acceptance rate", f"{self.acceptance_rate:.3f}"),
-            ("tokens per round", f"{self.tokens_per_round:.3f}"),
-        ]
-        for j, (rate, n) in enumerate(zip(self.per_position_acceptance, self.offered), 1):
-            rows.append((f"accepted at draft position {j} (share of {n} rounds)", f"{rate:.3f}"))
-        ms = self.phase_ms()
-        per_round = max(self.rounds, 1)
-        for p in PHASES:
-            rows.append((f"{p} ms/round", f"{ms[p] / per_round:.2f}"))
-        rows.append(("peak memory", f"{self.peak_memory_gb:.3f} GB"))
-        return rows

@@ -28,11 +28,11 @@ def greedy(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 
 
-def check_block_size(block_size) -> int:
+def check_block_size(block_size, name: str = "block_size") -> int:
     if not isinstance(block_size, int) or isinstance(block_size, bool):
-        raise MTPError(f"--block-size must be an integer, got {block_size!r}")
+        raise MTPError(f"{name} must be an integer, got {block_size!r}")
     if not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise MTPError(f"--block-size must be between 1 and {MAX_BLOCK_SIZE}, got {block_size}")
+        raise MTPError(f"{name} must be between 1 and {MAX_BLOCK_SIZE}, got {block_size}")
     return block_size
 
 
@@ -57,14 +57,15 @@ def generate_step(
     """
     block_size = check_block_size(block_size)
     if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise MTPError(f"--max-tokens must be a positive integer, got {max_tokens!r}")
+        raise MTPError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise MTPError("the prompt must be a non-empty 1-D array of token ids")
     target = model.target
     drafter = model.drafter if block_size > 1 else None
     if block_size > 1 and drafter is None:
-        raise MTPError("this model has no MTP head: load one with --drafter, or use --block-size 1")
+        raise MTPError("this model has no MTP head: load one with drafter= (--drafter), "
+                       "or use block_size=1")
     sampler = sampler or greedy
     stats = stats if stats is not None else RunStats()
     stats.block_size = block_size

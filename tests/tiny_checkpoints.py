@@ -187,7 +187,7 @@ def write_mlx_converted(raw: Path, out: Path, *, quantize: bool = False) -> Path
     """What ``mlx_lm.convert`` makes of ``raw`` (it strips every ``mtp.*`` tensor)."""
     from mlx_lm.convert import convert
 
-    convert(str(raw), str(out), quantize=quantize, q_group_size=32, q_bits=4)
+    convert(str(raw), str(out), quantize=quantize, q_group_size=32, q_bits=4, dtype="float32")
     return Path(out)
 
 

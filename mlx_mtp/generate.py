@@ -1,0 +1,251 @@
+"""``stream_generate`` and the CLI: ``python -m mlx_mtp.generate``.
+
+Mirrors ``mlx_lm.generate``: the text first, then one table of the run's statistics
+(or one JSON object with ``--json``). ``--no-mtp`` runs mlx-lm's own plain decode of the same
+target, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Generator, List, Optional, Union
+
+import mlx.core as mx
+
+from .diagnostics import RunStats
+from .errors import MTPError
+from .speculative import MAX_BLOCK_SIZE, generate_step
+
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_BLOCK_SIZE = 3
+
+
+def _response_class():
+    from mlx_lm.generate import GenerationResponse
+
+    @dataclass
+    class MTPGenerationResponse(GenerationResponse):
+        """mlx-lm's response; the last one of a run also carries ``stats``."""
+
+        stats: Optional[RunStats] = None
+
+    return MTPGenerationResponse
+
+
+def encode_prompt(tokenizer, prompt: Union[str, List[int], mx.array]) -> mx.array:
+    if isinstance(prompt, mx.array):
+        return prompt
+    if isinstance(prompt, str):
+        add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+        prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
+    return mx.array(prompt)
+
+
+def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                    block_size: int = DEFAULT_BLOCK_SIZE, sampler=None,
+                    stats: Optional[RunStats] = None, **kwargs) -> Generator:
+    """Yield mlx-lm-style responses; the last one carries the run's ``stats`` (``RunStats``).
+
+    Stops at an EOS token like mlx-lm's ``stream_generate``.
+    """
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    Response = _response_class()
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    prompt = encode_prompt(tokenizer, prompt)
+    stats = stats if stats is not None else RunStats()
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    tokens = generate_step(prompt, model, max_tokens=max_tokens, block_size=block_size,
+                           sampler=sampler, stats=stats, **kwargs)
+    token, logprobs, from_draft, n = None, None, False, 0
+    for n, (token, logprobs, from_draft) in enumerate(tokens, 1):
+        if token in tokenizer.eos_token_ids:
+            break
+        detokenizer.add_token(token)
+        if n == max_tokens:
+            break
+        yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                       from_draft=from_draft, prompt_tokens=prompt.size,
+                       prompt_tps=stats.prompt_tps, generation_tokens=n,
+                       generation_tps=stats.generation_tps,
+                       peak_memory=mx.get_peak_memory() / 1e9)
+    tokens.close()
+    detokenizer.finalize()
+    yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                   from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=stats.prompt_tps,
+                   generation_tokens=n, generation_tps=stats.generation_tps,
+                   peak_memory=stats.peak_memory_gb,
+                   finish_reason="stop" if token in tokenizer.eos_token_ids else "length",
+                   stats=stats)
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def _positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _block_size(s):
+    v = _positive_int(s)
+    if v > MAX_BLOCK_SIZE:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BLOCK_SIZE}, got {v}")
+    return v
+
+
+def _temperature(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
+    if not v >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {s}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, like argparse, without the usage dump
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m mlx_mtp.generate",
+                description="Generate text with MTP speculative decoding (exact at --temp 0).")
+    p.add_argument("--model", help="local folder or Hugging Face repo id of the target")
+    p.add_argument("--drafter", help="folder or repo id of a separate MTP head (qwen3_5_mtp)")
+    p.add_argument("--prompt", default=None, help="prompt text (default: a short code prompt)")
+    p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--block-size", type=_block_size, default=DEFAULT_BLOCK_SIZE,
+                   help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
+                        f"decode through the MTP loop)")
+    p.add_argument("--temp", type=_temperature, default=0.0, help="sampling temperature")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--no-mtp", action="store_true",
+                   help="plain decode of the same target through mlx-lm, for comparison")
+    p.add_argument("--ignore-chat-template", action="store_true",
+                   help="feed the prompt as is, even if the tokenizer has a chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p
+
+
+DEFAULT_PROMPT = "def fibonacci(n):\n"
+
+
+def _prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
+    if not ignore_chat_template and getattr(tokenizer, "has_chat_template", False):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             add_generation_prompt=True, tokenize=True)
+    return text
+
+
+def _run_plain(model, tokenizer, prompt, args, sampler):
+    """mlx-lm's own plain decode of the target (``--no-mtp``)."""
+    from mlx_lm.generate import stream_generate as mlx_stream_generate
+
+    stats = RunStats(block_size=1)
+    text, last = [], None
+    t0 = time.perf_counter()
+    for last in mlx_stream_generate(model.mlx_model, tokenizer, prompt,
+                                    max_tokens=args.max_tokens, sampler=sampler):
+        text.append(last.text)
+    stats.prompt_tokens = last.prompt_tokens
+    stats.prompt_s = last.prompt_tokens / last.prompt_tps if last.prompt_tps else 0.0
+    stats.generation_tokens = last.generation_tokens
+    stats.generation_s = (last.generation_tokens / last.generation_tps if last.generation_tps
+                          else time.perf_counter() - t0)
+    stats.peak_memory_gb = last.peak_memory
+    return "".join(text), stats
+
+
+def run(args) -> dict:
+    from mlx_lm.sample_utils import make_sampler
+
+    from .loading import load
+
+    if args.model is None:
+        raise MTPError("--model is required: a local model folder or a Hugging Face repo id")
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    need_head = not args.no_mtp and args.block_size > 1
+    model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head)
+    prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
+                             args.ignore_chat_template)
+    sampler = make_sampler(temp=args.temp)
+    if args.no_mtp:
+        text, stats = _run_plain(model, tokenizer, prompt, args, sampler)
+    else:
+        stats = RunStats()
+        pieces = [r.text for r in stream_generate(model, tokenizer, prompt,
+                                                  max_tokens=args.max_tokens,
+                                                  block_size=args.block_size, sampler=sampler,
+                                                  stats=stats)]
+        text = "".join(pieces)
+    out = {"text": text, "model": str(args.model), "drafter": args.drafter,
+           "mtp_enabled": not args.no_mtp, "temperature": args.temp}
+    out.update(stats.to_dict())
+    return out
+
+
+def print_report(result: dict, stats_rows) -> None:
+    from tabulate import tabulate
+
+    print(result["text"])
+    print("=" * 40)
+    print(tabulate(stats_rows, headers=["statistic", "value"], tablefmt="simple"))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except MTPError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        rows = [("mtp", "on" if result["mtp_enabled"] else "off (--no-mtp: mlx-lm plain decode)")]
+        rows += _rows_from_result(result)
+        print_report(result, rows)
+    return 0
+
+
+def _rows_from_result(result: dict):
+    rows = [
+        ("prompt", f"{result['prompt_tokens']} tokens, {result['prompt_tps']:.1f} tok/s"),
+        ("generation", f"{result['generation_tokens']} tokens, {result['generation_tps']:.1f} tok/s"),
+    ]
+    if result["mtp_enabled"]:
+        rows += [
+            ("block size", result["block_size"]),
+            ("rounds", result["rounds"]),
+            ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),
+            ("acceptance rate", f"{result['acceptance_rate']:.3f}"),
+            ("tokens per round", f"{result['tokens_per_round']:.3f}"),
+        ]
+        for j, (rate, n) in enumerate(zip(result["per_position_acceptance"],
+                                          result["per_position_rounds"]), 1):
+            rows.append((f"draft {j} accepted (share of the {n} rounds that drafted it)",
+                         f"{rate:.3f}"))
+        per_round = max(result["rounds"], 1)
+        for phase, ms in result["phase_ms"].items():
+            rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
+    rows.append(("peak memory", f"{result['peak_memory_gb']:.3f} GB"))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import tiny_checkpoints as tc  # noqa: E402
+from mlx_lm.generate import generate_step as mlx_generate_step  # noqa: E402
+from mlx_lm.utils import load_model as mlx_load_model  # noqa: E402
+
+CODE_PROMPT = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x"
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ckpts")
+
+
+@pytest.fixture(scope="session")
+def dense_dir(ckpt_root):
+    return tc.write_raw_hf(ckpt_root / "dense", seed=0)
+
+
+@pytest.fixture(scope="session")
+def moe_dir(ckpt_root):
+    return tc.write_raw_hf(ckpt_root / "moe", moe=True, seed=10)
+
+
+@pytest.fixture(scope="session")
+def moe_per_expert_dir(ckpt_root):
+    return tc.write_raw_hf(ckpt_root / "moe_per_expert", moe=True, seed=10,
+                           expert_layout="per_expert", shards=2)
+
+
+@pytest.fixture(scope="session")
+def tied_dir(ckpt_root):
+    return tc.write_raw_hf(ckpt_root / "tied", tied=True, seed=20)
+
+
+@pytest.fixture(scope="session")
+def mlx_dir(ckpt_root, dense_dir):
+    return tc.write_mlx_converted(dense_dir, ckpt_root / "dense-mlx")
+
+
+@pytest.fixture(scope="session")
+def q4_dir(ckpt_root, dense_dir):
+    return tc.write_mlx_converted(dense_dir, ckpt_root / "dense-mlx-4bit", quantize=True)
+
+
+def reference_greedy(path, prompt, max_tokens):
+    """mlx-lm's own plain greedy decode of a pristine copy of the target."""
+    model, _ = mlx_load_model(Path(path))
+    return [t for t, _ in mlx_generate_step(mx.array(prompt), model, max_tokens=max_tokens)]

@@ -1,0 +1,144 @@
+"""T=0 identity with mlx-lm's plain greedy decode, and bitwise cache states after every round."""
+
+import mlx.core as mx
+import pytest
+from conftest import CODE_PROMPT, reference_greedy
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from mlx_lm.utils import load_model as mlx_load_model
+from oracle import ForcedHeadDrafter, OracleDrafter
+
+import mlx_mtp
+from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.drafters.qwen3_5_mtp import MTPHead
+from mlx_mtp.model import MTPModel
+
+MAX_TOKENS = 24
+
+
+def prompts(path):
+    tok = load_tokenizer(path)
+    long = tok.encode(CODE_PROMPT)
+    assert len(long) > 16
+    return {"len1": long[:1], "long": long}
+
+
+def run(model, prompt, block_size, max_tokens=MAX_TOKENS, stats=None):
+    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                                   block_size=block_size, stats=stats)]
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe", "moe_per_expert", "tied", "q4"])
+def test_greedy_identity_with_real_head(kind, request, dense_dir):
+    path = request.getfixturevalue(f"{kind}_dir")
+    drafter = dense_dir if kind == "q4" else None  # the 4-bit MLX conversion lost its head
+    model = mlx_mtp.load_model(path, drafter=drafter)
+    for name, prompt in prompts(path).items():
+        ref = reference_greedy(path, prompt, MAX_TOKENS)
+        for bs in range(1, 7):
+            assert run(model, prompt, bs) == ref, (kind, name, bs)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe", "tied", "q4"])
+def test_every_acceptance_length_is_exact(kind, request):
+    """An oracle drafter forces acceptance lengths 0..K; output stays mlx-lm's greedy output."""
+    path = request.getfixturevalue(f"{kind}_dir")
+    model = mlx_mtp.load_model(path, require_head=False)
+    for name, prompt in prompts(path).items():
+        ref = reference_greedy(path, prompt, MAX_TOKENS)
+        for bs in range(2, 7):
+            K = bs - 1
+            oracle = OracleDrafter(prompt + ref, schedule=list(range(K + 1)),
+                                   vocab_size=model.target.vocab_size)
+            forced = MTPModel(model.mlx_model, model.target, oracle)
+            stats = RunStats()
+            assert run(forced, prompt, bs, stats=stats) == ref, (kind, name, bs)
+            assert stats.accepted == sum(oracle.planned)
+            assert stats.accepted > 0
+            # every acceptance length 0..K occurred in some round
+            assert set(range(K + 1)) <= set(oracle.planned), oracle.planned
+
+
+def _snapshot(target, cache):
+    arrays = target.cache_state(cache)
+    mx.eval(arrays)
+    return arrays
+
+
+def _assert_bitwise(got, want, what):
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (what, i, g.shape, w.shape)
+        assert bytes(memoryview(g)) == bytes(memoryview(w)), (what, i)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, request):
+    path = request.getfixturevalue(f"{kind}_dir")
+    model = mlx_mtp.load_model(path)
+    prompt = prompts(path)["long"]
+    n_tokens = 30
+    ref = reference_greedy(path, prompt, n_tokens)
+    full = prompt + ref
+
+    # Sequential reference on a pristine mlx-lm model: target cache state and post-norm hidden
+    # after each committed token, exactly as plain decode builds them.
+    pristine, _ = mlx_load_model(path)
+    trunk = pristine.language_model.model
+    ref_cache = pristine.make_cache()
+    hiddens = [trunk(mx.array(prompt[:-1])[None], ref_cache)]
+    target_states = {}
+    for p in range(len(prompt) - 1, len(full) - 1):
+        hiddens.append(trunk(mx.array(full[p : p + 1])[None], ref_cache))
+        target_states[p + 1] = _snapshot(model.target, ref_cache)
+    hidden_all = mx.concatenate(hiddens, axis=1)  # h_p for p = 0 .. len(full) - 2
+
+    # Reference MTP cache: the head run one pair (x_{p+1}, h_p) at a time.
+    head = model.drafter.head
+    mtp_cache = [KVCache() for _ in head.layers]
+    mtp_states = {}
+    for p in range(len(full) - 1):
+        head(model.target.embed(mx.array([[full[p + 1]]])), hidden_all[:, p : p + 1], mtp_cache)
+        c = mtp_cache[0]
+        mtp_states[p + 1] = [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+        mx.eval(mtp_states[p + 1])
+
+    for bs in (2, 3, 4, 6):
+        K = bs - 1
+        forced = ForcedHeadDrafter(model.drafter, full, schedule=[K, 0, 1, K - 1, 2],
+                                   vocab_size=model.target.vocab_size)
+        fm = MTPModel(model.mlx_model, model.target, forced)
+        captured = {}
+
+        # Wrap rollback to see the target cache at the end of every round.
+        orig_rollback = model.target.rollback
+
+        def spy(cache, fed, keep):
+            orig_rollback(cache, fed, keep)
+            captured["cache"] = cache
+
+        model.target.rollback = spy
+        try:
+            gen = mlx_mtp.generate_step(mx.array(prompt), fm, max_tokens=n_tokens, block_size=bs)
+            out = []
+            checked = 0
+            for tok, _, _ in gen:
+                out.append(tok)
+                cache = captured.get("cache")
+                if cache is None:
+                    continue
+                offset = next(c.offset for c in cache if isinstance(c, KVCache))
+                _assert_bitwise(_snapshot(model.target, cache), target_states[offset],
+                                (kind, bs, "target", offset))
+                assert model.drafter.offset == offset
+                c = model.drafter.cache[0]
+                got = [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+                mx.eval(got)
+                _assert_bitwise(got, mtp_states[offset], (kind, bs, "mtp", offset))
+                checked += 1
+        finally:
+            model.target.rollback = orig_rollback
+        assert out == ref
+        assert checked >= n_tokens // 2
+        assert set(forced.planned) >= {0, 1, K}
