@@ -99,8 +99,11 @@ def _positive_int(s):
 
 
 def _block_size(s):
-    v = _positive_int(s)
-    if v > MAX_BLOCK_SIZE:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
+    if not 1 <= v <= MAX_BLOCK_SIZE:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BLOCK_SIZE}, got {v}")
     return v
 
@@ -156,18 +159,23 @@ def _run_plain(model, tokenizer, prompt, args, sampler):
     from mlx_lm.generate import stream_generate as mlx_stream_generate
 
     stats = RunStats(block_size=1)
-    text, last = [], None
+    text, tokens, last = [], [], None
     t0 = time.perf_counter()
     for last in mlx_stream_generate(model.mlx_model, tokenizer, prompt,
                                     max_tokens=args.max_tokens, sampler=sampler):
         text.append(last.text)
+        tokens.append(last.token)
     stats.prompt_tokens = last.prompt_tokens
     stats.prompt_s = last.prompt_tokens / last.prompt_tps if last.prompt_tps else 0.0
     stats.generation_tokens = last.generation_tokens
     stats.generation_s = (last.generation_tokens / last.generation_tps if last.generation_tps
                           else time.perf_counter() - t0)
     stats.peak_memory_gb = last.peak_memory
-    return "".join(text), stats
+    return "".join(text), _without_eos(tokens, tokenizer), stats
+
+
+def _without_eos(tokens, tokenizer):
+    return tokens[:-1] if tokens and tokens[-1] in tokenizer.eos_token_ids else tokens
 
 
 def run(args) -> dict:
@@ -185,15 +193,14 @@ def run(args) -> dict:
                              args.ignore_chat_template)
     sampler = make_sampler(temp=args.temp)
     if args.no_mtp:
-        text, stats = _run_plain(model, tokenizer, prompt, args, sampler)
+        text, tokens, stats = _run_plain(model, tokenizer, prompt, args, sampler)
     else:
         stats = RunStats()
-        pieces = [r.text for r in stream_generate(model, tokenizer, prompt,
-                                                  max_tokens=args.max_tokens,
-                                                  block_size=args.block_size, sampler=sampler,
-                                                  stats=stats)]
-        text = "".join(pieces)
-    out = {"text": text, "model": str(args.model), "drafter": args.drafter,
+        responses = list(stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
+                                         block_size=args.block_size, sampler=sampler, stats=stats))
+        text = "".join(r.text for r in responses)
+        tokens = _without_eos([r.token for r in responses], tokenizer)
+    out = {"text": text, "tokens": tokens, "model": str(args.model), "drafter": args.drafter,
            "mtp_enabled": not args.no_mtp, "temperature": args.temp}
     out.update(stats.to_dict())
     return out

@@ -41,6 +41,11 @@ def tied_dir(ckpt_root):
 
 
 @pytest.fixture(scope="session")
+def next_dir(ckpt_root):
+    return tc.write_raw_hf_qwen3_next(ckpt_root / "qwen3_next", seed=30)
+
+
+@pytest.fixture(scope="session")
 def mlx_dir(ckpt_root, dense_dir):
     return tc.write_mlx_converted(dense_dir, ckpt_root / "dense-mlx")
 

@@ -29,7 +29,7 @@ def run(model, prompt, block_size, max_tokens=MAX_TOKENS, stats=None):
                                                    block_size=block_size, stats=stats)]
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "moe_per_expert", "tied", "q4"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "moe_per_expert", "tied", "q4", "next"])
 def test_greedy_identity_with_real_head(kind, request, dense_dir):
     path = request.getfixturevalue(f"{kind}_dir")
     drafter = dense_dir if kind == "q4" else None  # the 4-bit MLX conversion lost its head
@@ -40,7 +40,7 @@ def test_greedy_identity_with_real_head(kind, request, dense_dir):
             assert run(model, prompt, bs) == ref, (kind, name, bs)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "tied", "q4"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "tied", "q4", "next"])
 def test_every_acceptance_length_is_exact(kind, request):
     """An oracle drafter forces acceptance lengths 0..K; output stays mlx-lm's greedy output."""
     path = request.getfixturevalue(f"{kind}_dir")
@@ -73,7 +73,7 @@ def _assert_bitwise(got, want, what):
         assert bytes(memoryview(g)) == bytes(memoryview(w)), (what, i)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "next"])
 def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, request):
     path = request.getfixturevalue(f"{kind}_dir")
     model = mlx_mtp.load_model(path)
@@ -85,7 +85,7 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
     # Sequential reference on a pristine mlx-lm model: target cache state and post-norm hidden
     # after each committed token, exactly as plain decode builds them.
     pristine, _ = mlx_load_model(path)
-    trunk = pristine.language_model.model
+    trunk = pristine.language_model.model if kind != "next" else pristine.model
     ref_cache = pristine.make_cache()
     hiddens = [trunk(mx.array(prompt[:-1])[None], ref_cache)]
     target_states = {}

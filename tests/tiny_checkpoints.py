@@ -208,3 +208,84 @@ def write_drafter_folder(path: Path, head_params: Dict[str, mx.array], config: d
     (path / "config.json").write_text(json.dumps(
         {"model_type": "qwen3_5_mtp", "text_config": config["text_config"], "block_size": 3}))
     return path
+
+
+def write_agreeing_checkpoint(path: Path, seed: int = 0) -> Path:
+    """A raw HF checkpoint whose MTP head is built to agree with its target.
+
+    The target mostly maps token x to f(x) for a fixed permutation f (its layers only perturb the
+    embedding slightly, and lm_head rows are the embeddings permuted by f). The head sees
+    ``[norm_e(embed(x_{p+1})), norm_h(h_p)]`` with fc = [I | 10 P], P a permutation of the hidden
+    dims, and effective gammas 1.0 / 0.1: it predicts f(x_{p+1}) = x_{p+2} only when the concat
+    order is embedding-first and every zero-centred norm is shifted exactly once (unshifted, the
+    embedding path is zeroed; shifted twice, the scrambled hidden path drowns it; swapped, the
+    embedding lands in the scrambled slot).
+    """
+    rng = np.random.default_rng(seed)
+    config = qwen3_5_config()
+    mx.random.seed(seed)
+    model = build_target(config)
+    params = dict(tree_flatten(model.parameters()))
+    H, V = config["text_config"]["hidden_size"], config["text_config"]["vocab_size"]
+    E = rng.standard_normal((V, H)).astype(np.float32)
+    f = rng.permutation(V)
+    finv = np.argsort(f)
+    params["language_model.model.embed_tokens.weight"] = mx.array(E)
+    params["language_model.lm_head.weight"] = mx.array(E[finv])
+    for k in params:
+        if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+            params[k] = params[k] * 0.05
+    head = random_head_params(model, seed + 1)
+    P = np.eye(H, dtype=np.float32)[rng.permutation(H)]
+    head["fc.weight"] = mx.array(np.concatenate([np.eye(H, dtype=np.float32), 10 * P], axis=1))
+    for k in head:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            head[k] = head[k] * 0.05
+        elif head[k].ndim == 1 and is_zero_centred_norm(k):
+            head[k] = mx.ones_like(head[k])
+    head["pre_fc_norm_hidden.weight"] = mx.full((H,), 0.1)
+    return write_raw_hf(path, seed=seed, target_params=params, head_params=head)
+
+
+def qwen3_next_config(layers: int = 4, hidden: int = 64, vocab: int = VOCAB) -> dict:
+    """A flat ``qwen3_next`` config (Qwen3-Next-80B-A3B's shape, scaled down; MoE everywhere)."""
+    return {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 2 * hidden,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "num_experts": 4,
+        "num_experts_per_tok": 2, "decoder_sparse_step": 1, "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [], "moe_intermediate_size": 32, "rms_norm_eps": 1e-6,
+        "vocab_size": vocab, "rope_theta": 5000000, "partial_rotary_factor": 0.25,
+        "max_position_embeddings": 4096, "norm_topk_prob": True, "tie_word_embeddings": False,
+        "full_attention_interval": 2,
+    }
+
+
+def write_raw_hf_qwen3_next(path: Path, seed: int = 0) -> Path:
+    """Raw HF Qwen3-Next layout: ``model.layers.*`` with per-expert keys, top-level ``mtp.*``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = qwen3_next_config()
+    mx.random.seed(seed)
+    model = build_target(config)
+    rng = np.random.default_rng(seed)
+    params = dict(tree_flatten(model.parameters()))
+    _jitter_norms(params, TARGET_NORMS, rng)
+    weights = {}
+    for k, v in params.items():
+        if "conv1d.weight" in k:
+            v = v.moveaxis(2, 1)
+        if any(k.endswith(s) for s in TARGET_NORMS) and v.ndim == 1:
+            v = v - 1.0
+        weights[k] = v
+    _fuse_experts(weights, "model.layers.", per_expert=True)
+    mx.random.seed(seed + 1)
+    head = dict(tree_flatten(MTPHead(model.args).parameters()))
+    _jitter_norms(head, ("norm.weight",), rng)
+    weights.update(head_to_hf(head, moe=True, expert_layout="per_expert"))
+    save_safetensors(path, weights, "pt")
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    write_tokenizer(path)
+    return path
