@@ -1,8 +1,13 @@
 """mlx_mtp: exact multi-token-prediction speculative decoding on MLX / mlx-lm."""
 
-from .errors import MTPError
-from .loading import load, load_model
-from .speculative import generate_step
+# Before anything imports mlx.core: bind MLX's CPU matmuls to a fast system BLAS (Linux).
+from . import cpu_blas
+
+cpu_blas.load()
+
+from .errors import MTPError  # noqa: E402
+from .loading import load, load_model  # noqa: E402
+from .speculative import generate_step  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -16,6 +16,7 @@ from typing import Generator, List, Optional, Union
 
 import mlx.core as mx
 
+from . import cpu_blas
 from .diagnostics import RunStats
 from .errors import MTPError
 from .speculative import MAX_BLOCK_SIZE, generate_step
@@ -200,7 +201,7 @@ def run(args) -> dict:
                                          block_size=args.block_size, sampler=sampler, stats=stats))
         text = "".join(r.text for r in responses)
         tokens = _without_eos([r.token for r in responses], tokenizer)
-    out = {"text": text, "tokens": tokens, "model": str(args.model), "drafter": args.drafter,
+    out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(), "model": str(args.model), "drafter": args.drafter,
            "mtp_enabled": not args.no_mtp, "temperature": args.temp}
     out.update(stats.to_dict())
     return out
@@ -251,6 +252,7 @@ def _rows_from_result(result: dict):
         for phase, ms in result["phase_ms"].items():
             rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
     rows.append(("peak memory", f"{result['peak_memory_gb']:.3f} GB"))
+    rows.append(("cpu blas", result["cpu_blas"]))
     return rows
 
 

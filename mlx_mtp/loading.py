@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from . import cpu_blas
 from .drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter, is_zero_centred_norm
 from .errors import MTPError
 from .model import MTPModel
@@ -308,6 +309,8 @@ def default_dtype() -> Optional[mx.Dtype]:
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter."""
+    if cpu_blas.STATE.error:
+        raise MTPError(cpu_blas.STATE.error)
     path = resolve_path(path_or_hf_repo)
     config = read_config(path)
     text = _text_config(config)

@@ -75,6 +75,7 @@ def generate_step(
 
     # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last token.
     t0 = time.perf_counter()
+    target.prepare(block_size)
     cache = target.make_cache()
     if drafter is not None:
         drafter.reset()

@@ -2,8 +2,10 @@ import os
 import sys
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
+
+import mlx_mtp  # noqa: F401  (first: it binds MLX to the system BLAS before mlx.core loads)
+import mlx.core as mx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 

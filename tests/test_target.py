@@ -4,6 +4,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
 
+from mlx_mtp import row_exact
 from mlx_mtp.targets.qwen3_5 import Qwen3_5Target, SpecArraysCache
 
 
@@ -48,10 +49,18 @@ def test_capture_and_replay_are_bitwise_exact(kind, request):
     assert bitwise(c_parent[0], c_spec[0]) and bitwise(c_parent[1], c_spec[1])
     assert c_spec.stash is not None
 
-    # Replaying the first `keep` tokens gives the sequential states bitwise.
+    # Inside a verify (row-exact layers installed, as the round loop does), replaying the first
+    # `keep` tokens gives the sequential decode states bitwise.
+    target.prepare(4)
+    c_verify = SpecArraysCache()
+    layer(prefix, None, c_verify)
+    c_verify.capture = True
+    with row_exact.verifying():
+        layer(block, None, c_verify)
+    c_verify.capture = False
     for keep in range(1, 4):
-        layer.replay(c_spec, keep)
-        mx.eval(c_spec.cache)
+        layer.replay(c_verify, keep)
+        mx.eval(c_verify.cache)
         conv, state = seq_states[keep - 1]
-        assert bitwise(c_spec[0], conv), keep
-        assert bitwise(c_spec[1], state), keep
+        assert bitwise(c_verify[0], conv), keep
+        assert bitwise(c_verify[1], state), keep

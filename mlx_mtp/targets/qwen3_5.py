@@ -19,6 +19,8 @@ from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
+from .. import row_exact
+
 
 class SpecArraysCache(ArraysCache):
     """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""
@@ -98,6 +100,37 @@ class Qwen3NextSpecGDN(_CapturingGDN, _qwen3_next.Qwen3NextGatedDeltaNet):
         return qkv, z, b, a
 
 
+class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
+    """mlx-lm's gated full attention (both families use this class). Inside a verify it computes
+    the attention of each query row separately, against the keys a decode step at that position
+    would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (measured
+    with BLIS on CPU: the score matmul's width is the context length)."""
+
+    def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
+        B, L, D = x.shape
+        if not row_exact.active() or L == 1 or cache is None or hasattr(cache, "bits"):
+            return super().__call__(x, mask, cache)
+        # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA.
+        queries, gate = mx.split(self.q_proj(x).reshape(B, L, self.num_attention_heads, -1), 2, axis=-1)
+        gate = gate.reshape(B, L, -1)
+        keys, values = self.k_proj(x), self.v_proj(x)
+        queries = self.q_norm(queries).transpose(0, 2, 1, 3)
+        keys = self.k_norm(keys.reshape(B, L, self.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
+        values = values.reshape(B, L, self.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        start = cache.offset
+        queries = self.rope(queries, offset=start)
+        keys = self.rope(keys, offset=start)
+        keys, values = cache.update_and_fetch(keys, values)
+        rows = [
+            mx.fast.scaled_dot_product_attention(
+                queries[:, :, i : i + 1], keys[..., : start + i + 1, :],
+                values[..., : start + i + 1, :], scale=self.scale, mask=None)
+            for i in range(L)
+        ]
+        output = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output * mx.sigmoid(gate))
+
+
 _SPEC_GDN = {
     _qwen3_5.GatedDeltaNet: Qwen3_5SpecGDN,
     _qwen3_next.Qwen3NextGatedDeltaNet: Qwen3NextSpecGDN,
@@ -118,6 +151,8 @@ class Qwen3_5Target:
         self.args = self.lm.args
         self.trunk = self.lm.model  # returns the post-final-norm hidden states
         for layer in self.layers:
+            if not layer.is_linear and type(layer.self_attn) is _qwen3_next.Qwen3NextAttention:
+                layer.self_attn.__class__ = Qwen3NextSpecAttention
             if layer.is_linear:
                 gdn = layer.linear_attn
                 spec_cls = _SPEC_GDN.get(type(gdn))
@@ -125,6 +160,8 @@ class Qwen3_5Target:
                     raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
+        self.exact_width = 1  # verify widths made row-exact so far (see ``prepare``)
+        self.row_exact_layers = {}
 
     @property
     def layers(self):
@@ -153,9 +190,19 @@ class Qwen3_5Target:
         return self.trunk(ids, cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
-        if self.args.tie_word_embeddings:
-            return self.trunk.embed_tokens.as_linear(hidden)
-        return self.lm.lm_head(hidden)
+        # Decode projects one row at a time, so several rows are the verify case.
+        with row_exact.verifying():
+            if self.args.tie_word_embeddings:
+                return self.trunk.embed_tokens.as_linear(hidden)
+            return self.lm.lm_head(hidden)
+
+    def prepare(self, max_width: int) -> None:
+        """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
+        kernel is not row-invariant at those widths compute verify rows one at a time."""
+        if max_width > self.exact_width:
+            self.row_exact_layers = row_exact.install(
+                self.model, max_width, tied_head=self.args.tie_word_embeddings)
+            self.exact_width = max_width
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
@@ -163,7 +210,8 @@ class Qwen3_5Target:
         for c in ssm:
             c.capture = True
         try:
-            return self.trunk(ids, cache)
+            with row_exact.verifying():
+                return self.trunk(ids, cache)
         finally:
             for c in ssm:
                 c.capture = False

@@ -1,0 +1,118 @@
+"""Give MLX's CPU backend a fast system BLAS on Linux.
+
+The Linux ``mlx[cpu]`` wheel calls ``cblas_sgemm`` for every f32 matmul (one row included) and
+bundles the single-threaded reference BLAS, about 30x slower than BLIS or OpenBLAS here. Loading a
+system library with RTLD_GLOBAL *before* ``mlx.core`` is first imported makes MLX bind to it
+(LD_LIBRARY_PATH does not; loading after the import has no effect). See
+``shared/design/cpu-backend.md``.
+
+``MLX_MTP_CPU_BLAS``: unset = the fastest library found; ``off`` = MLX's bundled BLAS; a path =
+that library. This module must not import mlx.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+ENV = "MLX_MTP_CPU_BLAS"
+
+# Fastest first, as measured on a 2-core x86 machine (BLIS 0.9 matvec ~2.5x OpenBLAS 0.3.21).
+_CANDIDATES: List[Tuple[str, str, str]] = [
+    ("BLIS", "/usr/lib/*-linux-gnu/blis-pthread/libblis.so.4", "BLIS_NUM_THREADS"),
+    ("BLIS", "/usr/lib/*-linux-gnu/libblis.so.4", "BLIS_NUM_THREADS"),
+    ("OpenBLAS", "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0", "OPENBLAS_NUM_THREADS"),
+    ("OpenBLAS", "/usr/lib/*-linux-gnu/libopenblas.so.0", "OPENBLAS_NUM_THREADS"),
+]
+_THREAD_VARS = {"BLIS": "BLIS_NUM_THREADS", "OpenBLAS": "OPENBLAS_NUM_THREADS"}
+
+
+@dataclass
+class BlasState:
+    name: str = "bundled"  # "BLIS", "OpenBLAS", "custom", "bundled", "not applicable"
+    path: Optional[str] = None
+    threads: Optional[int] = None
+    error: Optional[str] = None  # a library the user named could not be loaded
+
+    def describe(self) -> str:
+        if self.path is None:
+            return {"bundled": "bundled (reference BLAS of the mlx wheel)"}.get(self.name, self.name)
+        threads = f", {self.threads} threads" if self.threads else ""
+        return f"{self.name} ({self.path}{threads})"
+
+
+STATE = BlasState()
+_done = False
+
+
+def _kind_of(path: str) -> str:
+    base = os.path.basename(path).lower()
+    if "blis" in base:
+        return "BLIS"
+    if "openblas" in base:
+        return "OpenBLAS"
+    return "custom"
+
+
+def find() -> List[Tuple[str, str]]:
+    """(name, path) of the system libraries found, fastest first."""
+    out, seen = [], set()
+    for name, pattern, _ in _CANDIDATES:
+        for path in sorted(glob.glob(pattern)):
+            real = os.path.realpath(path)
+            if real not in seen:
+                seen.add(real)
+                out.append((name, path))
+    return out
+
+
+def _set_threads(name: str) -> Optional[int]:
+    var = _THREAD_VARS.get(name)
+    if var is None:
+        return None
+    if var not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ[var] = str(len(os.sched_getaffinity(0)) or 1)
+    return int(os.environ.get(var) or os.environ.get("OMP_NUM_THREADS") or 1)
+
+
+def load() -> BlasState:
+    """Load the library once, on Linux, if ``mlx.core`` has not been imported yet."""
+    global _done
+    if _done:
+        return STATE
+    _done = True
+    if not sys.platform.startswith("linux"):
+        STATE.name = "not applicable"  # macOS: MLX uses Accelerate / Metal
+        return STATE
+    choice = os.environ.get(ENV, "").strip()
+    if choice.lower() == "off":
+        return STATE
+    if choice:
+        candidates = [(_kind_of(choice), choice)]
+    else:
+        candidates = find()
+    if not candidates:
+        return STATE
+    if "mlx.core" in sys.modules:
+        warnings.warn(
+            "mlx_mtp: mlx.core was imported before mlx_mtp, so the system BLAS "
+            f"({candidates[0][1]}) cannot replace MLX's slow bundled BLAS; import mlx_mtp first",
+            RuntimeWarning, stacklevel=3)
+        return STATE
+    for name, path in candidates:
+        threads = _set_threads(name)
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            if choice:  # reported by mlx_mtp.load (an MTPError), not silently dropped
+                STATE.error = f"{ENV}={choice}: cannot load this library ({e})"
+                return STATE
+            continue
+        STATE.name, STATE.path, STATE.threads = name, path, threads
+        return STATE
+    return STATE

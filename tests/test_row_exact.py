@@ -1,0 +1,61 @@
+"""Row-exact verify layers: inside a verify, every T-row product equals T one-row products."""
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+import mlx_mtp
+from mlx_mtp import cpu_blas, row_exact
+
+
+def bitwise(a, b):
+    return a.shape == b.shape and bytes(memoryview(a)) == bytes(memoryview(b))
+
+
+def check_rows(fn, in_dims, width):
+    x = mx.random.normal((1, width, in_dims), key=mx.random.key(7))
+    with row_exact.verifying():
+        block = fn(x)
+    rows = [fn(x[:, i : i + 1]) for i in range(width)]
+    mx.eval(block, rows)
+    return all(bitwise(block[:, i : i + 1], rows[i]) for i in range(width))
+
+
+def test_every_target_linear_is_row_exact_inside_verify(dense_dir, tied_dir, q4_dir):
+    for path in (dense_dir, tied_dir, q4_dir):
+        model = mlx_mtp.load_model(path, require_head=False)
+        model.target.prepare(6)
+        tied = model.target.args.tie_word_embeddings
+        for name, layer in model.mlx_model.named_modules():
+            if isinstance(layer, (nn.Linear, nn.QuantizedLinear)):
+                quantized = isinstance(layer, nn.QuantizedLinear)
+                k = layer.weight.shape[1] * (32 // layer.bits if quantized else 1)
+                assert check_rows(layer, k, 6), (path.name, name)
+        if tied:
+            emb = model.target.trunk.embed_tokens
+            assert check_rows(emb.as_linear, emb.weight.shape[1], 6)
+        if cpu_blas.STATE.name == "BLIS" and path != q4_dir:  # quantized matmuls skip BLAS
+            # BLIS reduces outputs that are not a multiple of 8 wide differently for several rows:
+            # the GatedDeltaNet a/b projections (4 value heads here) must have been switched.
+            switched = model.target.row_exact_layers
+            assert any(n.endswith("linear_attn.in_proj_a") for n in switched), switched
+
+
+def test_outside_verify_the_multi_row_path_is_untouched():
+    layer = nn.Linear(64, 4, bias=False)
+    mx.eval(layer.parameters())
+    row_exact.install(layer, 4)
+    x = mx.random.normal((1, 4, 64), key=mx.random.key(3))
+    plain = x @ layer.weight.T
+    mx.eval(plain, layer(x))
+    assert bitwise(layer(x), plain)  # no verify: the same op as an un-swapped Linear
+
+
+def test_first_divergent_width_sees_a_row_dependent_function():
+    w = mx.random.normal((8, 16), key=mx.random.key(1))
+
+    def leaky(x):  # row i depends on the number of rows: never row-invariant
+        return x @ w.T + x.shape[-2]
+
+    assert row_exact.first_divergent_width(leaky, 4, 16, mx.float32) == 2
+    assert row_exact.first_divergent_width(lambda x: x * 2.0, 4, 16, mx.float32) == 0
