@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Dict, Optional
 
+import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten

@@ -1,0 +1,328 @@
+"""Benchmark MTP speculative decoding against mlx-lm's plain decode of the same target.
+
+Protocol (shared/design/benchmarks.md): paired and alternating arms in one process, each arm warmed
+up once, a fixed token budget with EOS ignored, several prompts, temperature 0; medians of the
+per-pair tok/s and the min-max of the per-pair ratios; the machine's memory bandwidth measured in
+the same run, and each decode step reported as a multiple of its floor (bytes it must read /
+bandwidth). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+
+    python scripts/bench_mtp.py --model PATH [--drafter D] --block-sizes 1,2,3,4,5 --pairs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
+
+from mlx_mtp import cpu_blas  # noqa: E402
+from mlx_mtp.diagnostics import RunStats  # noqa: E402
+from mlx_mtp.generate import encode_prompt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PROMPTS = {
+    "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
+    "prose": "The history of the Python programming language begins in the late 1980s, when",
+    "enumeration": "# The days of the week:\n# 1. Monday\n# 2. Tuesday\n# 3.",
+}
+
+
+# ------------------------------------------------------------------------------ measurements
+
+
+def bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
+    """Streaming-read bandwidth: a one-row f32 matvec over a matrix much larger than the caches."""
+    n = int((mb * 2**20 / 4) ** 0.5)
+    w = mx.random.normal((n, n), key=mx.random.key(0))
+    x = mx.random.normal((1, n), key=mx.random.key(1))
+    mx.eval(w, x)
+    mx.eval(x @ w.T)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(x @ w.T)
+        times.append(time.perf_counter() - t0)
+    return w.nbytes / statistics.median(times) / 1e9
+
+
+def nbytes(module: nn.Module, skip=()) -> int:
+    return sum(v.nbytes for k, v in tree_flatten(module.parameters())
+               if not any(k.startswith(s) for s in skip))
+
+
+def step_bytes(model) -> dict:
+    """Weight bytes one decode step must read: the target (its input embedding is a row lookup,
+    unless tied, when it is also the LM head) and one drafter step (head + borrowed LM head)."""
+    target = model.target
+    tied = target.args.tie_word_embeddings
+    emb = target.trunk.embed_tokens
+    emb_bytes = sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
+    total = nbytes(target.model)
+    target_step = total - (0 if tied else emb_bytes)
+    lm_head = emb_bytes if tied else nbytes(target.lm.lm_head)
+    out = {"target_step_bytes": target_step, "lm_head_bytes": lm_head}
+    if model.drafter is not None and hasattr(model.drafter, "head"):
+        out["drafter_step_bytes"] = nbytes(model.drafter.head) + lm_head
+    return out
+
+
+def plain_decode(mlx_model, prompt: mx.array, n: int):
+    """mlx-lm's own plain decode: (tokens, prompt_s, generation_s)."""
+    from mlx_lm.generate import generate_step
+
+    t0 = time.perf_counter()
+    toks, t1 = [], None
+    for tok, _ in generate_step(prompt, mlx_model, max_tokens=n):
+        if t1 is None:
+            t1 = time.perf_counter()
+        toks.append(tok)
+    return toks, t1 - t0, time.perf_counter() - t1
+
+
+def mtp_decode(model, prompt: mx.array, n: int, block_size: int):
+    stats = RunStats()
+    t0 = time.perf_counter()
+    toks, t1 = [], None
+    for tok, _, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
+                                           stats=stats):
+        if t1 is None:
+            t1 = time.perf_counter()
+        toks.append(tok)
+    return toks, t1 - t0, time.perf_counter() - t1, stats
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def run(args) -> dict:
+    model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
+                                    require_head=max(args.block_sizes) > 1)
+    prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
+    n = args.max_tokens
+    # Warm-up: each arm once (first-call compilation and allocation stay out).
+    warm = next(iter(prompts.values()))
+    plain_decode(model.mlx_model, warm, 8)
+    for bs in args.block_sizes:
+        mtp_decode(model, warm, 8, bs)
+
+    raw = {"classic": [], **{f"mtp{bs}": [] for bs in args.block_sizes}}
+    exact = {bs: True for bs in args.block_sizes}
+    for pair in range(args.pairs):
+        for name, prompt in prompts.items():
+            order = args.block_sizes if pair % 2 == 0 else list(reversed(args.block_sizes))
+            arms = [("classic", None)] + [(f"mtp{bs}", bs) for bs in order]
+            if pair % 2:
+                arms = arms[1:] + arms[:1]  # alternate which arm goes first
+            ref = None
+            results = {}
+            for arm, bs in arms:
+                if bs is None:
+                    toks, ps, gs = plain_decode(model.mlx_model, prompt, n)
+                    results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
+                    ref = toks
+                else:
+                    toks, ps, gs, st = mtp_decode(model, prompt, n, bs)
+                    results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
+                                    "stats": st.to_dict()}
+            for arm, r in results.items():
+                r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
+                if arm != "classic":
+                    exact[int(arm[3:])] &= r["tokens"] == results["classic"]["tokens"]
+                raw[arm].append({"pair": pair, "prompt": name, **{k: v for k, v in r.items()
+                                                                   if k != "tokens"}})
+            print(f"pair {pair} {name}: " + ", ".join(
+                f"{a} {results[a]['tps']:.1f}" for a, _ in arms), flush=True)
+    bw = bandwidth_gbs()
+    return summarize(args, model, raw, exact, bw)
+
+
+def summarize(args, model, raw, exact, bw) -> dict:
+    classic = raw["classic"]
+    by_key = {(r["pair"], r["prompt"]): r for r in classic}
+    rows = []
+    floors = step_bytes(model)
+    classic_ms = statistics.median(1e3 / r["tps"] for r in classic)
+    for bs in args.block_sizes:
+        arm = raw[f"mtp{bs}"]
+        ratios = [r["tps"] / by_key[(r["pair"], r["prompt"])]["tps"] for r in arm]
+        st = [r["stats"] for r in arm]
+        rounds = sum(s["rounds"] for s in st)
+        phase = {p: sum(s["phase_ms"][p] for s in st) / max(rounds, 1)
+                 for p in ("verify", "draft", "accept", "finalize", "residual")}
+        drafted = sum(s["drafted"] for s in st)
+        n_pos = max((len(s["per_position_acceptance"]) for s in st), default=0)
+        per_pos = []
+        for j in range(n_pos):
+            offered = sum(s["per_position_rounds"][j] for s in st if len(s["per_position_rounds"]) > j)
+            hits = sum(s["per_position_acceptance"][j] * s["per_position_rounds"][j]
+                       for s in st if len(s["per_position_rounds"]) > j)
+            per_pos.append(hits / offered if offered else 0.0)
+        draft_steps = sum(max(s["drafted"] - s["rounds"], 0) for s in st)
+        rows.append({
+            "block_size": bs,
+            "classic_tps": statistics.median(r["tps"] for r in classic),
+            "mtp_tps": statistics.median(r["tps"] for r in arm),
+            "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "acceptance": sum(s["accepted"] for s in st) / drafted if drafted else 0.0,
+            "tokens_per_round": sum(s["accepted"] + s["rounds"] for s in st) / max(rounds, 1),
+            "per_position_acceptance": per_pos,
+            "round_ms": phase,
+            "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in st) / draft_steps
+                                if draft_steps else None),
+            "identical_to_classic": exact[bs],
+        })
+    host = host_facts()
+    result = {
+        "topic": args.topic, "date": _dt.date.today().isoformat(), "host": host,
+        "versions": versions(), "cpu_blas": cpu_blas.STATE.describe(),
+        "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
+        "model": str(args.model), "drafter": args.drafter,
+        "target_dtype": str(model.target.dtype), "prompts": args.prompts,
+        "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": 0.0,
+        "bandwidth_gbs": bw, **floors,
+        "target_step_floor_ms": floors["target_step_bytes"] / bw / 1e6,
+        "classic_step_ms": classic_ms,
+        "drafter_step_floor_ms": (floors["drafter_step_bytes"] / bw / 1e6
+                                  if "drafter_step_bytes" in floors else None),
+        "rows": rows, "raw": raw,
+    }
+    return result
+
+
+# ------------------------------------------------------------------------------ the record
+
+
+def host_facts() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"name": socket.gethostname(), "cpu": cpu, "cores": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "memory_gib": mem, "os": platform.platform(), "device": str(mx.default_device())}
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in ("mlx", "mlx-lm")} | {"mlx_mtp": mlx_mtp.__version__,
+                                                         "python": platform.python_version()}
+
+
+def git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def render(r: dict) -> str:
+    h = r["host"]
+    lines = [
+        f"# {r['topic']} on {h['name']}, {r['date']}", "",
+        "## Setup",
+        f"- Host: {h['cpu']}, {h['cores']} cores, {h['memory_gib']:.0f} GiB, {h['os']}, "
+        f"device {h['device']}" if h["memory_gib"] else f"- Host: {h['cpu']}, {h['os']}",
+        f"- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+        f"- BLAS: {r['cpu_blas']}",
+        f"- Commit: {r['git_commit']}",
+        f"- Command: `{r['command']}`",
+        f"- Environment: {r['env'] or 'none set'}",
+        f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
+        f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
+        f"T=0; {r['pairs']} alternating pairs per prompt",
+        "",
+        "## Results (medians over pairs x prompts; ratio range = min-max of per-pair ratios)", "",
+        "| block | classic tok/s | MTP tok/s | ratio | ratio range | acceptance | tokens/round "
+        "| per-position acceptance | identical to classic |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        pp = " / ".join(f"{a:.2f}" for a in row["per_position_acceptance"]) or "-"
+        lines.append(
+            f"| {row['block_size']} | {row['classic_tps']:.1f} | {row['mtp_tps']:.1f} | "
+            f"{row['ratio_median']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
+            f"{row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | {pp} | "
+            f"{'yes' if row['identical_to_classic'] else 'NO'} |")
+    lines += ["", "## Round split (ms per round, share)", "",
+              "| block | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        tot = sum(row["round_ms"].values()) or 1.0
+        cells = " | ".join(f"{row['round_ms'][p]:.2f} ({100 * row['round_ms'][p] / tot:.0f}%)"
+                           for p in ("verify", "draft", "accept", "finalize", "residual"))
+        lines.append(f"| {row['block_size']} | {cells} |")
+    lines += ["", "## The floor", "",
+              f"- Measured streaming-read bandwidth: {r['bandwidth_gbs']:.1f} GB/s",
+              f"- Target step reads {r['target_step_bytes'] / 1e6:.1f} MB: floor "
+              f"{r['target_step_floor_ms']:.2f} ms; classic decode step {r['classic_step_ms']:.2f} ms "
+              f"({r['classic_step_ms'] / r['target_step_floor_ms']:.2f}x the floor)"]
+    if r["drafter_step_floor_ms"]:
+        steps = [row["drafter_step_ms"] for row in r["rows"] if row["drafter_step_ms"]]
+        meas = f"; measured drafter step {statistics.median(steps):.2f} ms " \
+               f"({statistics.median(steps) / r['drafter_step_floor_ms']:.2f}x the floor)" if steps else ""
+        lines.append(f"- Drafter step reads {r['drafter_step_bytes'] / 1e6:.1f} MB (head + borrowed "
+                     f"LM head {r['lm_head_bytes'] / 1e6:.1f} MB): floor "
+                     f"{r['drafter_step_floor_ms']:.2f} ms{meas}")
+    lines += ["", "## What it says", "", r.get("summary", "(to be written by the person who ran it)"), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="MTP vs mlx-lm plain decode, paired and alternating")
+    p.add_argument("--model", required=True)
+    p.add_argument("--drafter")
+    p.add_argument("--topic", default="mtp")
+    p.add_argument("--block-sizes", default="1,2,3,4,5")
+    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
+    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
+    args = p.parse_args(argv)
+    args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
+    args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
+    if args.pairs < 1 or args.max_tokens < 2 or any(b < 1 for b in args.block_sizes):
+        p.error("--pairs >= 1, --max-tokens >= 2 and block sizes >= 1 are required")
+    result = run(args)
+    if args.summary:
+        result["summary"] = args.summary
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{args.topic}-{result['host']['name']}-{result['date']}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{stem}.md").write_text(render(result))
+    print(f"wrote {args.out / stem}.md and .json")
+    return result
+
+
+if __name__ == "__main__":
+    main()

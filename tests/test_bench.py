@@ -1,0 +1,30 @@
+"""The benchmark harness writes a complete record (smoke run on a tiny head-agreeing pair)."""
+
+import json
+import sys
+from pathlib import Path
+
+import tiny_checkpoints as tc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_mtp  # noqa: E402
+
+
+def test_bench_writes_markdown_and_json(tmp_path):
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    result = bench_mtp.main(["--model", str(model), "--block-sizes", "1,3", "--pairs", "2",
+                             "--max-tokens", "12", "--out", str(tmp_path / "out"),
+                             "--topic", "smoke", "--summary", "smoke run"])
+    md = list((tmp_path / "out").glob("smoke-*.md"))
+    js = list((tmp_path / "out").glob("smoke-*.json"))
+    assert len(md) == 1 and len(js) == 1
+    data = json.loads(js[0].read_text())
+    assert [r["block_size"] for r in data["rows"]] == [1, 3]
+    assert all(r["identical_to_classic"] for r in data["rows"])
+    three = data["rows"][1]
+    assert three["acceptance"] > 0.9 and len(three["per_position_acceptance"]) == 2
+    assert len(data["raw"]["classic"]) == 2 * 3 and len(data["raw"]["mtp3"]) == 2 * 3
+    assert data["cpu_blas"] == result["cpu_blas"] and data["bandwidth_gbs"] > 0
+    text = md[0].read_text()
+    for section in ("## Setup", "## Results", "## Round split", "## The floor", "smoke run"):
+        assert section in text
