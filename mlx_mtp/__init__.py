@@ -2,11 +2,13 @@
 
 from .errors import MTPError
 from .loading import load, load_model
+from .sampling import make_sampler
 from .speculative import generate_step
 
 __version__ = "0.1.0"
 
-__all__ = ["MTPError", "load", "load_model", "generate_step", "stream_generate", "__version__"]
+__all__ = ["MTPError", "load", "load_model", "generate_step", "stream_generate", "make_sampler",
+           "__version__"]
 
 
 def __getattr__(name):
