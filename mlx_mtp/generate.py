@@ -222,8 +222,6 @@ def run(args) -> dict:
 
     if args.model is None:
         raise MTPError("--model is required: a local model folder or a Hugging Face repo id")
-    if args.seed is not None:
-        mx.random.seed(args.seed)
     need_head = not args.no_mtp and args.block_size > 1
     model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
@@ -233,6 +231,8 @@ def run(args) -> dict:
     sampler.check_vocab(model.target.vocab_size)
     processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
                                         repetition_context_size=args.repetition_context_size)
+    if args.seed is not None:  # after loading: building the model draws from the global stream
+        mx.random.seed(args.seed)
     if args.no_mtp:
         text, tokens, stats = _run_plain(model, tokenizer, prompt, args, sampler, processors)
     else:

@@ -211,7 +211,7 @@ class DraftSampler:
             return logits
         tokens = self.history if not self.ids else mx.concatenate(
             [self.history, *[d.astype(self.history.dtype) for d in self.ids]])
-        full = logits
+        full = mx.array(logits)  # mlx-lm's processors assign into their input: keep the caller's
         if ids is not None:  # processors index by target id: lift to the full vocabulary
             full = mx.full((1, self.vocab_size), -mx.inf, dtype=logits.dtype)
             full[:, ids] = logits
