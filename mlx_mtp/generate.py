@@ -122,24 +122,21 @@ def _temperature(s):
 _non_negative_float = _temperature  # the same check, for flags that are not temperatures
 
 
-def _unit_interval(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {s}")
-    return v
+def _checked(parse, what: str, ok, bound: str):
+    """An argparse type: ``parse`` the text (else "expected <what>"), then require ``ok``."""
+    def check(s):
+        try:
+            v = parse(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {s}")
+        return v
+    return check
 
 
-def _non_negative_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+_unit_interval = _checked(float, "a number", lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
+_non_negative_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
 
 
 class _Parser(argparse.ArgumentParser):
