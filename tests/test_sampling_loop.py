@@ -148,19 +148,24 @@ def forced_mlx_lm(path, prompt, tokens, processors):
     return [(t, np.array(lp)) for t, lp in steps]
 
 
-@pytest.mark.parametrize("acceptance", ["speculative-sampling", "point-mass"])
-def test_processed_rows_see_the_history_mlx_lm_would(soft_dir, soft_model, acceptance):
+@pytest.mark.parametrize("kind,acceptance,top_k", [("soft", "speculative-sampling", 5),
+                                                   ("soft", "point-mass", 5),
+                                                   ("next", "speculative-sampling", 0)])
+def test_processed_rows_see_the_history_mlx_lm_would(request, kind, acceptance, top_k):
     """Every yielded row equals mlx-lm's processed logprobs for the same emitted prefix, also the
-    rows that follow accepted drafts (their history holds the in-block drafted prefix)."""
+    rows that follow accepted drafts (their history holds the in-block drafted prefix). Qwen3.5
+    (the soft head) and Qwen3-Next (a random head, accepted at T=1 since both are flat)."""
+    path = request.getfixturevalue(f"{kind}_dir")
+    model = request.getfixturevalue("soft_model") if kind == "soft" else mlx_mtp.load_model(path)
     procs = make_logits_processors(repetition_penalty=2.0, repetition_context_size=8)
     prompt = [5, 17, 42]
     mx.random.seed(0)
-    got = list(mlx_mtp.generate_step(mx.array(prompt), soft_model, max_tokens=40, block_size=4,
-                                     sampler=mlx_mtp.make_sampler(temp=1.0, top_k=5),
+    got = list(mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=40, block_size=4,
+                                     sampler=mlx_mtp.make_sampler(temp=1.0, top_k=top_k),
                                      logits_processors=procs, seed=3, acceptance=acceptance))
     tokens = [t for t, _, _ in got]
-    ref = forced_mlx_lm(soft_dir, prompt, tokens, procs)
-    unprocessed = forced_mlx_lm(soft_dir, prompt, tokens, None)
+    ref = forced_mlx_lm(path, prompt, tokens, procs)
+    unprocessed = forced_mlx_lm(path, prompt, tokens, None)
     assert [t for t, _ in ref] == tokens
     for i, ((_, lp, _), (_, want)) in enumerate(zip(got, ref)):
         assert np.abs(np.array(lp) - want).max() < 1e-4, i
