@@ -2,14 +2,15 @@
 
 Three acceptance rules, chosen per run by ``choose_rule``:
   greedy                temperature 0: keep a draft while it equals the target's argmax.
-  point-mass            the drafter proposes deterministically (``draft(k)``) and the target samples
-                        t_i ~ p_i with the user's sampler; a draft is kept while it equals t_i. This
-                        is speculative sampling for a one-hot q (accept w.p. p(d), else a draw from p
-                        without d) and works with any per-row sampler function.
-  speculative-sampling  the drafter samples d_j ~ q_j (``draft_sampled``) and reports q_j; draft j is
-                        kept with probability min(1, p(d_j) / q_j(d_j)); at the first rejection the
-                        token comes from normalize(max(p - q, 0)); after a full accept the bonus
-                        comes from p at the last row (Leviathan et al. 2023; Chen et al. 2023).
+  point-mass            the drafter proposes deterministically (``draft(k)``) and the target
+                        samples t_i ~ p_i with the user's sampler; a draft is kept while it equals
+                        t_i. This is speculative sampling for a one-hot q (accept w.p. p(d), else
+                        a draw from p without d) and works with any per-row sampler function.
+  speculative-sampling  the drafter samples d_j ~ q_j (``draft_sampled``) and reports q_j; draft
+                        j is kept with probability min(1, p(d_j) / q_j(d_j)); at the first
+                        rejection the token comes from normalize(max(p - q, 0)); after a full
+                        accept the bonus comes from p at the last row (Leviathan et al. 2023;
+                        Chen et al. 2023).
 
 p is what mlx-lm's own sampler draws from: the logits after the user's logits processors
 (repetition penalty and friends, fed the token history including the in-block drafted prefix),
@@ -50,7 +51,8 @@ class Sampler:
             raise MTPError(f"top_k must be a non-negative integer, got {top_k!r}")
         if (not isinstance(min_tokens_to_keep, int) or isinstance(min_tokens_to_keep, bool)
                 or min_tokens_to_keep < 1):
-            raise MTPError(f"min_tokens_to_keep must be a positive integer, got {min_tokens_to_keep!r}")
+            raise MTPError("min_tokens_to_keep must be a positive integer, "
+                           f"got {min_tokens_to_keep!r}")
         self.temp, self.top_p, self.min_p = float(temp), float(top_p), float(min_p)
         self.min_tokens_to_keep, self.top_k = min_tokens_to_keep, top_k
         self._mlx_sampler = mlx_make_sampler(temp=temp, top_p=top_p, min_p=min_p,
@@ -112,7 +114,8 @@ def choose_rule(sampler, drafter, requested: str = "auto") -> str:
     """Which acceptance rule a run uses; ``requested`` is ``auto``, ``point-mass`` or
     ``speculative-sampling``."""
     if requested not in REQUESTABLE_RULES:
-        raise MTPError(f"acceptance must be one of {', '.join(REQUESTABLE_RULES)}, got {requested!r}")
+        raise MTPError(f"acceptance must be one of {', '.join(REQUESTABLE_RULES)}, "
+                       f"got {requested!r}")
     if is_greedy(sampler):
         if requested == SPECULATIVE:
             raise MTPError("acceptance speculative-sampling needs a temperature above 0")

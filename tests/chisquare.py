@@ -53,7 +53,8 @@ def chi2_sf(stat: float, dof: int) -> float:
 def _bins(expected: Dict[Hashable, float], min_expected: float):
     """Cells expected at least ``min_expected`` times keep their own bin; the rest share one."""
     keys = sorted(expected, key=lambda k: -expected[k])
-    return [k for k in keys if expected[k] >= min_expected], [k for k in keys if expected[k] < min_expected]
+    big = [k for k in keys if expected[k] >= min_expected]
+    return big, [k for k in keys if expected[k] < min_expected]
 
 
 def two_sample(a: Sequence[Hashable], b: Sequence[Hashable],

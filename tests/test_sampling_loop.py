@@ -375,7 +375,8 @@ def test_cli_greedy_with_repetition_penalty_matches_mlx_lm(capsys, dense_dir):
     (["--top-p", "1.5"], "error: argument --top-p: must be between 0 and 1, got 1.5"),
     (["--min-p", "-0.5"], "error: argument --min-p: must be between 0 and 1, got -0.5"),
     (["--top-k", "-1"], "error: argument --top-k: must be >= 0, got -1"),
-    (["--min-tokens-to-keep", "0"], "error: argument --min-tokens-to-keep: must be at least 1, got 0"),
+    (["--min-tokens-to-keep", "0"],
+     "error: argument --min-tokens-to-keep: must be at least 1, got 0"),
     (["--repetition-penalty", "-1"], "error: argument --repetition-penalty: must be >= 0, got -1"),
     (["--acceptance", "bogus"], "error: argument --acceptance: invalid choice: 'bogus'"),
 ])

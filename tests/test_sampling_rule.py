@@ -162,7 +162,8 @@ def test_q_on_a_draft_vocabulary_subset():
     assert abs(np.mean(accepted) - (0.25 + 0.1 + 0.0)) < 0.02
 
 
-@pytest.mark.parametrize("biased", [argmax_matching, residual_from_p])
+@pytest.mark.parametrize("biased", [argmax_matching, residual_from_p],
+                         ids=lambda f: f.__name__)
 def test_the_same_test_rejects_biased_rules(biased):
     q = mx.broadcast_to(f32([Q]), (N, V))
     emitted, _ = one_position_trials(biased, q)
