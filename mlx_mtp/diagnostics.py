@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 PHASES = ("verify", "draft", "accept", "finalize", "residual")
 
@@ -27,6 +27,8 @@ class RunStats:
     phase_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     rounds_s: float = 0.0
     peak_memory_gb: float = 0.0
+    # greedy / point-mass / speculative-sampling (``mlx_mtp.sampling``); None when no MTP loop ran.
+    acceptance_rule: Optional[str] = None
 
     @contextmanager
     def phase(self, name: str):
@@ -92,4 +94,5 @@ class RunStats:
             "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
             "phase_ms": self.phase_ms(),
             "peak_memory_gb": self.peak_memory_gb,
+            "acceptance_rule": self.acceptance_rule,
         }

@@ -19,6 +19,7 @@ import mlx.core as mx
 from . import cpu_blas
 from .diagnostics import RunStats
 from .errors import MTPError
+from .sampling import REQUESTABLE_RULES, make_sampler
 from .speculative import MAX_BLOCK_SIZE, generate_step
 
 DEFAULT_MAX_TOKENS = 256
@@ -119,6 +120,26 @@ def _temperature(s):
     return v
 
 
+_non_negative_float = _temperature  # the same check, for flags that are not temperatures
+
+
+def _checked(parse, what: str, ok, bound: str):
+    """An argparse type: ``parse`` the text (else "expected <what>"), then require ``ok``."""
+    def check(s):
+        try:
+            v = parse(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {s}")
+        return v
+    return check
+
+
+_unit_interval = _checked(float, "a number", lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
+_non_negative_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2, like argparse, without the usage dump
         sys.stderr.write(f"error: {message}\n")
@@ -136,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
                         f"decode through the MTP loop)")
     p.add_argument("--temp", type=_temperature, default=0.0, help="sampling temperature")
+    p.add_argument("--top-p", type=_unit_interval, default=0.0, help="sampling top-p (0: off)")
+    p.add_argument("--min-p", type=_unit_interval, default=0.0, help="sampling min-p (0: off)")
+    p.add_argument("--top-k", type=_non_negative_int, default=0, help="sampling top-k (0: off)")
+    p.add_argument("--min-tokens-to-keep", type=_positive_int, default=1,
+                   help="tokens min-p always keeps")
+    p.add_argument("--repetition-penalty", type=_non_negative_float, default=None,
+                   help="mlx-lm's repetition penalty (e.g. 1.1; default: none)")
+    p.add_argument("--repetition-context-size", type=_positive_int, default=20,
+                   help="tokens of history the repetition penalty looks at")
+    p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
+                   help="acceptance rule at temperature > 0 (auto: speculative-sampling when the "
+                        "drafter can sample, else point-mass)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--no-mtp", action="store_true",
                    help="plain decode of the same target through mlx-lm, for comparison")
@@ -155,7 +188,7 @@ def _prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
     return text
 
 
-def _run_plain(model, tokenizer, prompt, args, sampler):
+def _run_plain(model, tokenizer, prompt, args, sampler, processors):
     """mlx-lm's own plain decode of the target (``--no-mtp``)."""
     from mlx_lm.generate import stream_generate as mlx_stream_generate
 
@@ -163,7 +196,8 @@ def _run_plain(model, tokenizer, prompt, args, sampler):
     text, tokens, last = [], [], None
     t0 = time.perf_counter()
     for last in mlx_stream_generate(model.mlx_model, tokenizer, prompt,
-                                    max_tokens=args.max_tokens, sampler=sampler):
+                                    max_tokens=args.max_tokens, sampler=sampler,
+                                    logits_processors=processors):
         text.append(last.text)
         tokens.append(last.token)
     stats.prompt_tokens = last.prompt_tokens
@@ -180,29 +214,37 @@ def _without_eos(tokens, tokenizer):
 
 
 def run(args) -> dict:
-    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.sample_utils import make_logits_processors
 
     from .loading import load
 
     if args.model is None:
         raise MTPError("--model is required: a local model folder or a Hugging Face repo id")
-    if args.seed is not None:
-        mx.random.seed(args.seed)
     need_head = not args.no_mtp and args.block_size > 1
     model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
                              args.ignore_chat_template)
-    sampler = make_sampler(temp=args.temp)
+    sampler = make_sampler(temp=args.temp, top_p=args.top_p, min_p=args.min_p,
+                           min_tokens_to_keep=args.min_tokens_to_keep, top_k=args.top_k)
+    sampler.check_vocab(model.target.vocab_size)
+    processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
+                                        repetition_context_size=args.repetition_context_size)
+    if args.seed is not None:  # after loading: building the model draws from the global stream
+        mx.random.seed(args.seed)
     if args.no_mtp:
-        text, tokens, stats = _run_plain(model, tokenizer, prompt, args, sampler)
+        text, tokens, stats = _run_plain(model, tokenizer, prompt, args, sampler, processors)
     else:
         stats = RunStats()
         responses = list(stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
-                                         block_size=args.block_size, sampler=sampler, stats=stats))
+                                         block_size=args.block_size, sampler=sampler, stats=stats,
+                                         logits_processors=processors, seed=args.seed,
+                                         acceptance=args.acceptance))
         text = "".join(r.text for r in responses)
         tokens = _without_eos([r.token for r in responses], tokenizer)
     out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(), "model": str(args.model), "drafter": args.drafter,
            "mtp_enabled": not args.no_mtp, "temperature": args.temp}
+    out.update(sampler.describe(), seed=args.seed, repetition_penalty=args.repetition_penalty,
+               repetition_context_size=args.repetition_context_size)
     out.update(stats.to_dict())
     return out
 
@@ -238,6 +280,7 @@ def _rows_from_result(result: dict):
     ]
     if result["mtp_enabled"]:
         rows += [
+            ("acceptance rule", result["acceptance_rule"]),
             ("block size", result["block_size"]),
             ("rounds", result["rounds"]),
             ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),

@@ -8,24 +8,26 @@ One round, with the bonus ``b`` sampled but not yet fed to the target:
   accept  the drafter consumes the verified pairs and prepares the next round.
 With a deterministic (greedy) drafter this keeps exactly the target's distribution: t_i is drawn
 from the target's own p_i and a draft is kept only when it equals that draw. At temperature 0 the
-emitted ids equal mlx-lm's plain greedy decode.
+emitted ids equal mlx-lm's plain greedy decode. With a sampler from ``mlx_mtp.make_sampler`` and
+a drafter that can sample (``draft_sampled``), the walk is speculative sampling instead
+(``mlx_mtp.sampling``): emit d_1..d_a and the residual or bonus draw.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Generator, Optional, Tuple
+from typing import Callable, Generator, List, Optional, Tuple
 
 import mlx.core as mx
+from mlx_lm.sample_utils import greedy_sampler
 
+from . import sampling
 from .diagnostics import RunStats
 from .errors import MTPError
 
 MAX_BLOCK_SIZE = 16
 
-
-def greedy(logprobs: mx.array) -> mx.array:
-    return mx.argmax(logprobs, axis=-1)
+greedy = greedy_sampler  # argmax over the last axis
 
 
 def check_block_size(block_size, name: str = "block_size") -> int:
@@ -47,13 +49,20 @@ def generate_step(
     max_tokens: int = 256,
     block_size: int = 3,
     sampler: Optional[Callable[[mx.array], mx.array]] = None,
+    logits_processors: Optional[List[Callable[[mx.array, mx.array], mx.array]]] = None,
+    seed: Optional[int] = None,
+    acceptance: str = "auto",
     prefill_step_size: int = 2048,
     stats: Optional[RunStats] = None,
 ) -> Generator[Tuple[int, mx.array, bool], None, None]:
     """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
 
     ``model`` is an ``MTPModel``. ``block_size`` is tokens verified per round (drafts + 1);
-    1 is plain decode through the same loop.
+    1 is plain decode through the same loop. ``sampler`` and ``logits_processors`` have mlx-lm's
+    meaning; ``logprobs`` are the processed ones, as mlx-lm yields them. ``acceptance``: ``auto``,
+    ``point-mass`` or ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always
+    ``greedy``). ``seed`` seeds the drafting and acceptance key streams of speculative sampling
+    (default: drawn from mlx's global random state).
     """
     block_size = check_block_size(block_size)
     if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -66,9 +75,19 @@ def generate_step(
     if block_size > 1 and drafter is None:
         raise MTPError("this model has no MTP head: load one with drafter= (--drafter), "
                        "or use block_size=1")
+    rule = sampling.choose_rule(sampler, drafter, acceptance)
+    if isinstance(sampler, sampling.Sampler):
+        sampler.check_vocab(target.vocab_size)
     sampler = sampler or greedy
+    processors = list(logits_processors or [])
+    streams = None
+    if rule == sampling.SPECULATIVE:
+        if seed is None:
+            seed = mx.random.randint(0, 2**31 - 1).item()
+        streams = sampling.RandomStreams(seed)
     stats = stats if stats is not None else RunStats()
     stats.block_size = block_size
+    stats.acceptance_rule = rule
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
@@ -88,8 +107,13 @@ def generate_step(
         mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
         s = e
     h = target.hidden(prompt[None, L - 1 :], cache)
-    logprobs = _logprobs(target.logits(h[:, -1]))
-    bonus = sampler(logprobs)  # [1]
+    history = prompt if processors else None  # mlx-lm feeds processors the whole token history
+    logits = target.logits(h[:, -1])
+    for proc in processors:
+        logits = proc(history, logits)
+    logprobs = _logprobs(logits)
+    bonus = sampler(logprobs) if streams is None else sampler.sample(logprobs, streams.target())
+    history = sampling.append_history(history, bonus)
     if drafter is not None:
         drafter.prefill(h, bonus)
     mx.eval(bonus, logprobs, drafter.state_arrays() if drafter else [])
@@ -105,30 +129,49 @@ def generate_step(
     while emitted < max_tokens:
         t_round = time.perf_counter()
         k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
-        drafts = None
+        drafts = q = q_ids = None
         if k > 0:
             with stats.phase("draft"):
-                drafts = drafter.draft(k)
-                mx.eval(drafts)
+                if streams is None:
+                    drafts = drafter.draft(k)
+                else:
+                    ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
+                                               processors, history)
+                    drafter.draft_sampled(k, ds)
+                    drafts, q, q_ids = ds.result()
+                mx.eval(drafts, q if q is not None else [])
         with stats.phase("verify"):
             block = bonus if drafts is None else mx.concatenate([bonus, drafts])
             h = target.verify(block[None], cache)
-            logprobs = _logprobs(target.logits(h[0]))
-            toks = sampler(logprobs)
-            # The round's one host read: the target's picks and the drafts together.
-            host = (toks if drafts is None else mx.concatenate([toks, drafts])).tolist()
+            logits = target.logits(h[0])
+            if processors:
+                logits = sampling.process_rows(logits, history, block, processors)
+            logprobs = _logprobs(logits)
+            parts = [] if drafts is None else [drafts]
+            if streams is None:
+                toks = sampler(logprobs)
+            else:
+                accepted, toks = sampling.speculative_verify(
+                    sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
+                parts.append(accepted.astype(mx.uint32))
+            # The round's one host read: the target's picks, the drafts and any verdicts.
+            host = mx.concatenate([toks, *parts]).tolist()
             stats.host_syncs += 1
-        t_ids, d_ids = host[: k + 1], host[k + 1 :]
-        a = 0
-        while a < k and d_ids[a] == t_ids[a]:
-            a += 1
+        t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
+        if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
+            a = sampling.first_rejection([d == t for d, t in zip(d_ids, t_ids)])
+        else:
+            a = sampling.first_rejection(host[2 * k + 1 :])
+        out_ids = d_ids[:a] + t_ids[a : a + 1]
+        new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
         with stats.phase("finalize"):
             target.rollback(cache, fed=k + 1, keep=a + 1)
             mx.eval(target.cache_state(cache))
         bonus = toks[a : a + 1]
+        history = sampling.append_history(history, new_ids)
         if drafter is not None:
             with stats.phase("accept"):
-                drafter.accept(h[:, : a + 1], toks[: a + 1])
+                drafter.accept(h[:, : a + 1], new_ids)
                 mx.eval(drafter.state_arrays())
         stats.record_round(k, a, time.perf_counter() - t_round)
         n_out = min(a + 1, max_tokens - emitted)
@@ -137,6 +180,6 @@ def generate_step(
         stats.generation_s = time.perf_counter() - t_gen
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9
         for i in range(n_out):
-            yield t_ids[i], logprobs[i], i < a
+            yield out_ids[i], logprobs[i], i < a
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9

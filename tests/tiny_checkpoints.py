@@ -211,7 +211,8 @@ def write_drafter_folder(path: Path, head_params: Dict[str, mx.array], config: d
     return path
 
 
-def write_agreeing_checkpoint(path: Path, seed: int = 0) -> Path:
+def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
+                              layers: int = 4) -> Path:
     """A raw HF checkpoint whose MTP head is built to agree with its target.
 
     The target mostly maps token x to f(x) for a fixed permutation f (its layers only perturb the
@@ -221,9 +222,12 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0) -> Path:
     order is embedding-first and every zero-centred norm is shifted exactly once (unshifted, the
     embedding path is zeroed; shifted twice, the scrambled hidden path drowns it; swapped, the
     embedding lands in the scrambled slot).
+
+    ``lm_scale`` < 1 shrinks the (shared) LM head so both distributions are soft: the head then
+    agrees with the target in its mode but not in every probability (for sampling tests).
     """
     rng = np.random.default_rng(seed)
-    config = qwen3_5_config()
+    config = qwen3_5_config(layers=layers)
     mx.random.seed(seed)
     model = build_target(config)
     params = dict(tree_flatten(model.parameters()))
@@ -232,7 +236,7 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0) -> Path:
     f = rng.permutation(V)
     finv = np.argsort(f)
     params["language_model.model.embed_tokens.weight"] = mx.array(E)
-    params["language_model.lm_head.weight"] = mx.array(E[finv])
+    params["language_model.lm_head.weight"] = mx.array(lm_scale * E[finv])
     for k in params:
         if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
             params[k] = params[k] * 0.05
@@ -245,7 +249,7 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0) -> Path:
         elif head[k].ndim == 1 and is_zero_centred_norm(k):
             head[k] = mx.ones_like(head[k])
     head["pre_fc_norm_hidden.weight"] = mx.full((H,), 0.1)
-    return write_raw_hf(path, seed=seed, target_params=params, head_params=head)
+    return write_raw_hf(path, seed=seed, layers=layers, target_params=params, head_params=head)
 
 
 def qwen3_next_config(layers: int = 4, hidden: int = 64, vocab: int = VOCAB) -> dict:

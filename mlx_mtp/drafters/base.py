@@ -4,6 +4,10 @@ State convention (B = 1): after ``prefill`` / ``accept`` the drafter has consume
 committed position, i.e. (hidden of the target at position p, token at position p + 1). The last
 pair's token is the bonus: sampled but not yet fed to the target. ``draft(k)`` proposes the k
 tokens that follow the bonus, as a device array, without reading anything back to the host.
+
+Optional, for lossless sampling at temperature > 0 (``mlx_mtp.sampling``): a drafter that can
+sample implements ``draft_sampled`` too (``SamplingDrafter``). One that cannot is still exact at
+any temperature: the loop then uses the point-mass rule with its greedy drafts.
 """
 
 from __future__ import annotations
@@ -29,3 +33,11 @@ class Drafter(Protocol):
 
     def state_arrays(self) -> list:
         """Arrays to evaluate so the drafter's pending work is done (used for timing)."""
+
+
+class SamplingDrafter(Drafter, Protocol):
+    def draft_sampled(self, k: int, sample) -> mx.array:
+        """Like ``draft``, but draw each of the ``k`` ids with ``sample(logits [1, Vd], ids=None)``
+        (a ``mlx_mtp.sampling.DraftSampler``: it applies the user's processing, samples on the
+        drafting stream and records q). ``ids`` is the drafter's id table when its LM head covers
+        only part of the vocabulary. Returns the sampled ids ``[k]``; no host sync."""

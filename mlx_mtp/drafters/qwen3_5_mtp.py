@@ -76,6 +76,7 @@ class QwenMTPDrafter:
         self.cache = [KVCache() for _ in self.head.layers]
         self.seed = None  # [1] id of x_{N+1}, on device
         self.seed_hidden = None  # [1, 1, H] head output that produced it
+        self.seed_logits = None  # [1, V] its logits: draft_sampled draws the seed from them
         self.in_round = 0  # approximate cache entries appended by the current draft
 
     @property
@@ -88,17 +89,27 @@ class QwenMTPDrafter:
     def prefill(self, hidden: mx.array, next_ids: mx.array) -> None:
         g = self.head(self.target.embed(next_ids[None]), hidden, self.cache)
         self.seed_hidden = g[:, -1:]
-        self.seed = self._greedy(g)
+        self.seed_logits = self.target.logits(g[:, -1])
+        self.seed = mx.argmax(self.seed_logits, axis=-1)
 
-    def draft(self, k: int) -> mx.array:
+    def _draft(self, k: int, first: mx.array, pick) -> mx.array:
         # The ids stay on device: each one feeds the next embedding lookup directly.
-        ids = [self.seed]
+        ids = [first]
         g = self.seed_hidden
         for _ in range(k - 1):
             g = self.head(self.target.embed(ids[-1][None]), g, self.cache)
-            ids.append(self._greedy(g))
+            ids.append(pick(g))
         self.in_round = k - 1
         return mx.concatenate(ids)
+
+    def draft(self, k: int) -> mx.array:
+        return self._draft(k, self.seed, self._greedy)
+
+    def draft_sampled(self, k: int, sample) -> mx.array:
+        """Like ``draft``, but every id is drawn by ``sample`` (``mlx_mtp.sampling.DraftSampler``),
+        which records the distribution q it was drawn from."""
+        return self._draft(k, sample(self.seed_logits),
+                           lambda g: sample(self.target.logits(g[:, -1])))
 
     def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
         for c in self.cache:

@@ -1,0 +1,287 @@
+"""Sampling at temperature > 0 without changing the target's distribution.
+
+Three acceptance rules, chosen per run by ``choose_rule``:
+  greedy                temperature 0: keep a draft while it equals the target's argmax.
+  point-mass            the drafter proposes deterministically (``draft(k)``) and the target
+                        samples t_i ~ p_i with the user's sampler; a draft is kept while it equals
+                        t_i. This is speculative sampling for a one-hot q (accept w.p. p(d), else
+                        a draw from p without d) and works with any per-row sampler function.
+  speculative-sampling  the drafter samples d_j ~ q_j (``draft_sampled``) and reports q_j; draft
+                        j is kept with probability min(1, p(d_j) / q_j(d_j)); at the first
+                        rejection the token comes from normalize(max(p - q, 0)); after a full
+                        accept the bonus comes from p at the last row (Leviathan et al. 2023;
+                        Chen et al. 2023).
+
+p is what mlx-lm's own sampler draws from: the logits after the user's logits processors
+(repetition penalty and friends, fed the token history including the in-block drafted prefix),
+then top-p, min-p, top-k, then temperature, exactly in ``mlx_lm.sample_utils.make_sampler``'s
+order and with its functions.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler
+from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
+
+from .errors import MTPError
+
+GREEDY = "greedy"
+POINT_MASS = "point-mass"
+SPECULATIVE = "speculative-sampling"
+REQUESTABLE_RULES = ("auto", POINT_MASS, SPECULATIVE)
+
+
+class Sampler:
+    """mlx-lm's ``make_sampler(temp, top_p, min_p, min_tokens_to_keep, top_k)`` that can also say
+    which distribution it samples from. Calling it *is* calling mlx-lm's sampler, so it works
+    wherever one does (``mlx_lm.generate``, ``--no-mtp``)."""
+
+    def __init__(self, temp: float = 0.0, top_p: float = 0.0, min_p: float = 0.0,
+                 min_tokens_to_keep: int = 1, top_k: int = 0):
+        if not temp >= 0:
+            raise MTPError(f"temp must be >= 0, got {temp}")
+        if not 0 <= top_p <= 1:
+            raise MTPError(f"top_p must be between 0 and 1, got {top_p}")
+        if not 0 <= min_p <= 1:
+            raise MTPError(f"min_p must be between 0 and 1, got {min_p}")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+            raise MTPError(f"top_k must be a non-negative integer, got {top_k!r}")
+        if (not isinstance(min_tokens_to_keep, int) or isinstance(min_tokens_to_keep, bool)
+                or min_tokens_to_keep < 1):
+            raise MTPError("min_tokens_to_keep must be a positive integer, "
+                           f"got {min_tokens_to_keep!r}")
+        self.temp, self.top_p, self.min_p = float(temp), float(top_p), float(min_p)
+        self.min_tokens_to_keep, self.top_k = min_tokens_to_keep, top_k
+        self._mlx_sampler = mlx_make_sampler(temp=temp, top_p=top_p, min_p=min_p,
+                                             min_tokens_to_keep=min_tokens_to_keep, top_k=top_k)
+        # The same filters, in the same order and under the same conditions, as make_sampler.
+        self._filters: List[Callable[[mx.array], mx.array]] = []
+        if 0 < top_p < 1.0:
+            self._filters.append(lambda x: apply_top_p(x, top_p))
+        if min_p != 0.0:
+            self._filters.append(lambda x: apply_min_p(x, min_p, min_tokens_to_keep))
+        if top_k > 0:
+            self._filters.append(lambda x: apply_top_k(x, top_k))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return self._mlx_sampler(logprobs)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        if self.top_k >= vocab_size and not self.greedy:
+            raise MTPError(f"top_k (--top-k) must be below the vocabulary size {vocab_size}, "
+                           f"got {self.top_k}")
+
+    def logits(self, logprobs: mx.array) -> mx.array:
+        """The logits mlx-lm's ``categorical_sampling`` draws from (filtered, then / temp)."""
+        for f in self._filters:
+            logprobs = f(logprobs)
+        return logprobs * (1.0 / self.temp)
+
+    def probs(self, logprobs: mx.array) -> mx.array:
+        """The sampled distribution, in float32 (exact zeros where a filter removed a token)."""
+        return mx.softmax(self.logits(logprobs).astype(mx.float32), axis=-1)
+
+    def sample(self, logprobs: mx.array, key: mx.array) -> mx.array:
+        return mx.random.categorical(self.logits(logprobs), key=key)
+
+    def describe(self) -> dict:
+        return {"temperature": self.temp, "top_p": self.top_p, "min_p": self.min_p,
+                "top_k": self.top_k, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+
+def make_sampler(temp: float = 0.0, top_p: float = 0.0, min_p: float = 0.0,
+                 min_tokens_to_keep: int = 1, top_k: int = 0) -> Sampler:
+    """Like ``mlx_lm.sample_utils.make_sampler`` (same arguments, same draws); the MTP loop can
+    also read the distribution from it, which lossless speculative sampling needs."""
+    return Sampler(temp=temp, top_p=top_p, min_p=min_p, min_tokens_to_keep=min_tokens_to_keep,
+                   top_k=top_k)
+
+
+def is_greedy(sampler) -> bool:
+    if isinstance(sampler, Sampler):
+        return sampler.greedy
+    return sampler is None or sampler is greedy_sampler
+
+
+def choose_rule(sampler, drafter, requested: str = "auto") -> str:
+    """Which acceptance rule a run uses; ``requested`` is ``auto``, ``point-mass`` or
+    ``speculative-sampling``."""
+    if requested not in REQUESTABLE_RULES:
+        raise MTPError(f"acceptance must be one of {', '.join(REQUESTABLE_RULES)}, "
+                       f"got {requested!r}")
+    if is_greedy(sampler):
+        if requested == SPECULATIVE:
+            raise MTPError("acceptance speculative-sampling needs a temperature above 0")
+        return GREEDY
+    if requested == POINT_MASS:
+        return POINT_MASS
+    knows_p = isinstance(sampler, Sampler)
+    drafts_q = drafter is not None and callable(getattr(drafter, "draft_sampled", None))
+    if requested == SPECULATIVE:
+        if not knows_p:
+            raise MTPError("acceptance speculative-sampling needs a sampler from "
+                           "mlx_mtp.make_sampler: a plain sampler function does not say which "
+                           "distribution it samples from")
+        if not drafts_q:
+            raise MTPError(f"acceptance speculative-sampling needs a drafter with draft_sampled; "
+                           f"{type(drafter).__name__} only drafts greedily")
+    return SPECULATIVE if knows_p and drafts_q else POINT_MASS
+
+
+def first_rejection(accepted: Sequence) -> int:
+    """Number of leading accepted drafts."""
+    a = 0
+    while a < len(accepted) and accepted[a]:
+        a += 1
+    return a
+
+
+# --------------------------------------------------------------------------- logits processors
+
+
+def process_rows(logits: mx.array, history: mx.array, block: mx.array,
+                 processors: Sequence) -> mx.array:
+    """Apply mlx-lm logits processors to verify rows: row i follows ``block[: i + 1]``, so it sees
+    ``history + block[1 : i + 1]`` where ``history`` already ends with ``block[0]`` (the bonus)."""
+    rows = []
+    for i in range(logits.shape[0]):
+        tokens = history if i == 0 else mx.concatenate([history, block[1 : i + 1]])
+        row = logits[i : i + 1]
+        for proc in processors:
+            row = proc(tokens, row)
+        rows.append(row)
+    return mx.concatenate(rows, axis=0)
+
+
+def append_history(history: Optional[mx.array], ids: mx.array) -> Optional[mx.array]:
+    return None if history is None else mx.concatenate([history, ids.astype(history.dtype)])
+
+
+# ------------------------------------------------------------------------------ random streams
+
+
+class RandomStreams:
+    """Two independent key streams from one seed: one for drafting, one for the target's draws
+    (acceptance coins, residual and bonus tokens). One shared stream would correlate a draft with
+    the draws that judge it."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._draft, self._target = mx.random.split(mx.random.key(seed))
+
+    def draft(self) -> mx.array:
+        self._draft, key = mx.random.split(self._draft)
+        return key
+
+    def target(self) -> mx.array:
+        self._target, key = mx.random.split(self._target)
+        return key
+
+
+# ------------------------------------------------------------------------------------ drafting
+
+
+class DraftSampler:
+    """Handed to a drafter's ``draft_sampled``: turns one draft step's logits into a sampled id and
+    records the distribution q it was drawn from (after the user's processing, so q sits close
+    to p). Draft j's processors see the history through the bonus plus drafts 1..j-1.
+
+    A drafter whose LM head covers only a subset of the vocabulary passes ``ids`` (its id table:
+    column c of its logits is target id ``ids[c]``, the same table at every step); q then lives
+    on that subset and the returned ids are target ids.
+    """
+
+    def __init__(self, sampler: Sampler, key: mx.array, vocab_size: int,
+                 processors: Sequence = (), history: Optional[mx.array] = None):
+        self.sampler = sampler
+        self.key = key
+        self.vocab_size = vocab_size
+        self.processors = list(processors)
+        self.history = history
+        self.ids: List[mx.array] = []
+        self.q: List[mx.array] = []
+        self.q_ids: Optional[mx.array] = None
+
+    def _process(self, logits: mx.array, ids: Optional[mx.array]) -> mx.array:
+        if not self.processors:
+            return logits
+        tokens = self.history if not self.ids else mx.concatenate(
+            [self.history, *[d.astype(self.history.dtype) for d in self.ids]])
+        full = mx.array(logits)  # mlx-lm's processors assign into their input: keep the caller's
+        if ids is not None:  # processors index by target id: lift to the full vocabulary
+            full = mx.full((1, self.vocab_size), -mx.inf, dtype=logits.dtype)
+            full[:, ids] = logits
+        for proc in self.processors:
+            full = proc(tokens, full)
+        return full if ids is None else full[:, ids]
+
+    def __call__(self, logits: mx.array, ids: Optional[mx.array] = None) -> mx.array:
+        """``logits [1, Vd]`` -> the sampled target id ``[1]`` (uint32), on device."""
+        logits = self._process(logits, ids)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        scaled = self.sampler.logits(logprobs)
+        self.key, key = mx.random.split(self.key)
+        col = mx.random.categorical(scaled, key=key)
+        tok = (col if ids is None else ids[col]).astype(mx.uint32)
+        self.q.append(mx.softmax(scaled.astype(mx.float32), axis=-1))
+        self.ids.append(tok)
+        self.q_ids = ids
+        return tok
+
+    def result(self) -> Tuple[mx.array, mx.array, Optional[mx.array]]:
+        """``(drafts [k], q [k, Vd], q_ids [Vd] or None)``."""
+        return mx.concatenate(self.ids), mx.concatenate(self.q, axis=0), self.q_ids
+
+
+# ------------------------------------------------------------------------------- verification
+
+
+def lift_q(q: mx.array, q_ids: Optional[mx.array], vocab_size: int) -> mx.array:
+    """q on the drafter's id subset -> q over the full vocabulary (zero off the subset)."""
+    if q_ids is None:
+        return q
+    return mx.zeros((q.shape[0], vocab_size), dtype=q.dtype).at[:, q_ids].add(q)
+
+
+def residual(p: mx.array, q: mx.array) -> mx.array:
+    """normalize(max(p - q, 0)) per row; p itself where p <= q everywhere (then p == q up to
+    rounding and a rejection can only come from rounding)."""
+    r = mx.maximum(p - q, 0.0)
+    total = r.sum(axis=-1, keepdims=True)
+    return mx.where(total > 0, r / mx.where(total > 0, total, 1.0), p)
+
+
+def accept_drafts(p_d: mx.array, q_d: mx.array, u: mx.array) -> mx.array:
+    """Keep draft d with probability min(1, p(d) / q(d)): u ~ U[0, 1) and u * q(d) < p(d)
+    (strict, so a token the target cannot emit is never kept)."""
+    return u * q_d < p_d
+
+
+def speculative_verify(p: mx.array, q: mx.array, drafts: mx.array, key: mx.array,
+                       q_ids: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
+    """One chain round of speculative sampling, all on device.
+
+    ``p [k+1, V]`` the target's float32 distributions at the verify rows, ``q [k, Vq]`` the
+    drafter's (``q_ids`` maps its columns to target ids when it covers a subset), ``drafts [k]``
+    target ids. Returns ``accepted [k]`` (bool) and ``toks [k+1]``: ``toks[i]`` is the residual
+    draw to emit if draft i + 1 is the first rejected one, ``toks[k]`` the bonus drawn from
+    ``p[k]``. Pre-sampling every row keeps the round at one host read.
+    """
+    k = drafts.size
+    key_u, key_t = mx.random.split(key)
+    if k == 0:
+        return mx.zeros((0,), dtype=mx.bool_), mx.random.categorical(mx.log(p), key=key_t)
+    q = lift_q(q.astype(mx.float32), q_ids, p.shape[-1])
+    d = drafts.astype(mx.uint32)[:, None]
+    p_d = mx.take_along_axis(p[:k], d, axis=-1)[:, 0]
+    q_d = mx.take_along_axis(q, d, axis=-1)[:, 0]
+    accepted = accept_drafts(p_d, q_d, mx.random.uniform(shape=(k,), key=key_u))
+    rows = mx.concatenate([residual(p[:k], q), p[k:]], axis=0)
+    return accepted, mx.random.categorical(mx.log(rows), key=key_t)
