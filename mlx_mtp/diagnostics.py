@@ -27,6 +27,10 @@ class RunStats:
     phase_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     rounds_s: float = 0.0
     peak_memory_gb: float = 0.0
+    # The exactness gate's decision (mlx_mtp.gate): MTP on or declined, why, and the probe.
+    mtp_enabled: bool = True
+    gate_reason: str = ""
+    exactness: Dict[str, object] = field(default_factory=dict)
 
     @contextmanager
     def phase(self, name: str):
@@ -92,4 +96,7 @@ class RunStats:
             "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
             "phase_ms": self.phase_ms(),
             "peak_memory_gb": self.peak_memory_gb,
+            "mtp_enabled": self.mtp_enabled,
+            "gate_reason": self.gate_reason,
+            "exactness": self.exactness,
         }

@@ -18,8 +18,10 @@ from typing import Callable, Generator, Optional, Tuple
 
 import mlx.core as mx
 
+from . import gate
 from .diagnostics import RunStats
 from .errors import MTPError
+from .plain import plain_generate_step
 
 MAX_BLOCK_SIZE = 16
 
@@ -69,6 +71,12 @@ def generate_step(
     sampler = sampler or greedy
     stats = stats if stats is not None else RunStats()
     stats.block_size = block_size
+    # Exact or not at all: where a verify block is not byte-identical to single-token decode on
+    # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
+    if not gate.apply(model, block_size, stats).mtp_enabled:
+        yield from plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
+                                       prefill_step_size=prefill_step_size, stats=stats)
+        return
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
