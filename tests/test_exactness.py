@@ -166,6 +166,9 @@ class ExactOncePrepared(CountingTarget):
     def prepare(self, max_width):
         self.prepare_calls.append(max_width)
         self.prepared = max(self.prepared, max_width)
+        inner = getattr(self.inner, "prepare", None)
+        if inner is not None:  # an adapter that prepares itself too
+            inner(max_width)
 
     def verify(self, ids, cache):
         h = super().verify(ids, cache)

@@ -323,8 +323,8 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
 DECLINING_CLI = """
 import sys
 sys.path.insert(0, {tests!r})
+from mlx_mtp import generate, loading  # first: mlx_mtp may bind a BLAS before mlx.core loads
 from perturbed import PerturbedVerify
-from mlx_mtp import generate, loading
 from mlx_mtp.model import MTPModel
 
 real_load = loading.load
