@@ -19,15 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import mlx.core as mx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import tiny_checkpoints as tc  # noqa: E402
+from mlx_mtp import exactness  # noqa: E402  (first: mlx_mtp may set MLX up before mlx.core loads)
 
-from mlx_mtp import exactness  # noqa: E402
+import mlx.core as mx  # noqa: E402
+import tiny_checkpoints as tc  # noqa: E402
 from mlx_mtp.gate import session_widths  # noqa: E402
 from mlx_mtp.loading import load_model  # noqa: E402
 from mlx_mtp.targets.qwen3_5 import Qwen3_5Target  # noqa: E402
