@@ -29,6 +29,10 @@ class RunStats:
     peak_memory_gb: float = 0.0
     # greedy / point-mass / speculative-sampling (``mlx_mtp.sampling``); None when no MTP loop ran.
     acceptance_rule: Optional[str] = None
+    # The exactness gate's decision (mlx_mtp.gate): MTP on or declined, why, and the probe.
+    mtp_enabled: bool = True
+    gate_reason: str = ""
+    exactness: Dict[str, object] = field(default_factory=dict)
 
     @contextmanager
     def phase(self, name: str):
@@ -95,4 +99,7 @@ class RunStats:
             "phase_ms": self.phase_ms(),
             "peak_memory_gb": self.peak_memory_gb,
             "acceptance_rule": self.acceptance_rule,
+            "mtp_enabled": self.mtp_enabled,
+            "gate_reason": self.gate_reason,
+            "exactness": self.exactness,
         }

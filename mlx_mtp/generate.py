@@ -20,6 +20,7 @@ from . import cpu_blas
 from .diagnostics import RunStats
 from .errors import MTPError
 from .sampling import REQUESTABLE_RULES, make_sampler
+from .gate import table_rows as gate_table_rows
 from .speculative import MAX_BLOCK_SIZE, generate_step
 
 DEFAULT_MAX_TOKENS = 256
@@ -192,7 +193,7 @@ def _run_plain(model, tokenizer, prompt, args, sampler, processors):
     """mlx-lm's own plain decode of the target (``--no-mtp``)."""
     from mlx_lm.generate import stream_generate as mlx_stream_generate
 
-    stats = RunStats(block_size=1)
+    stats = RunStats(block_size=1, mtp_enabled=False, gate_reason="--no-mtp: mlx-lm plain decode")
     text, tokens, last = [], [], None
     t0 = time.perf_counter()
     for last in mlx_stream_generate(model.mlx_model, tokenizer, prompt,
@@ -257,20 +258,25 @@ def print_report(result: dict, stats_rows) -> None:
     print(tabulate(stats_rows, headers=["statistic", "value"], tablefmt="simple"))
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def cli_main(parser, run_fn, show, argv=None) -> int:
+    """Parse, run, print (``--json``: one JSON object, else ``show(result)``); bad input is one
+    ``error: ...`` line on stderr and a non-zero exit, never a traceback."""
+    args = parser.parse_args(argv)
     try:
-        result = run(args)
+        result = run_fn(args)
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
     if args.json:
         print(json.dumps(result))
     else:
-        rows = [("mtp", "on" if result["mtp_enabled"] else "off (--no-mtp: mlx-lm plain decode)")]
-        rows += _rows_from_result(result)
-        print_report(result, rows)
+        show(result)
     return 0
+
+
+def main(argv=None) -> int:
+    return cli_main(build_parser(), run, lambda result: print_report(
+        result, gate_table_rows(result) + _rows_from_result(result)), argv)
 
 
 def _rows_from_result(result: dict):

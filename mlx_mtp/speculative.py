@@ -22,8 +22,10 @@ import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
 from . import sampling
+from . import gate
 from .diagnostics import RunStats
 from .errors import MTPError
+from .plain import plain_generate_step
 
 MAX_BLOCK_SIZE = 16
 
@@ -88,6 +90,14 @@ def generate_step(
     stats = stats if stats is not None else RunStats()
     stats.block_size = block_size
     stats.acceptance_rule = rule
+    # Exact or not at all: where a verify block is not byte-identical to single-token decode on
+    # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
+    if not gate.apply(model, block_size, stats).mtp_enabled:
+        stats.acceptance_rule = None
+        yield from plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
+                                       logits_processors=processors,
+                                       prefill_step_size=prefill_step_size, stats=stats)
+        return
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()

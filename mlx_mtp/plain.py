@@ -1,0 +1,40 @@
+"""Plain decode of the same target through mlx-lm: what a session runs when the exactness gate
+declines MTP. Same yield shape as the round loop, same ``RunStats`` bookkeeping (no rounds)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Generator, List, Optional, Tuple
+
+import mlx.core as mx
+
+from .diagnostics import RunStats
+
+
+def plain_generate_step(prompt: mx.array, model, *, max_tokens: int,
+                        sampler: Optional[Callable[[mx.array], mx.array]],
+                        prefill_step_size: int,
+                        logits_processors: Optional[List[Callable]] = None,
+                        stats: RunStats) -> Generator[Tuple[int, mx.array, bool], None, None]:
+    """Yield ``(token, logprobs, False)`` from mlx-lm's own ``generate_step`` on
+    ``model.mlx_model``: token for token what plain decoding of the target gives."""
+    from mlx_lm.generate import generate_step as mlx_generate_step
+
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    stats.prompt_tokens = prompt.size
+    n = 0
+    for n, (token, logprobs) in enumerate(
+            mlx_generate_step(prompt, model.mlx_model, max_tokens=max_tokens, sampler=sampler,
+                              logits_processors=logits_processors or None,
+                              prefill_step_size=prefill_step_size), 1):
+        now = time.perf_counter()
+        if n == 1:
+            stats.prompt_s = now - t0
+            t_gen = now
+        stats.generation_tokens = n
+        stats.generation_s = now - t_gen
+        stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+        yield token, logprobs, False
+    stats.generation_s = time.perf_counter() - t_gen if n else 0.0
+    stats.peak_memory_gb = mx.get_peak_memory() / 1e9

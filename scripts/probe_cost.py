@@ -1,0 +1,106 @@
+"""What the exactness probe costs, in wall time and in plain decode steps of the same target.
+
+    python scripts/probe_cost.py [--repeats 5] [--json]
+
+Targets: the test suite's tiny raw-HF checkpoint (H=64, 4 layers, V=320), written to a temporary
+folder and loaded through ``mlx_mtp.load_model``, and a larger random Qwen3.5 (H=1024, 8 layers,
+V=32768) built in memory, to show how the cost scales. For each session block size B the probe
+runs widths 2..B cold (a fresh adapter: nothing memoized) and then from the memo. Medians of
+``--repeats`` runs. Prints a table (or JSON); not a benchmark record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from mlx_mtp import exactness  # noqa: E402  (first: mlx_mtp may set MLX up before mlx.core loads)
+
+import mlx.core as mx  # noqa: E402
+import tiny_checkpoints as tc  # noqa: E402
+from mlx_mtp.gate import session_widths  # noqa: E402
+from mlx_mtp.loading import load_model  # noqa: E402
+from mlx_mtp.targets.qwen3_5 import Qwen3_5Target  # noqa: E402
+
+
+def decode_step_s(mlx_model, repeats: int) -> float:
+    """Median wall time of one plain decode step (mlx-lm's model, 9 tokens of context)."""
+    times = []
+    for _ in range(repeats):
+        cache = mlx_model.make_cache()
+        mx.eval(mlx_model(mx.array([list(range(1, 9))]), cache=cache))
+        t0 = time.perf_counter()
+        mx.eval(mlx_model(mx.array([[9]]), cache=cache))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def probe_s(make_target, widths, repeats: int):
+    cold, warm = [], []
+    for _ in range(repeats):
+        exactness.clear_memo()
+        target = make_target()
+        t0 = time.perf_counter()
+        results = exactness.probe_exactness(target, widths)
+        cold.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        exactness.probe_exactness(target, widths)
+        warm.append(time.perf_counter() - t0)
+    return statistics.median(cold), statistics.median(warm), exactness.aggregate_verdict(results)
+
+
+def measure(name, mlx_model, make_target, repeats):
+    mx.eval(mlx_model.parameters())
+    decode_step_s(mlx_model, 2)  # warm-up
+    step = decode_step_s(mlx_model, repeats)
+    rows = []
+    for block_size in (2, 3, 4, 6):
+        cold, warm, verdict = probe_s(make_target, session_widths(block_size), repeats)
+        rows.append({"target": name, "block_size": block_size, "verdict": verdict,
+                     "probe_cold_ms": 1e3 * cold, "probe_memo_ms": 1e3 * warm,
+                     "decode_step_ms": 1e3 * step, "cold_in_decode_steps": cold / step})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tc.write_raw_hf(Path(tmp) / "tiny", seed=0)
+        model = load_model(path, require_head=False)
+        rows += measure("tiny checkpoint H=64 L=4 V=320", model.mlx_model,
+                        lambda: Qwen3_5Target(model.mlx_model), args.repeats)
+    mx.random.seed(0)
+    larger = tc.build_target(tc.qwen3_5_config(hidden=1024, layers=8, vocab=32768))
+    larger.eval()
+    rows += measure("random H=1024 L=8 V=32768", larger, lambda: Qwen3_5Target(larger),
+                    args.repeats)
+    if args.json:
+        print(json.dumps({"mlx_version": mx.__version__, "device": str(mx.default_device()),
+                          "rows": rows}))
+        return 0
+    from tabulate import tabulate
+
+    print(f"MLX {mx.__version__} on {mx.default_device()}, medians of {args.repeats} runs")
+    print(tabulate([(r["target"], r["block_size"], r["verdict"], f"{r['probe_cold_ms']:.1f}",
+                     f"{r['probe_memo_ms']:.3f}", f"{r['decode_step_ms']:.2f}",
+                     f"{r['cold_in_decode_steps']:.1f}") for r in rows],
+                   headers=["target", "block size", "verdict", "probe ms (cold)",
+                            "probe ms (memo)", "decode step ms", "probe / decode step"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
