@@ -186,6 +186,10 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in st) / draft_steps
                                 if draft_steps else None),
             "identical_to_classic": exact[bs],
+            # The exactness gate's decision for this arm (same for every run of the arm).
+            "mtp_enabled": all(s["mtp_enabled"] for s in st),
+            "gate_reason": st[0]["gate_reason"] if st else "",
+            "exactness": st[0]["exactness"] if st else {},
         })
     host = host_facts()
     result = {
@@ -261,6 +265,22 @@ def render(r: dict) -> str:
         f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"T=0; {r['pairs']} alternating pairs per prompt",
+        "",
+        "## Exactness gate", "",
+    ]
+    for row in r["rows"]:
+        ex = row["exactness"]
+        widths = ex.get("widths") or []
+        bad = [w for w in widths if w.get("verdict") != "equal"]
+        detail = "; ".join(f"width {w['width']}: {w.get('verdict')}"
+                           + (f" at position {w.get('position')}, {w.get('differing_bytes')} of "
+                              f"{w.get('total_bytes')} bytes" if w.get("verdict") == "diverges" else "")
+                           for w in bad) or "all widths equal" if widths else "no probe needed"
+        label = "MTP ran" if row["mtp_enabled"] else "MTP declined (plain decode)"
+        if ex.get("override"):
+            label += ": OVERRIDDEN by MLX_MTP_ALLOW_INEXACT=1, not a shipping configuration"
+        lines.append(f"- block {row['block_size']}: {label}; verdict {ex.get('verdict', 'n/a')}; {detail}")
+    lines += [
         "",
         "## Results (medians over pairs x prompts; ratio range = min-max of per-pair ratios)", "",
         "| block | classic tok/s | MTP tok/s | ratio | ratio range | acceptance | tokens/round "

@@ -26,5 +26,8 @@ def test_bench_writes_markdown_and_json(tmp_path):
     assert len(data["raw"]["classic"]) == 2 * 3 and len(data["raw"]["mtp3"]) == 2 * 3
     assert data["cpu_blas"] == result["cpu_blas"] and data["bandwidth_gbs"] > 0
     text = md[0].read_text()
-    for section in ("## Setup", "## Results", "## Round split", "## The floor", "smoke run"):
+    assert three["mtp_enabled"] and three["exactness"]["verdict"] == "equal"
+    assert "- block 3: MTP ran; verdict equal; all widths equal" in md[0].read_text()
+    for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
+                    "## The floor", "smoke run"):
         assert section in text
