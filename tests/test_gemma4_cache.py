@@ -188,3 +188,20 @@ def test_temporal_key_order_is_not_bitwise_plain_decode(tmp_path_factory, monkey
     monkeypatch.setattr(sliding_cache, "_decode_layout", temporal)
     path = Checkpoints(tmp_path_factory).target("e2b")
     assert verify_rows_mismatching_plain_decode(path, list(range(3, 43))) > 0
+
+
+@pytest.mark.parametrize("kind", ["e2b", "31b"])
+def test_block_vs_chain_through_the_adapter_interface(kind, tmp_path_factory):
+    """What an exactness probe does with any target adapter: prefill, verify a block, roll it
+    all back, feed the same tokens one by one; the logits must agree bitwise, also when the
+    block follows a multi-token prefill past the window directly."""
+    model, _ = mlx_load_model(Checkpoints(tmp_path_factory).target(kind))
+    target = Gemma4Target(model)
+    block = mx.array([[5, 17, 240, 3, 99, 12]])
+    cache = target.make_cache()
+    target.hidden(mx.array(list(range(3, 43)))[None], cache)
+    blk = target.logits(target.verify(block, cache)[0])
+    target.rollback(cache, fed=6, keep=0)
+    chain = mx.concatenate([target.logits(target.hidden(block[:, i : i + 1], cache)[0])
+                            for i in range(6)])
+    assert bytes(memoryview(blk)) == bytes(memoryview(chain))
