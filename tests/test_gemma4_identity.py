@@ -35,13 +35,19 @@ class ForcedAssistant(ForcedHeadDrafter):
         self.inner.bind_cache(cache)
 
 
+def pair_and_references(ckpts, kind, naming):
+    """The loaded pair, and mlx-lm's greedy output for every prompt: (name, prompt, ref)."""
+    path = ckpts.target(kind, naming)
+    model = mlx_mtp.load_model(path, drafter=ckpts.assistant(kind))
+    return model, [(name, prompt, reference_greedy(path, prompt, MAX_TOKENS))
+                   for name, prompt in PROMPTS.items()]
+
+
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 @pytest.mark.parametrize("naming", ["text", "gemma4"])
 def test_greedy_identity_with_real_assistant(kind, naming, ckpts):
-    path = ckpts.target(kind, naming)
-    model = mlx_mtp.load_model(path, drafter=ckpts.assistant(kind))
-    for name, prompt in PROMPTS.items():
-        ref = reference_greedy(path, prompt, MAX_TOKENS)
+    model, cases = pair_and_references(ckpts, kind, naming)
+    for name, prompt, ref in cases:
         assert len(set(ref)) > MAX_TOKENS // 2  # a context-sensitive target, not a loop
         for bs in range(1, 7):
             stats = RunStats()
@@ -69,10 +75,8 @@ def test_identity_with_bonus_query_position_and_chunked_prefill(kind, ckpts):
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 @pytest.mark.parametrize("naming", ["text", "gemma4"])
 def test_every_acceptance_length_is_exact(kind, naming, ckpts):
-    path = ckpts.target(kind, naming)
-    model = mlx_mtp.load_model(path, drafter=ckpts.assistant(kind))
-    for name, prompt in PROMPTS.items():
-        ref = reference_greedy(path, prompt, MAX_TOKENS)
+    model, cases = pair_and_references(ckpts, kind, naming)
+    for name, prompt, ref in cases:
         for bs in range(2, 7):
             K = bs - 1
             forced = ForcedAssistant(model.drafter, prompt + ref, schedule=list(range(K + 1)),

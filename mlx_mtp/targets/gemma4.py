@@ -16,45 +16,27 @@ from mlx_lm.models import gemma4_text as _gemma4_text
 from mlx_lm.models.cache import KVCache
 
 from ..sliding_cache import SlidingWindowCache
+from .base import TrunkTarget
 
 GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4", "gemma4_unified")
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
-class Gemma4Target:
+class Gemma4Target(TrunkTarget):
     """What the round loop, the exactness probe and the assistant drafter need from a Gemma 4
     target. Same interface as ``Qwen3_5Target``."""
 
     family = "gemma4"
 
     def __init__(self, model: nn.Module):
-        self.model = model
-        self.lm = model.language_model if hasattr(model, "language_model") else model
+        super().__init__(model)
         if not isinstance(self.lm, _gemma4_text.Model):
             raise TypeError(f"not a Gemma 4 text model: {type(self.lm).__name__}")
-        self.args = self.lm.args
-        self.trunk = self.lm.model  # Gemma4TextModel: returns the post-final-norm hidden states
         # Layers that own a cache; the KV-shared ones read the last own layer of their type.
         self.num_cached = self.args.num_hidden_layers - self.args.num_kv_shared_layers
         self.producers: Dict[str, int] = {}
         for i in range(self.num_cached):
             self.producers[self.args.layer_types[i]] = i
-
-    @property
-    def layers(self):
-        return self.trunk.layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.args.vocab_size
-
-    @property
-    def dtype(self):
-        return self.trunk.norm.weight.dtype
 
     @property
     def window(self) -> int:
@@ -69,10 +51,6 @@ class Gemma4Target:
         multiplied in the table's dtype like ``Gemma4TextModel`` does."""
         return self.trunk.embed_tokens(ids) * self.trunk.embed_scale
 
-    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
-        return self.trunk(ids, cache)
-
     def logits(self, hidden: mx.array) -> mx.array:
         """The same ops as ``gemma4_text.Model.__call__``: tied or own head, then the softcap."""
         if self.lm.tie_word_embeddings:
@@ -86,14 +64,7 @@ class Gemma4Target:
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden``, with every row computed as the single-token decode step it stands
         for (the sliding caches lay each row's window out in plain decode's ring order)."""
-        sliding = [c for c in cache if isinstance(c, SlidingWindowCache)]
-        for c in sliding:
-            c.decode = True
-        try:
-            return self.trunk(ids, cache)
-        finally:
-            for c in sliding:
-                c.decode = False
+        return self.flagged_trunk(ids, cache, SlidingWindowCache, "decode")
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify."""

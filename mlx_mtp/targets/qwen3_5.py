@@ -19,6 +19,8 @@ from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
+from .base import TrunkTarget
+
 
 class SpecArraysCache(ArraysCache):
     """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""
@@ -104,7 +106,7 @@ _SPEC_GDN = {
 }
 
 
-class Qwen3_5Target:
+class Qwen3_5Target(TrunkTarget):
     """What the round loop and the MTP drafter need from a hybrid Qwen target.
 
     ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
@@ -113,10 +115,7 @@ class Qwen3_5Target:
     family = "qwen3_5"
 
     def __init__(self, model: nn.Module):
-        self.model = model
-        self.lm = model.language_model if hasattr(model, "language_model") else model
-        self.args = self.lm.args
-        self.trunk = self.lm.model  # returns the post-final-norm hidden states
+        super().__init__(model)
         for layer in self.layers:
             if layer.is_linear:
                 gdn = layer.linear_attn
@@ -126,31 +125,11 @@ class Qwen3_5Target:
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
 
-    @property
-    def layers(self):
-        return self.trunk.layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.args.vocab_size
-
-    @property
-    def dtype(self):
-        return self.trunk.norm.weight.dtype
-
     def make_cache(self) -> List[Any]:
         return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
 
     def embed(self, ids: mx.array) -> mx.array:
         return self.trunk.embed_tokens(ids)
-
-    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
-        return self.trunk(ids, cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:
@@ -159,14 +138,7 @@ class Qwen3_5Target:
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
-        ssm = [c for c in cache if isinstance(c, SpecArraysCache)]
-        for c in ssm:
-            c.capture = True
-        try:
-            return self.trunk(ids, cache)
-        finally:
-            for c in ssm:
-                c.capture = False
+        return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""
