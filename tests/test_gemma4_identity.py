@@ -72,8 +72,8 @@ def test_identity_with_bonus_query_position_and_chunked_prefill(kind, ckpts):
     assert run(model, prompt, 3, prefill_step_size=7) == ref
 
 
-@pytest.mark.parametrize("kind", ["e2b", "31b"])
-@pytest.mark.parametrize("naming", ["text", "gemma4"])
+@pytest.mark.parametrize("kind, naming", [("e2b", "text"), ("e2b", "gemma4"), ("31b", "text"),
+                                          ("31b", "gemma4"), ("26b", "gemma4")])
 def test_every_acceptance_length_is_exact(kind, naming, ckpts):
     model, cases = pair_and_references(ckpts, kind, naming)
     for name, prompt, ref in cases:

@@ -3,7 +3,8 @@
 Spec ``gemma4-mtp.md`` §4. Targets:
 - ``e2b``: KV sharing (layers 6..9 read layers 5 / 4), per-layer inputs, double-wide MLP in the
   shared layers, softcap 30;
-- ``31b``: ``(5 sliding + 1 full) x 2``, no sharing, K=V full attention with 1 global KV head.
+- ``31b``: ``(5 sliding + 1 full) x 2``, no sharing, K=V full attention with 1 global KV head;
+- ``26b``: the same plus the MoE block (experts stored in HF's fused layout).
 Each as a ``gemma4_text`` checkpoint (``model.*`` keys) or a multimodal ``gemma4`` one (HF's
 ``model.language_model.*`` keys, nested ``text_config``, plus a vision tensor mlx-lm drops).
 Assistants (``gemma4_assistant``): Q-only 4-layer stacks, the ``e2b`` one with the centroid head.
@@ -59,6 +60,10 @@ def text_config(kind: str) -> dict:
             "vocab_size_per_layer_input": VOCAB, "use_double_wide_mlp": False,
             "attention_k_eq_v": True, "layer_types": [s, s, s, s, s, f] * 2,
         })
+    elif kind == "26b":  # the 31B-like layout with Gemma 4's MoE block beside the dense MLP
+        common.update(text_config("31b"))
+        common.update({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                       "moe_intermediate_size": 32})
     else:
         raise ValueError(kind)
     return common
@@ -94,7 +99,24 @@ def random_target_params(kind: str, seed: int) -> Dict[str, mx.array]:
     return _init(dict(tree_flatten(model.parameters())), np.random.default_rng(seed))
 
 
+def _fuse_experts(params: Dict[str, mx.array]) -> Dict[str, mx.array]:
+    """mlx-lm's ``experts.switch_glu.*`` -> HF's fused ``experts.gate_up_proj`` [E, 2I, H] and
+    ``experts.down_proj`` [E, H, I] (mlx-lm's sanitize splits them back)."""
+    out = {}
+    for k, v in params.items():
+        if k.endswith("experts.switch_glu.gate_proj.weight"):
+            base = k[: -len("switch_glu.gate_proj.weight")]
+            up = params[base + "switch_glu.up_proj.weight"]
+            out[base + "gate_up_proj"] = mx.concatenate([v, up], axis=-2)
+        elif k.endswith("experts.switch_glu.down_proj.weight"):
+            out[k[: -len("switch_glu.down_proj.weight")] + "down_proj"] = v
+        elif not k.endswith("experts.switch_glu.up_proj.weight"):
+            out[k] = v
+    return out
+
+
 def to_naming(params: Dict[str, mx.array], naming: str) -> Dict[str, mx.array]:
+    params = _fuse_experts(params)
     if naming == "text":
         return dict(params)
     out = {"model." + k.replace("model.", "language_model.", 1): v for k, v in params.items()}
@@ -128,7 +150,7 @@ def assistant_config(kind: str, *, centroids: Optional[bool] = None) -> dict:
     s, f = "sliding_attention", "full_attention"
     text = {
         "model_type": "gemma4_text", "hidden_size": 32, "num_hidden_layers": 4,
-        "intermediate_size": 64, "num_attention_heads": 4 if kind == "31b" else 2,
+        "intermediate_size": 64, "num_attention_heads": 2 if kind == "e2b" else 4,
         "num_key_value_heads": target["num_key_value_heads"],
         "num_global_key_value_heads": target["num_global_key_value_heads"],
         "attention_k_eq_v": target["attention_k_eq_v"],
@@ -208,7 +230,7 @@ class Checkpoints:
         return Checkpoints._made[name]
 
     def target(self, kind: str, naming: str = "text") -> Path:
-        seed = {"e2b": 1, "31b": 2}[kind]  # the same weights under every naming
+        seed = {"e2b": 1, "31b": 2, "26b": 3}[kind]  # the same weights under every naming
         return self._get(f"{kind}-{naming}", lambda p: write_target(p, kind, naming, seed=seed))
 
     def assistant(self, kind: str) -> Path:
