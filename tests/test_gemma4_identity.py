@@ -5,6 +5,7 @@ import mlx.core as mx
 import pytest
 from conftest import reference_greedy
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
+from mlx_lm.utils import load_model as mlx_load_model
 from oracle import ForcedHeadDrafter, OracleDrafter
 from tiny_gemma4 import WINDOW, Checkpoints
 
@@ -58,7 +59,6 @@ def test_greedy_identity_with_real_assistant(kind, naming, ckpts):
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 def test_identity_with_bonus_query_position_and_chunked_prefill(kind, ckpts):
     from mlx_lm.generate import generate_step as mlx_generate_step
-    from mlx_lm.utils import load_model as mlx_load_model
 
     path = ckpts.target(kind)
     model = mlx_mtp.load_model(path, drafter=ckpts.assistant(kind))
@@ -105,15 +105,17 @@ def test_caches_and_drafter_state_after_every_round_equal_sequential_decode(kind
     ref = reference_greedy(path, prompt, n)
     full = prompt + ref
 
-    # Sequential reference: plain one-token decode through the adapter, state after each token.
-    cache = target.make_cache()
-    hiddens = [target.hidden(mx.array(prompt[:-1])[None], cache)]
+    # Sequential reference: mlx-lm's own plain decode (its model, its KVCache/RotatingKVCache),
+    # the cache buffers after each token; and the post-norm hidden states h_p.
+    pristine, _ = mlx_load_model(path)
+    stock = pristine.make_cache()
+    hiddens = [pristine.model(mx.array(prompt[:-1])[None], cache=stock)]
     states = {}
     for p in range(len(prompt) - 1, len(full) - 1):
-        hiddens.append(target.hidden(mx.array(full[p : p + 1])[None], cache))
-        states[p + 1] = target.cache_state(cache)
+        hiddens.append(pristine.model(mx.array(full[p : p + 1])[None], cache=stock))
+        states[p + 1] = [a[...] for c in stock for a in (c.keys, c.values)]
         mx.eval(states[p + 1])
-    hidden_all = mx.concatenate(hiddens, axis=1)  # post-norm h_p, p = 0 .. len(full) - 2
+    hidden_all = mx.concatenate(hiddens, axis=1)  # p = 0 .. len(full) - 2
 
     for bs in (2, 4, 6):
         K = bs - 1

@@ -37,7 +37,7 @@ class TrunkTarget:
         """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
         return self.trunk(ids, cache)
 
-    def flagged_trunk(self, ids: mx.array, cache: List[Any], cache_type: type, flag: str) -> mx.array:
+    def flagged_trunk(self, ids: mx.array, cache: List[Any], cache_type, flag: str) -> mx.array:
         """``hidden`` with ``flag`` set on the caches of ``cache_type`` for this one call (how a
         verify tells its caches to keep what a rollback needs)."""
         flagged = [c for c in cache if isinstance(c, cache_type)]

@@ -1,9 +1,11 @@
 """Target adapter for Gemma 4 (``gemma4_text``, and the multimodal ``gemma4`` / ``gemma4_unified``
 wrappers, which hold a ``gemma4_text.Model`` at ``.language_model``). Spec ``gemma4-mtp.md`` §3.
 
-The target is mlx-lm's own model, unchanged. Only the cache differs: sliding layers get a
-``SlidingWindowCache`` (always trimmable, bit-identical to mlx-lm's plain decode) instead of
-``RotatingKVCache``, which cannot be rolled back once the context passes the window.
+The target is mlx-lm's own model and mlx-lm's own cache classes, in subclasses
+(``rollback_caches``) that can always roll back a verify block, also past the sliding window where
+``RotatingKVCache`` refuses to trim. The attention modules become ``Gemma4VerifyAttention``:
+mlx-lm's class, except that a verify block is fed and attended row by row, as decode does. So a
+verify row's logits, and the caches after a rollback, are bitwise what plain decode computes.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from typing import Any, Dict, List, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
-from mlx_lm.models.cache import KVCache
-
-from ..sliding_cache import SlidingWindowCache
+from ..rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from .base import TrunkTarget
+from .gemma4_attention import Gemma4VerifyAttention
 
 GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4", "gemma4_unified")
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -37,14 +38,18 @@ class Gemma4Target(TrunkTarget):
         self.producers: Dict[str, int] = {}
         for i in range(self.num_cached):
             self.producers[self.args.layer_types[i]] = i
+        for layer in self.layers:
+            if type(layer.self_attn) is _gemma4_text.Attention:
+                layer.self_attn.__class__ = Gemma4VerifyAttention
 
     @property
     def window(self) -> int:
         return self.args.sliding_window
 
     def make_cache(self) -> List[Any]:
-        return [KVCache() if self.args.layer_types[i] == FULL else SlidingWindowCache(self.window)
-                for i in range(self.num_cached)]
+        """What ``gemma4_text.Model.make_cache`` makes, in the rollback-safe subclasses."""
+        return [RollbackKVCache() if self.args.layer_types[i] == FULL
+                else RollbackRotatingKVCache(self.window) for i in range(self.num_cached)]
 
     def embed(self, ids: mx.array) -> mx.array:
         """The input embedding as the first layer sees it: ``embed_tokens(ids) * sqrt(H)``,
@@ -63,27 +68,21 @@ class Gemma4Target(TrunkTarget):
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden``, with every row computed as the single-token decode step it stands
-        for (the sliding caches lay each row's window out in plain decode's ring order)."""
-        return self.flagged_trunk(ids, cache, SlidingWindowCache, "decode")
+        for (fed to the caches one by one, attending on its own); ``rollback`` can undo it."""
+        return self.flagged_trunk(ids, cache, (RollbackKVCache, RollbackRotatingKVCache),
+                                  "verifying")
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
-        """Keep the first ``keep`` of the ``fed`` tokens of the last verify."""
-        if keep < fed:
-            for c in cache:
-                if c.trim(fed - keep) != fed - keep:
-                    raise RuntimeError(f"cache {type(c).__name__} refused to trim {fed - keep}")
+        """Keep the first ``keep`` of the ``fed`` tokens of the last verify (the caches restore
+        their state after row ``keep``; they raise rather than trim less)."""
+        for c in cache:
+            c.trim(fed - keep)
 
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
-        """The arrays that hold the committed state (for eval and for bitwise comparisons):
-        everything for full layers, the visible window for sliding ones."""
-        out = []
-        for c in cache:
-            if isinstance(c, SlidingWindowCache):
-                if c.keys is not None:
-                    out += list(c.committed())
-            elif c.keys is not None:
-                out += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
-        return out
+        """The caches' buffers as they are now (for eval, and for bitwise comparison with the
+        caches of mlx-lm's own plain decode, layout included). ``[...]``: later in-place updates
+        of a cache do not reach the arrays returned here."""
+        return [a[...] for c in cache if c.keys is not None for a in (c.keys, c.values)]
 
     # -- what the assistant drafter reads ---------------------------------------------------------
 
@@ -100,7 +99,7 @@ class Gemma4Target(TrunkTarget):
         for layer_type, i in self.producers.items():
             c = cache[i]
             if layer_type == SLIDING:
-                out[layer_type] = c.window_kv(max(0, query_position - self.window + 1), p)
+                out[layer_type] = c.window(max(0, query_position - self.window + 1), p)
             else:
-                out[layer_type] = (c.keys[..., :p, :], c.values[..., :p, :])
+                out[layer_type] = c.window(0, p)
         return out

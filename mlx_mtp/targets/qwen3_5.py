@@ -19,8 +19,6 @@ from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-from .base import TrunkTarget
-
 
 class SpecArraysCache(ArraysCache):
     """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""
@@ -106,7 +104,7 @@ _SPEC_GDN = {
 }
 
 
-class Qwen3_5Target(TrunkTarget):
+class Qwen3_5Target:
     """What the round loop and the MTP drafter need from a hybrid Qwen target.
 
     ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
@@ -115,7 +113,10 @@ class Qwen3_5Target(TrunkTarget):
     family = "qwen3_5"
 
     def __init__(self, model: nn.Module):
-        super().__init__(model)
+        self.model = model
+        self.lm = model.language_model if hasattr(model, "language_model") else model
+        self.args = self.lm.args
+        self.trunk = self.lm.model  # returns the post-final-norm hidden states
         for layer in self.layers:
             if layer.is_linear:
                 gdn = layer.linear_attn
@@ -125,11 +126,31 @@ class Qwen3_5Target(TrunkTarget):
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
 
+    @property
+    def layers(self):
+        return self.trunk.layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def dtype(self):
+        return self.trunk.norm.weight.dtype
+
     def make_cache(self) -> List[Any]:
         return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
 
     def embed(self, ids: mx.array) -> mx.array:
         return self.trunk.embed_tokens(ids)
+
+    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
+        return self.trunk(ids, cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:
@@ -138,7 +159,14 @@ class Qwen3_5Target(TrunkTarget):
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
-        return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
+        ssm = [c for c in cache if isinstance(c, SpecArraysCache)]
+        for c in ssm:
+            c.capture = True
+        try:
+            return self.trunk(ids, cache)
+        finally:
+            for c in ssm:
+                c.capture = False
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""
