@@ -201,3 +201,27 @@ def test_drafter_needs_the_target_cache(ckpts):
     d = Gemma4AssistantDrafter(model.drafter.assistant, model.target)
     with pytest.raises(RuntimeError, match="needs the target cache: call bind_cache"):
         d.prefill(mx.zeros((1, 1, 64)), mx.array([1]))
+
+
+@pytest.mark.parametrize("kind", ["e2b", "31b"])
+def test_draft_sampled_hands_full_vocabulary_logits_to_the_sampler(kind, ckpts):
+    """The sampling-drafter hook: each step's logits [1, V] go to ``sample`` (-inf outside the
+    centroid head's candidates); an argmax ``sample`` reproduces the greedy drafts."""
+    model = mlx_mtp.load_model(ckpts.target(kind), drafter=ckpts.assistant(kind))
+    drafter, target = model.drafter, model.target
+    prompt = [(7 * i + 3) % 300 for i in range(20)]
+    cache = target.make_cache()
+    drafter.reset()
+    drafter.bind_cache(cache)
+    drafter.prefill(target.hidden(mx.array(prompt)[None], cache), mx.array(prompt[1:] + [42]))
+    seen = []
+
+    def argmax_sample(logits):
+        seen.append(logits)
+        return mx.argmax(logits, axis=-1)
+
+    sampled = drafter.draft_sampled(4, argmax_sample)
+    assert sampled.tolist() == drafter.draft(4).tolist() and sampled.dtype == mx.uint32
+    assert len(seen) == 4 and all(l.shape == (1, 320) for l in seen)
+    finite = [int(mx.isfinite(l).sum().item()) for l in seen]
+    assert finite == ([4 * 20] * 4 if kind == "e2b" else [320] * 4)

@@ -186,14 +186,22 @@ class Gemma4AssistantDrafter:
         # No forward here: the assistant has no cache to extend (spec §2.1).
         self._rearm(hidden, next_ids)
 
-    def draft(self, k: int) -> mx.array:
+    def _draft(self, k: int, pick) -> mx.array:
         # Ids stay on the device: each one feeds the next embedding lookup directly.
         tok, h, ids = self.bonus, self.hidden, []
         for _ in range(k):
             hn, h = self.assistant(self.target.embed(tok[None]), h, self.shared_kv, self.position)
-            tok = self.assistant.greedy(hn)[0].astype(mx.uint32)
+            tok = pick(hn[:, -1]).astype(mx.uint32)  # [1]
             ids.append(tok)
         return mx.concatenate(ids)
+
+    def draft(self, k: int) -> mx.array:
+        return self._draft(k, self.assistant.greedy)
+
+    def draft_sampled(self, k: int, sample) -> mx.array:
+        """Like ``draft``, each id drawn by ``sample(logits [1, V])`` (the sampling drafter
+        protocol): full-vocabulary logits, -inf outside the centroid head's candidates."""
+        return self._draft(k, lambda hn: sample(self.assistant.logits(hn)))
 
     def state_arrays(self) -> list:
         return [a for a in (self.hidden, self.bonus) if a is not None]
