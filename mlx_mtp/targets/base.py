@@ -1,5 +1,6 @@
-"""What every target adapter shares: an mlx-lm model whose text trunk returns post-norm hidden
-states. Family adapters add caches, logits, verify and rollback."""
+"""The part of a target adapter that does not depend on the family: an mlx-lm model whose text
+trunk returns post-norm hidden states. Family adapters add caches, logits, verify and rollback.
+(``Gemma4Target`` inherits it; ``Qwen3_5Target`` still spells the same lines out.)"""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
+
 from ..rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from .base import TrunkTarget
 from .gemma4_attention import Gemma4VerifyAttention
