@@ -12,6 +12,7 @@ from tiny_gemma4 import WINDOW, Checkpoints
 import mlx_mtp
 from mlx_mtp.diagnostics import RunStats
 from mlx_mtp.model import MTPModel
+from mlx_mtp.targets.gemma4 import Gemma4Target
 
 MAX_TOKENS = 32
 PROMPTS = {"short": [(7 * i + 3) % 300 for i in range(5)],  # crosses the window while decoding
@@ -176,15 +177,22 @@ def test_mutation_rollback_disabled_is_caught(kind, ckpts):
 
 
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
-def test_mutation_stock_rotating_cache_is_caught(kind, ckpts):
-    """mlx-lm's own caches with trim_prompt_cache (what mlx-lm's speculative decoding does):
-    past the window nothing is trimmed and the output differs from plain decode."""
+def test_mutation_rollback_as_mlx_lm_trims_is_caught(kind, ckpts):
+    """mlx-lm's own rollback (``trim_prompt_cache``): once a sliding cache passes its window it is
+    not trimmable, and then nothing is trimmed in any layer. With that rollback the output
+    differs from plain decode."""
     path = ckpts.target(kind)
     model = mlx_mtp.load_model(path, require_head=False)
     target = model.target
     prompt = PROMPTS["long"]
     ref = reference_greedy(path, prompt, MAX_TOKENS)
-    target.make_cache = model.mlx_model.make_cache
-    target.rollback = lambda cache, fed, keep: trim_prompt_cache(cache, fed - keep)
-    assert any(isinstance(c, RotatingKVCache) for c in target.make_cache())
+    stock = RotatingKVCache(max_size=WINDOW, keep=0)
+    stock.update_and_fetch(mx.zeros((1, 1, WINDOW, 1)), mx.zeros((1, 1, WINDOW, 1)))
+    assert trim_prompt_cache([stock], 1) == 0  # the behaviour modelled below
+
+    def mlx_lm_rollback(cache, fed, keep):
+        if all(c.offset < c.max_size for c in cache if isinstance(c, RotatingKVCache)):
+            Gemma4Target.rollback(target, cache, fed, keep)
+
+    target.rollback = mlx_lm_rollback
     assert run(_oracle_model(model, prompt, ref, 3), prompt, 4) != ref
