@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m mlx_mtp.generate",
                 description="Generate text with MTP speculative decoding (exact at --temp 0).")
     p.add_argument("--model", help="local folder or Hugging Face repo id of the target")
-    p.add_argument("--drafter", help="folder or repo id of a separate MTP head (qwen3_5_mtp)")
+    p.add_argument("--drafter", help="folder or repo id of a separate MTP head (qwen3_5_mtp), "
+                   "or the Gemma 4 assistant (gemma4_assistant; required for Gemma 4)")
     p.add_argument("--prompt", default=None, help="prompt text (default: a short code prompt)")
     p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--block-size", type=_block_size, default=DEFAULT_BLOCK_SIZE,

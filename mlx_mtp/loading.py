@@ -22,9 +22,10 @@ from . import cpu_blas
 from .drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter, is_zero_centred_norm
 from .errors import MTPError
 from .model import MTPModel
+from .targets.gemma4 import GEMMA4_MODEL_TYPES
 from .targets.qwen3_5 import Qwen3_5Target
 
-SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next") + GEMMA4_MODEL_TYPES
 DRAFTER_MODEL_TYPES = ("qwen3_5_mtp",)
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -313,6 +314,12 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
         raise MTPError(cpu_blas.STATE.error)
     path = resolve_path(path_or_hf_repo)
     config = read_config(path)
+    if config.get("model_type") in GEMMA4_MODEL_TYPES:  # separate assistant checkpoint
+        from .gemma4_loading import load_gemma4_model
+
+        dtype = default_dtype() if dtype == "auto" else dtype
+        return load_gemma4_model(path, config, drafter=drafter, dtype=dtype,
+                                 require_head=require_head)
     text = _text_config(config)
     if text.get("mtp_use_dedicated_embeddings"):
         raise MTPError(f"{path / 'config.json'}: mtp_use_dedicated_embeddings=true is not supported")

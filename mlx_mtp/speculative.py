@@ -108,6 +108,8 @@ def generate_step(
     cache = target.make_cache()
     if drafter is not None:
         drafter.reset()
+        if hasattr(drafter, "bind_cache"):  # drafters that read the target's K/V (Gemma 4)
+            drafter.bind_cache(cache)
     s = 0
     while L - s > 1:
         e = min(s + prefill_step_size, L - 1)

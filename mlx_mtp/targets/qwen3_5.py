@@ -20,6 +20,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from .. import row_exact
+from .base import TrunkTarget
 
 
 class SpecArraysCache(ArraysCache):
@@ -137,7 +138,7 @@ _SPEC_GDN = {
 }
 
 
-class Qwen3_5Target:
+class Qwen3_5Target(TrunkTarget):
     """What the round loop and the MTP drafter need from a hybrid Qwen target.
 
     ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
@@ -146,10 +147,7 @@ class Qwen3_5Target:
     family = "qwen3_5"
 
     def __init__(self, model: nn.Module):
-        self.model = model
-        self.lm = model.language_model if hasattr(model, "language_model") else model
-        self.args = self.lm.args
-        self.trunk = self.lm.model  # returns the post-final-norm hidden states
+        super().__init__(model)
         for layer in self.layers:
             if not layer.is_linear and type(layer.self_attn) is _qwen3_next.Qwen3NextAttention:
                 layer.self_attn.__class__ = Qwen3NextSpecAttention
@@ -160,24 +158,6 @@ class Qwen3_5Target:
                     raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
-        self.exact_width = 1  # verify widths made row-exact so far (see ``prepare``)
-        self.row_exact_layers = {}
-
-    @property
-    def layers(self):
-        return self.trunk.layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.args.vocab_size
-
-    @property
-    def dtype(self):
-        return self.trunk.norm.weight.dtype
 
     def make_cache(self) -> List[Any]:
         return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
@@ -185,36 +165,12 @@ class Qwen3_5Target:
     def embed(self, ids: mx.array) -> mx.array:
         return self.trunk.embed_tokens(ids)
 
-    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
-        return self.trunk(ids, cache)
-
     def logits(self, hidden: mx.array) -> mx.array:
-        # Decode projects one row at a time, so several rows are the verify case.
-        with row_exact.verifying():
-            if self.args.tie_word_embeddings:
-                return self.trunk.embed_tokens.as_linear(hidden)
-            return self.lm.lm_head(hidden)
-
-    def prepare(self, max_width: int) -> None:
-        """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
-        kernel is not row-invariant at those widths compute verify rows one at a time."""
-        if max_width > self.exact_width:
-            self.row_exact_layers = row_exact.install(
-                self.model, max_width, tied_head=self.args.tie_word_embeddings)
-            self.exact_width = max_width
+        return self.project(hidden)
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
-        ssm = [c for c in cache if isinstance(c, SpecArraysCache)]
-        for c in ssm:
-            c.capture = True
-        try:
-            with row_exact.verifying():
-                return self.trunk(ids, cache)
-        finally:
-            for c in ssm:
-                c.capture = False
+        return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""

@@ -1,0 +1,92 @@
+"""mlx-lm's KV caches with a rollback that always works and keeps plain decode's bits.
+
+mlx-lm's ``RotatingKVCache`` refuses to trim once the context passes its window
+(``is_trimmable()`` turns False and ``trim_prompt_cache`` then silently trims nothing), so rejected
+drafts would stay in the window and corrupt the output (spec ``gemma4-mtp.md`` §3.3). And even a
+trim that works (``KVCache``) leaves the buffer capacity that the rejected rows grew, which plain
+decode never had.
+
+These subclasses take a verify block the way plain decode takes its tokens: one single-token
+``update_and_fetch`` per row, keeping the cache state after each row (MLX arrays are values; the
+``[...]`` views taken here are not overwritten by later updates). Rolling back restores the state
+after the last kept row: the cache is then, bit for bit and in layout (ring order, buffer capacity),
+the one plain decode would hold. Layout matters: with some BLAS libraries MLX's attention rounds
+differently for a strided and a contiguous key tensor, and for one and several query rows.
+Memory stays what mlx-lm's caches use, plus the per-row states of one verify block.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+
+def _snapshot(state) -> tuple:
+    return tuple(x[...] if isinstance(x, mx.array) else x for x in state)
+
+
+class _RowRollback:
+    """Mixin over an mlx-lm cache class: row-by-row verify updates and rollback by restore."""
+
+    verifying = False  # set by the target's verify for the duration of the forward
+    _states: Optional[List[tuple]] = None  # states before and after each row of the last verify
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self._states = None  # any other update ends what a trim may undo
+        return super().update_and_fetch(keys, values)
+
+    def update_rows(self, keys: mx.array, values: mx.array) -> List[Tuple[mx.array, mx.array]]:
+        """Append ``keys``/``values [B, n_kv, L, hd]`` one position at a time, as plain decode
+        does; return, per row, the K/V its decode step attends to."""
+        rows, states = [], [_snapshot(self.state)]
+        for i in range(keys.shape[2]):
+            # the parent's single-token update (the in-place ring path for RotatingKVCache); it
+            # may return its own buffer objects, which the next row's update overwrites
+            rows.append(_snapshot(super().update_and_fetch(keys[..., i : i + 1, :],
+                                                           values[..., i : i + 1, :])))
+            states.append(_snapshot(self.state))
+        self._states = states
+        return rows
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Drop the last ``n`` rows of the last verify block. Raises instead of trimming less."""
+        if n == 0:
+            return 0
+        held = -1 if self._states is None else len(self._states) - 1
+        if not 0 < n <= held:
+            raise ValueError(f"cannot trim {n} positions: only the {max(held, 0)} rows of the last "
+                             "verify block can be rolled back")
+        self._states = self._states[: held + 1 - n]
+        self.state = self._states[-1]
+        return n
+
+
+class RollbackKVCache(_RowRollback, KVCache):
+    """Full attention: mlx-lm's ``KVCache`` with an exact, layout-preserving rollback."""
+
+    def window(self, lo: int, hi: int) -> Tuple[mx.array, mx.array]:
+        """K/V of positions ``lo..hi-1`` (temporal order)."""
+        return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
+
+
+class RollbackRotatingKVCache(_RowRollback, RotatingKVCache):
+    """Sliding attention: mlx-lm's ``RotatingKVCache`` (bounded ring) that can always roll back
+    the last verify block, also past the window."""
+
+    def __init__(self, max_size: int):
+        super().__init__(max_size=max_size, keep=0)
+
+    def window(self, lo: int, hi: int) -> Tuple[mx.array, mx.array]:
+        """K/V of positions ``lo..hi-1`` (temporal order); ``hi`` must be the offset and the
+        positions still in the buffer."""
+        keys, values = self._temporal_order(self.keys), self._temporal_order(self.values)
+        n = keys.shape[2]  # positions offset - n .. offset - 1
+        if hi != self.offset or not 0 <= hi - lo <= n:
+            raise ValueError(f"positions {lo}..{hi - 1} are not held (cache holds "
+                             f"{self.offset - n}..{self.offset - 1})")
+        return keys[..., n - (hi - lo) :, :], values[..., n - (hi - lo) :, :]

@@ -1,0 +1,54 @@
+"""Gemma 4 attention that computes a verify block row by row, exactly as decode would.
+
+A multi-query SDPA is not reduced like a one-query SDPA under every BLAS or backend (measured on
+this project's CPU with BLIS, even for 8 keys; see ``shared/design/cpu-backend.md``), so a verify
+row could differ from the decode step it stands for in the last bits. Inside a verify (a cache
+that says ``verifying``), this subclass feeds the block's K/V to its cache one row at a time
+(``update_rows``: the single-token updates of plain decode) and gives each query row its own SDPA
+over exactly the K/V that update returned, with no mask, as decode does. The KV-shared layers get
+the same per-row K/V from their producer. Everything else is mlx-lm's ``gemma4_text.Attention``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import mlx.core as mx
+from mlx_lm.models import gemma4_text as _gemma4_text
+from mlx_lm.models.base import scaled_dot_product_attention
+
+
+class RowKV(list):
+    """Per verify row, the (keys, values) its decode step attends to; what a producer layer
+    hands its KV-shared layers inside a verify."""
+
+
+class Gemma4VerifyAttention(_gemma4_text.Attention):
+    def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None,
+                 shared_kv: Optional[tuple] = None, offset: Optional[Any] = None):
+        if not (isinstance(shared_kv, RowKV) or getattr(cache, "verifying", False)):
+            return super().__call__(x, mask, cache, shared_kv=shared_kv, offset=offset)
+        # As gemma4_text.Attention.__call__ (mlx-lm 0.32.2), except the cache update and SDPA.
+        B, L, _ = x.shape
+        queries = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
+        if isinstance(shared_kv, RowKV):
+            rows = shared_kv
+        else:
+            keys = self.k_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+            values = keys
+            if not self.use_k_eq_v:
+                values = self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+            offset = mx.array(cache.offset)
+            keys = self.rope(self.k_norm(keys).transpose(0, 2, 1, 3), offset=offset)
+            values = self.v_norm(values).transpose(0, 2, 1, 3)
+            rows = RowKV(cache.update_rows(keys, values))
+        queries = self.rope(queries.transpose(0, 2, 1, 3), offset=offset)
+        output = self.attend_rows(queries, rows).transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output), rows, offset
+
+    def attend_rows(self, queries: mx.array, rows: RowKV) -> mx.array:
+        """Query row i against row i's K/V alone, unmasked: the SDPA of its decode step."""
+        return mx.concatenate([
+            scaled_dot_product_attention(queries[:, :, i : i + 1], k, v, cache=None,
+                                         scale=self.scale, mask=None)
+            for i, (k, v) in enumerate(rows)], axis=2)
