@@ -91,21 +91,22 @@ def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_T
 # ---------------------------------------------------------------------------------------- CLI
 
 
-def _positive_int(s):
+def _int(s) -> int:
     try:
-        v = int(s)
+        return int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
+
+
+def _positive_int(s):
+    v = _int(s)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
 
 
 def _block_size(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
+    v = _int(s)
     if not 1 <= v <= MAX_BLOCK_SIZE:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BLOCK_SIZE}, got {v}")
     return v

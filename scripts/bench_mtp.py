@@ -128,13 +128,11 @@ def run(args) -> dict:
             arms = [("classic", None)] + [(f"mtp{bs}", bs) for bs in order]
             if pair % 2:
                 arms = arms[1:] + arms[:1]  # alternate which arm goes first
-            ref = None
             results = {}
             for arm, bs in arms:
                 if bs is None:
                     toks, ps, gs = plain_decode(model.mlx_model, prompt, n)
                     results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
-                    ref = toks
                 else:
                     toks, ps, gs, st = mtp_decode(model, prompt, n, bs)
                     results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
@@ -257,7 +255,7 @@ def render(r: dict) -> str:
         "## Setup",
         f"- Host: {h['cpu']}, {h['cores']} cores, {h['memory_gib']:.0f} GiB, {h['os']}, "
         f"device {h['device']}" if h["memory_gib"] else f"- Host: {h['cpu']}, {h['os']}",
-        f"- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
         f"- BLAS: {r['cpu_blas']}",
         f"- Commit: {r['git_commit']}",
         f"- Command: `{r['command']}`",

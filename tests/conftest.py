@@ -57,6 +57,18 @@ def q4_dir(ckpt_root, dense_dir):
     return tc.write_mlx_converted(dense_dir, ckpt_root / "dense-mlx-4bit", quantize=True)
 
 
+def run_module(module, *args, check=True):
+    """``python -m module args`` in a fresh interpreter (how a user runs the CLIs)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, "-m", module, *map(str, args)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
 def reference_greedy(path, prompt, max_tokens):
     """mlx-lm's own plain greedy decode of a pristine copy of the target."""
     model, _ = mlx_load_model(Path(path))

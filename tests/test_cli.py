@@ -1,14 +1,10 @@
 """``python -m mlx_mtp.generate``: output, JSON fields, and one-line errors without tracebacks."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from conftest import reference_greedy, run_module
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp
@@ -27,12 +23,7 @@ def mlx_stream(path, tok, prompt, n):
 
 
 def cli(*args, check=True):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "mlx_mtp.generate", *map(str, args)],
-                       capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
+    return run_module("mlx_mtp.generate", *args, check=check)
 
 
 def test_json_output_has_the_documented_fields(dense_dir):

@@ -311,7 +311,7 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
     rc, out, _ = _cli_in_process(args, capsys)
     table = out.split("=" * 40 + "\n", 1)[1]
     assert "on, NOT exact (MLX_MTP_ALLOW_INEXACT=1)" in table
-    assert f"overridden by MLX_MTP_ALLOW_INEXACT=1" in table
+    assert "overridden by MLX_MTP_ALLOW_INEXACT=1" in table
 
     monkeypatch.setenv(ENV, "maybe")
     rc, out, err = _cli_in_process(args, capsys)

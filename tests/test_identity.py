@@ -3,7 +3,6 @@
 import mlx.core as mx
 import pytest
 from conftest import CODE_PROMPT, reference_greedy
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
@@ -11,7 +10,6 @@ from oracle import ForcedHeadDrafter, OracleDrafter
 
 import mlx_mtp
 from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.drafters.qwen3_5_mtp import MTPHead
 from mlx_mtp.model import MTPModel
 
 MAX_TOKENS = 24

@@ -1,13 +1,11 @@
 """``python -m mlx_mtp.probe``: the per-width report, its JSON, and one-line errors."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from conftest import run_module
 from perturbed import PerturbedVerify
 
 from mlx_mtp import exactness
@@ -17,12 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def probe_cli(*args, check=True):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "mlx_mtp.probe", *map(str, args)],
-                       capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
+    return run_module("mlx_mtp.probe", *args, check=check)
 
 
 def test_json_report_per_width(dense_dir):

@@ -2,7 +2,6 @@
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 import mlx_mtp
 from mlx_mtp import cpu_blas, row_exact
