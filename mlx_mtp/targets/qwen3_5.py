@@ -189,6 +189,11 @@ class Qwen3_5Target:
         """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
         return self.trunk(ids, cache)
 
+    @property
+    def lm_head_module(self) -> nn.Module:
+        """The module whose rows project onto the vocabulary (the embedding when tied)."""
+        return self.trunk.embed_tokens if self.args.tie_word_embeddings else self.lm.lm_head
+
     def logits(self, hidden: mx.array) -> mx.array:
         # Decode projects one row at a time, so several rows are the verify case.
         with row_exact.verifying():
