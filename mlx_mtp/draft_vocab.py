@@ -83,12 +83,28 @@ def read_corpus(files: Iterable[Path]) -> Dict[Path, str]:
     return out
 
 
+def pieces(text: str, size: int = 1 << 14) -> List[str]:
+    """``text`` cut at line ends into pieces of about ``size`` characters (tokenizers warn about,
+    and some models' tokenizers slow down on, megabyte-long inputs)."""
+    out, cur, n = [], [], 0
+    for line in text.splitlines(keepends=True):
+        cur.append(line)
+        n += len(line)
+        if n >= size:
+            out.append("".join(cur))
+            cur, n = [], 0
+    if cur:
+        out.append("".join(cur))
+    return out
+
+
 def count_ids(texts: Iterable[str], tokenizer, vocab_size: int) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     for text in texts:
-        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
-        ids = ids[(ids >= 0) & (ids < vocab_size)]
-        counts += np.bincount(ids, minlength=vocab_size)
+        for piece in pieces(text):
+            ids = np.asarray(tokenizer.encode(piece, add_special_tokens=False), dtype=np.int64)
+            ids = ids[(ids >= 0) & (ids < vocab_size)]
+            counts += np.bincount(ids, minlength=vocab_size)
     return counts
 
 

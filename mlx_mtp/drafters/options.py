@@ -1,17 +1,19 @@
 """How the MTP drafter runs: the optimization phases of issue 4, each a switch.
 
-Defaults are what measured fastest on the device it was measured on, and no phase that can change
-acceptance is on by default (``benchmark_results/drafter-phases-*``):
-  device_ids    phase 1: drafted ids stay on the device, the block is read once. On.
+Defaults are what measured best on the device it was measured on (the Linux CPU backend; record
+``benchmark_results/drafter-phases-*``), and no phase that can change acceptance is on by default:
+  device_ids    phase 1: drafted ids stay on the device and the block is evaluated once. On: the
+                round loop's one-read-per-round design; off (a host round trip per draft, kept to
+                measure it) was no faster or slower here, where a sync costs microseconds.
   fused_argmax  phase 2a: at T=0 the LM head is projected in row chunks with a running argmax,
-                so the full logits row never exists. Off: on the CPU backend it did not beat
-                one BLAS matvec plus argmax (the logits row is a rounding error next to the
-                weights); not measured on a GPU.
-  vocab         phase 2b: a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). Off
-                until an acceptance A/B on a trained pair says what it costs.
+                so the full logits row never exists. Off: no measurable gain on the CPU (the
+                logits row is tiny next to the weights it is computed from); no GPU measured.
+  vocab         phase 2b: a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). Halved
+                the drafter step here, but off until an acceptance A/B on a trained pair says what
+                it costs in accepted drafts.
   bits          phase 3: quantize the head's projections at load (affine, ``group_size``; ``fc``
                 stays unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar
-                loop on x86, ~10x slower than the f32 BLAS matvec; acceptance A/B pending.
+                loop on x86 and made the drafter step ~1.5x slower; acceptance A/B pending.
 """
 
 from __future__ import annotations
