@@ -306,9 +306,9 @@ def _word(ratios) -> str:
 
 def verdicts(r) -> list:
     """Per phase, paired run by run: all-but-this-phase over all-on for the drafter step and for
-    everything but the verify forward (per round), and tok/s all-on over all-but-this-phase. The
-    verdict comes from the drafter-side cost, which the phase changes directly; end-to-end tok/s
-    carries the target verify's noise on top."""
+    everything but the verify forward (per round), and tok/s all-on over all-but-this-phase; a
+    verdict for each (the drafter step is what a phase changes directly; the other two carry
+    the finalize and target verify's noise on top)."""
     raw = r["raw"]
     on = _per_run(raw["all"])
     out = []
@@ -320,7 +320,8 @@ def verdicts(r) -> list:
         tps_on = {(x["pair"], x["prompt"]): x["tps"] for x in raw["all"]}
         tps = [tps_on[(x["pair"], x["prompt"])] / x["tps"] for x in raw[f"-{p}"]]
         out.append({"phase": p, "name": PHASE_NAMES[p], "step": step, "nonverify": nonverify,
-                    "tps": tps, "verdict": _word(nonverify)})
+                    "tps": tps, "verdict": {"drafter step": _word(step),
+                                            "non-verify": _word(nonverify), "tok/s": _word(tps)}})
     return out
 
 
@@ -382,14 +383,14 @@ def render(r: dict) -> str:
               "weights once (one head forward over the accepted rows, one LM-head row).", "",
               "## Per phase (all-on vs all-but-this-phase, paired run by run)", "",
               "Ratios > 1 mean the phase helps: cost with the phase off / cost with it on, "
-              "medians (min-max) over the paired runs. The verdict is read from the non-verify "
-              "cost per round (drafter step, accept hook, finalize, loop), which the phase "
-              "changes directly: *wins* / *loses* when every paired run agrees, else *null*.", "",
+              "medians (min-max) over the paired runs. Non-verify = draft + accept hook + "
+              "finalize + residual per round. Verdicts (drafter step / non-verify / tok/s): "
+              "*wins* / *loses* when every paired run agrees, else *null*.", "",
               "| phase | drafter step | non-verify ms per round | tok/s | verdict |",
               "|---|---|---|---|---|"]
     for v in verdicts(r):
         lines.append(f"| {v['name']} | {_rng(v['step'])} | {_rng(v['nonverify'])} | "
-                     f"{_rng(v['tps'])} | {v['verdict']} |")
+                     f"{_rng(v['tps'])} | {' / '.join(v['verdict'].values())} |")
     lines += ["", "## Round split (ms per round, share)", "",
               "| arm | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
     for row in r["rows"]:

@@ -13,7 +13,7 @@ Defaults are what measured best on the device it was measured on (the Linux CPU 
                 it costs in accepted drafts.
   bits          phase 3: quantize the head's projections at load (affine, ``group_size``; ``fc``
                 stays unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar
-                loop on x86 and made the drafter step ~1.5x slower; acceptance A/B pending.
+                loop on x86 and made the drafter step ~1.4x slower; acceptance A/B pending.
 """
 
 from __future__ import annotations
