@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 PHASES = ("verify", "draft", "accept", "finalize", "residual")
 
@@ -21,6 +21,7 @@ class RunStats:
     drafted: int = 0
     accepted: int = 0
     host_syncs: int = 0
+    draft_syncs: int = 0  # evaluations / host reads while drafting (one per block: phase 1)
     # offered[j] / hits[j]: rounds in which a draft at position j + 1 was made / accepted.
     offered: List[int] = field(default_factory=list)
     hits: List[int] = field(default_factory=list)
@@ -33,6 +34,8 @@ class RunStats:
     mtp_enabled: bool = True
     gate_reason: str = ""
     exactness: Dict[str, object] = field(default_factory=dict)
+    # mlx_mtp.draft_profile.DraftProfiler of the run (None when no MTP loop ran)
+    draft_profiler: Optional[Any] = None
 
     @contextmanager
     def phase(self, name: str):
@@ -96,10 +99,13 @@ class RunStats:
             "per_position_acceptance": self.per_position_acceptance,
             "per_position_rounds": list(self.offered),
             "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
+            "draft_syncs_per_round": self.draft_syncs / self.rounds if self.rounds else 0.0,
             "phase_ms": self.phase_ms(),
             "peak_memory_gb": self.peak_memory_gb,
             "acceptance_rule": self.acceptance_rule,
             "mtp_enabled": self.mtp_enabled,
             "gate_reason": self.gate_reason,
             "exactness": self.exactness,
+            "draft_profile": (self.draft_profiler.report(self.phase_s, self.rounds)
+                              if self.draft_profiler is not None else None),
         }

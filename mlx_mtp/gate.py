@@ -10,11 +10,10 @@ This holds on every device; on Apple GPU generation 15+ the reason also names th
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .errors import MTPError
+from . import env
 from .exactness import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
 from .gpu_generation import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
                              current_device_facts, narrow_kernel_architecture)
@@ -32,13 +31,7 @@ def session_widths(block_size: int) -> List[int]:
 
 
 def allow_inexact_from_env(environ=None) -> bool:
-    environ = os.environ if environ is None else environ
-    value = environ.get(ALLOW_INEXACT_ENV, "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
-    raise MTPError(f"environment variable {ALLOW_INEXACT_ENV} must be 0 or 1, got {value!r}")
+    return env.flag(ALLOW_INEXACT_ENV, environ)
 
 
 @dataclass

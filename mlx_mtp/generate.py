@@ -18,6 +18,8 @@ import mlx.core as mx
 
 from . import cpu_blas
 from .diagnostics import RunStats
+from .drafters.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
+from .draft_profile import table_rows as draft_profile_rows
 from .errors import MTPError
 from .sampling import REQUESTABLE_RULES, make_sampler
 from .gate import table_rows as gate_table_rows
@@ -173,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="acceptance rule at temperature > 0 (auto: speculative-sampling when the "
                         "drafter can sample, else point-mass)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--draft-vocab", default=None,
+                   help="reduced draft vocabulary sidecar folder (python -m mlx_mtp.draft_vocab)")
+    p.add_argument("--draft-bits", type=int, choices=QUANT_BITS, default=None,
+                   help="quantize the MTP head's projections at load (default: as loaded)")
+    p.add_argument("--draft-group-size", type=int, choices=QUANT_GROUP_SIZES, default=64,
+                   help="quantization group size for --draft-bits")
+    p.add_argument("--draft-quantize-fc", action="store_true",
+                   help="with --draft-bits, quantize the head's fc too")
     p.add_argument("--no-mtp", action="store_true",
                    help="plain decode of the same target through mlx-lm, for comparison")
     p.add_argument("--ignore-chat-template", action="store_true",
@@ -224,7 +234,10 @@ def run(args) -> dict:
     if args.model is None:
         raise MTPError("--model is required: a local model folder or a Hugging Face repo id")
     need_head = not args.no_mtp and args.block_size > 1
-    model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head)
+    options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
+                           group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
+    model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head,
+                            draft_options=options)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
                              args.ignore_chat_template)
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, min_p=args.min_p,
@@ -245,7 +258,8 @@ def run(args) -> dict:
         text = "".join(r.text for r in responses)
         tokens = _without_eos([r.token for r in responses], tokenizer)
     out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(), "model": str(args.model), "drafter": args.drafter,
-           "mtp_enabled": not args.no_mtp, "temperature": args.temp}
+           "mtp_enabled": not args.no_mtp, "temperature": args.temp,
+           "draft": model.drafter.describe() if hasattr(model.drafter, "describe") else None}
     out.update(sampler.describe(), seed=args.seed, repetition_penalty=args.repetition_penalty,
                repetition_context_size=args.repetition_context_size)
     out.update(stats.to_dict())
@@ -302,6 +316,7 @@ def _rows_from_result(result: dict):
         per_round = max(result["rounds"], 1)
         for phase, ms in result["phase_ms"].items():
             rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
+        rows += draft_profile_rows(result.get("draft_profile"))
     rows.append(("peak memory", f"{result['peak_memory_gb']:.3f} GB"))
     rows.append(("cpu blas", result["cpu_blas"]))
     return rows

@@ -18,7 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import cpu_blas
+from . import cpu_blas, draft_vocab
+from .drafters.options import DraftOptions
 from .drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter, is_zero_centred_norm
 from .errors import MTPError
 from .model import MTPModel
@@ -308,14 +309,36 @@ def default_dtype() -> Optional[mx.Dtype]:
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
-def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True) -> MTPModel:
-    """Load the target through mlx-lm and attach its MTP drafter."""
+def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
+                 path: Path) -> QwenMTPDrafter:
+    """The drafter with ``options`` applied: the head quantized (phase 3), a draft vocabulary
+    sidecar read against the target's tokenizer and LM head (phase 2b)."""
+    from .quantize_drafter import quantize_head
+
+    if options.bits is not None:
+        quantize_head(head, bits=options.bits, group_size=options.group_size,
+                      quantize_fc=options.quantize_fc)
+    ids = None
+    if options.vocab is not None:
+        ids = draft_vocab.load_ids(options.vocab, load_tokenizer(path), target)
+    return QwenMTPDrafter(head, target, options, ids)
+
+
+def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
+               draft_options: Optional[DraftOptions] = None) -> MTPModel:
+    """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
+    says: ``mlx_mtp.drafters.options``)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
     path = resolve_path(path_or_hf_repo)
     config = read_config(path)
     if config.get("model_type") in GEMMA4_MODEL_TYPES:  # separate assistant checkpoint
         from .gemma4_loading import load_gemma4_model
+
+        if draft_options is not None and draft_options != DraftOptions():
+            raise MTPError("the drafter options (--draft-vocab, --draft-bits, --draft-group-size, "
+                           "--draft-quantize-fc) apply to the Qwen MTP head, not to a Gemma 4 "
+                           "assistant")
 
         dtype = default_dtype() if dtype == "auto" else dtype
         return load_gemma4_model(path, config, drafter=drafter, dtype=dtype,
@@ -338,20 +361,26 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
     return MTPModel(
         mlx_model=mlx_model,
         target=target,
-        drafter=QwenMTPDrafter(head, target) if head is not None else None,
+        drafter=(make_drafter(head, target, draft_options or DraftOptions(), path)
+                 if head is not None else None),
         config=config,
         path=path,
     )
 
 
-def load(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True):
-    """``(MTPModel, TokenizerWrapper)``, like ``mlx_lm.load``."""
-    from mlx_lm.utils import load_tokenizer
+def load_tokenizer(path: Path):
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
-    model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head)
     try:
-        tokenizer = load_tokenizer(model.path)
+        return mlx_load_tokenizer(path)
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MTPError(f"{model.path}: could not load the tokenizer ({msg})") from None
-    return model, tokenizer
+        raise MTPError(f"{path}: could not load the tokenizer ({msg})") from None
+
+
+def load(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
+         draft_options: Optional[DraftOptions] = None):
+    """``(MTPModel, TokenizerWrapper)``, like ``mlx_lm.load``."""
+    model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
+                       draft_options=draft_options)
+    return model, load_tokenizer(model.path)

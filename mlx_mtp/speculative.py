@@ -21,8 +21,7 @@ from typing import Callable, Generator, List, Optional, Tuple
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import sampling
-from . import gate
+from . import draft_profile, gate, sampling
 from .diagnostics import RunStats
 from .errors import MTPError
 from .plain import plain_generate_step
@@ -90,6 +89,7 @@ def generate_step(
     stats = stats if stats is not None else RunStats()
     stats.block_size = block_size
     stats.acceptance_rule = rule
+    profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # Exact or not at all: where a verify block is not byte-identical to single-token decode on
     # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
     if not gate.apply(model, block_size, stats).mtp_enabled:
@@ -98,6 +98,7 @@ def generate_step(
                                        logits_processors=processors,
                                        prefill_step_size=prefill_step_size, stats=stats)
         return
+    stats.draft_profiler = profiler
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
@@ -144,6 +145,7 @@ def generate_step(
         drafts = q = q_ids = None
         if k > 0:
             with stats.phase("draft"):
+                syncs = getattr(drafter, "syncs", 0)
                 if streams is None:
                     drafts = drafter.draft(k)
                 else:
@@ -151,7 +153,8 @@ def generate_step(
                                                processors, history)
                     drafter.draft_sampled(k, ds)
                     drafts, q, q_ids = ds.result()
-                mx.eval(drafts, q if q is not None else [])
+                mx.eval(drafts, q if q is not None else [])  # the block's one sync
+                stats.draft_syncs += 1 + getattr(drafter, "syncs", 0) - syncs
         with stats.phase("verify"):
             block = bonus if drafts is None else mx.concatenate([bonus, drafts])
             h = target.verify(block[None], cache)

@@ -334,12 +334,17 @@ def main(argv=None):
     result = run(args)
     if args.summary:
         result["summary"] = args.summary
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.topic}-{result['host']['name']}-{result['date']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (args.out / f"{stem}.md").write_text(render(result))
-    print(f"wrote {args.out / stem}.md and .json")
+    write_record(args.out, result, render)
     return result
+
+
+def write_record(out: Path, result: dict, render_fn) -> None:
+    """``<topic>-<host>-<date>.json`` and the ``.md`` that ``render_fn`` makes of it."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(render_fn(result))
+    print(f"wrote {out / stem}.md and .json")
 
 
 if __name__ == "__main__":

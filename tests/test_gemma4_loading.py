@@ -202,3 +202,14 @@ def test_cli_runs_a_gemma_pair_and_errors_in_one_line(ckpts):
     assert r.stderr == (f"error: {path} is a Gemma 4 target: its MTP drafter is a separate "
                         "assistant checkpoint. Pass --drafter DIR (drafter=), e.g. the matching "
                         "google/gemma-4-*-it-assistant\n")
+
+
+def test_qwen_drafter_options_are_refused_for_gemma(ckpts):
+    from mlx_mtp.drafters.options import DraftOptions
+
+    target, assistant = ckpts.target("e2b"), ckpts.assistant("e2b")
+    assert mlx_mtp.load_model(target, drafter=assistant, draft_options=DraftOptions()).drafter
+    with pytest.raises(MTPError, match=r"the drafter options \(--draft-vocab, --draft-bits, "
+                                       r"--draft-group-size, --draft-quantize-fc\) apply to the "
+                                       r"Qwen MTP head, not to a Gemma 4 assistant"):
+        mlx_mtp.load_model(target, drafter=assistant, draft_options=DraftOptions(bits=4))

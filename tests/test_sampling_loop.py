@@ -391,3 +391,26 @@ def test_cli_sampling_errors_after_loading(capsys, soft_dir):
         1, "error: top_k (--top-k) must be below the vocabulary size 320, got 320\n")
     assert cli(capsys, "--model", soft_dir, "--acceptance", "speculative-sampling")[::2] == (
         1, "error: acceptance speculative-sampling needs a temperature above 0\n")
+
+
+def test_a_draft_vocabulary_keeps_plain_samplings_distribution(soft_dir, plain_reference,
+                                                               tmp_path):
+    """Phase 2b at T > 0: the drafter's q lives on the sidecar's ids (even ids here), and the
+    output keeps plain sampling's distribution."""
+    from mlx_mtp import draft_vocab
+    from mlx_mtp.drafters.options import DraftOptions
+
+    full = mlx_mtp.load_model(soft_dir)
+    draft_vocab.write_sidecar(tmp_path / "even", np.arange(0, 320, 2), {
+        "size": 160, "vocab_size": 320,
+        "tokenizer_sha256": draft_vocab.tokenizer_sha256(load_tokenizer(soft_dir)),
+        "head_sha256": draft_vocab.head_sha256(full.target)})
+    model = mlx_mtp.load_model(soft_dir, draft_options=DraftOptions(vocab=tmp_path / "even"))
+    assert model.drafter.lm.size == 160
+    exact, plain = plain_reference
+    stats = RunStats()
+    draws = mtp_draws(model, N_MTP, stats=stats)
+    assert stats.acceptance_rule == "speculative-sampling"
+    assert two_sample(draws, plain)[2] > ALPHA
+    assert goodness_of_fit(draws, exact)[2] > ALPHA
+    assert 0 < stats.acceptance_rate < 1

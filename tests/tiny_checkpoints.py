@@ -33,7 +33,9 @@ CORPUS = [
 
 
 def qwen3_5_config(*, moe: bool = False, tied: bool = False, layers: int = 4, hidden: int = 64,
-                   vocab: int = VOCAB) -> dict:
+                   vocab: int = VOCAB, **text_overrides) -> dict:
+    """``text_overrides`` replace ``text_config`` fields (head counts and dims, intermediate
+    size ...) for checkpoints with other proportions (``scripts/bench_drafter.py``)."""
     text = {
         "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
         "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden,
@@ -53,6 +55,7 @@ def qwen3_5_config(*, moe: bool = False, tied: bool = False, layers: int = 4, hi
     if moe:
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                     shared_expert_intermediate_size=64, norm_topk_prob=True)
+    text.update(text_overrides)
     return {
         "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe
                           else "Qwen3_5ForConditionalGeneration"],
@@ -129,16 +132,17 @@ def random_head_params(target_model, seed: int) -> Dict[str, mx.array]:
     return params
 
 
-def write_tokenizer(path: Path) -> None:
+def write_tokenizer(path: Path, corpus=None, vocab_size: int = 300) -> None:
+    """A byte-level BPE tokenizer trained on ``corpus`` (an iterable of texts; default: CORPUS)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.train_from_iterator(CORPUS * 4 if corpus is None else corpus, trainer)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
@@ -163,11 +167,14 @@ def save_safetensors(path: Path, weights: Dict[str, mx.array], fmt: str = "pt", 
 def write_raw_hf(path: Path, *, moe: bool = False, tied: bool = False, seed: int = 0,
                  with_mtp: bool = True, expert_layout: str = "fused", layers: int = 4,
                  shards: int = 1, target_params: Optional[Dict[str, mx.array]] = None,
-                 head_params: Optional[Dict[str, mx.array]] = None) -> Path:
+                 head_params: Optional[Dict[str, mx.array]] = None, hidden: int = 64,
+                 vocab: int = VOCAB, text_overrides: Optional[dict] = None,
+                 tokenizer_corpus=None) -> Path:
     """A raw Hugging Face Qwen3.5 checkpoint folder (what ``snapshot_download`` would give)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = qwen3_5_config(moe=moe, tied=tied, layers=layers)
+    config = qwen3_5_config(moe=moe, tied=tied, layers=layers, hidden=hidden, vocab=vocab,
+                            **(text_overrides or {}))
     mx.random.seed(seed)
     model = build_target(config)
     if target_params is None:
@@ -180,7 +187,7 @@ def write_raw_hf(path: Path, *, moe: bool = False, tied: bool = False, seed: int
         weights.update(head_to_hf(head_params, moe, expert_layout))
     save_safetensors(path, weights, "pt", shards)
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    write_tokenizer(path)
+    write_tokenizer(path, tokenizer_corpus, vocab_size=300 if tokenizer_corpus is None else vocab)
     return path
 
 

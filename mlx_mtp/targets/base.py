@@ -46,6 +46,11 @@ class TrunkTarget:
     def tied_head(self) -> bool:
         return bool(getattr(self.lm, "tie_word_embeddings", self.args.tie_word_embeddings))
 
+    @property
+    def lm_head_module(self) -> nn.Module:
+        """The module whose rows project onto the vocabulary (the embedding when tied)."""
+        return self.trunk.embed_tokens if self.tied_head else self.lm.lm_head
+
     def prepare(self, max_width: int) -> None:
         """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
         kernel is not row-invariant at those widths compute verify rows one at a time."""
