@@ -73,3 +73,20 @@ def reference_greedy(path, prompt, max_tokens):
     """mlx-lm's own plain greedy decode of a pristine copy of the target."""
     model, _ = mlx_load_model(Path(path))
     return [t for t, _ in mlx_generate_step(mx.array(prompt), model, max_tokens=max_tokens)]
+
+
+def assert_headless_model_decodes_plainly(path, prompt, n=12):
+    """Loaded without a drafter, a target still decodes plainly (exactly mlx-lm's greedy output),
+    and asking it for MTP is a clear error."""
+    from mlx_mtp import MTPError
+
+    model = mlx_mtp.load_model(path, require_head=False)
+    assert model.drafter is None
+
+    def run(bs):
+        return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
+                                                       block_size=bs)]
+
+    assert run(1) == reference_greedy(path, prompt, n)
+    with pytest.raises(MTPError, match="this model has no MTP head: load one with drafter="):
+        run(3)
