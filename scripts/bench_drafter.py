@@ -41,7 +41,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
-import mlx.core as mx  # noqa: E402
 
 import bench_mtp  # noqa: E402
 from mlx_mtp import cpu_blas, draft_vocab  # noqa: E402

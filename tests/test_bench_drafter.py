@@ -14,7 +14,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
     (tmp_path / "corpus.txt").write_text("\n\n".join(tc.CORPUS))
     (tmp_path / "prompts.json").write_text(json.dumps({"code": "def add(a, b):"}))
-    result = bench_drafter.main([
+    bench_drafter.main([
         "--model", str(model), "--corpus", str(tmp_path / "corpus.txt"), "--draft-vocab-size",
         "128", "--pairs", "2", "--max-tokens", "10", "--prompts-json", str(tmp_path / "prompts.json"),
         "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--topic", "smoke"])
