@@ -35,6 +35,12 @@ _DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", 
 # ---------------------------------------------------------------------------------------- files
 
 
+def first_line(e: BaseException) -> str:
+    """An exception as one line for a user-facing error (its first line, or its type)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def resolve_path(path_or_repo, what: str = "model") -> Path:
     """A local folder as is; anything else shaped like ``owner/name`` via the Hugging Face Hub."""
     s = str(path_or_repo)
@@ -49,7 +55,7 @@ def resolve_path(path_or_repo, what: str = "model") -> Path:
 
             return Path(snapshot_download(repo_id=s, allow_patterns=_DOWNLOAD_PATTERNS))
         except Exception as e:  # network, auth, missing repo: all one user-facing line
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = first_line(e)
             raise MTPError(f"{what} {s} is not a local folder and could not be fetched from "
                            f"the Hugging Face Hub: {msg}") from None
     raise MTPError(f"{what} path {s} does not exist")
@@ -130,7 +136,7 @@ def load_target(path: Path, config: dict, dtype: Optional[mx.Dtype] = None) -> n
     except MTPError:
         raise
     except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = first_line(e)
         raise MTPError(f"{path}: weights do not match config.json ({msg})") from None
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
@@ -374,7 +380,7 @@ def load_tokenizer(path: Path):
     try:
         return mlx_load_tokenizer(path)
     except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = first_line(e)
         raise MTPError(f"{path}: could not load the tokenizer ({msg})") from None
 
 
