@@ -153,7 +153,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m mlx_mtp.generate",
                 description="Generate text with MTP speculative decoding (exact at --temp 0).")
-    p.add_argument("--model", help="local folder or Hugging Face repo id of the target")
+    p.add_argument("--model", help="local folder or Hugging Face repo id of the target "
+                   "(default: the embedded demo pair, mlx_mtp/demo_pair)")
     p.add_argument("--drafter", help="folder or repo id of a separate MTP head (qwen3_5_mtp), "
                    "or the Gemma 4 assistant (gemma4_assistant; required for Gemma 4)")
     p.add_argument("--prompt", default=None, help="prompt text (default: a short code prompt)")
@@ -191,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-DEFAULT_PROMPT = "def fibonacci(n):\n"
+# Code, like the demo pair's corpus (the Python standard library).
+DEFAULT_PROMPT = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+                  "    def push(self, item):\n")
 
 
 def _prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
@@ -229,10 +232,13 @@ def _without_eos(tokens, tokenizer):
 def run(args) -> dict:
     from mlx_lm.sample_utils import make_logits_processors
 
+    from .demo import demo_path
     from .loading import load
 
     if args.model is None:
-        raise MTPError("--model is required: a local model folder or a Hugging Face repo id")
+        if args.drafter is not None:
+            raise MTPError("--drafter needs --model: the embedded demo pair has its own head")
+        args.model = str(demo_path())
     need_head = not args.no_mtp and args.block_size > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)

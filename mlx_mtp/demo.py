@@ -1,0 +1,24 @@
+"""The embedded demo pair: what ``python -m mlx_mtp.generate`` runs without ``--model``.
+
+A small Qwen3.5-architecture target (16 layers, hidden 256, GatedDeltaNet + gated full attention,
+8k BPE vocabulary) and its trained MTP head, stored as a raw Hugging Face checkpoint folder in
+the package and loaded through the same code path as any real checkpoint. Trained on the Python
+standard library's sources by ``scripts/demo_pair/`` (README: "The demo pair").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import MTPError
+
+DEMO_DIR = Path(__file__).resolve().parent / "demo_pair"
+DEMO_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def demo_path() -> Path:
+    missing = [f for f in DEMO_FILES if not (DEMO_DIR / f).is_file()]
+    if missing:
+        raise MTPError(f"{DEMO_DIR}: the embedded demo pair is incomplete (missing "
+                       f"{', '.join(missing)}); reinstall mlx-mtp or pass --model")
+    return DEMO_DIR

@@ -1,0 +1,71 @@
+"""The embedded demo pair: what ``python -m mlx_mtp.generate`` runs with no ``--model``."""
+
+import json
+
+import pytest
+from conftest import reference_greedy, run_module
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from safetensors import safe_open
+
+import mlx_mtp
+from mlx_mtp import MTPError, demo
+from mlx_mtp.generate import DEFAULT_PROMPT
+
+
+def cli(*args, check=True):
+    return run_module("mlx_mtp.generate", *args, check=check)
+
+
+def test_no_model_runs_the_demo_pair_exactly_like_mlx_lm():
+    out = json.loads(cli("--max-tokens", 40, "--json").stdout)
+    assert out["model"] == str(demo.DEMO_DIR)
+    assert out["mtp_enabled"] is True and out["block_size"] == 3
+    tok = load_tokenizer(demo.DEMO_DIR)
+    ref = reference_greedy(demo.DEMO_DIR, tok.encode(DEFAULT_PROMPT), 40)
+    ref = ref[: next((i for i, t in enumerate(ref) if t in tok.eos_token_ids), len(ref))]
+    assert len(ref) == 40 and out["tokens"] == ref
+    # A trained head, not a random one (random heads accept nothing): the demo's whole point.
+    assert out["per_position_acceptance"][0] >= 0.6, out["per_position_acceptance"]
+    assert out["tokens_per_round"] >= 1.8, out["tokens_per_round"]
+
+
+def test_the_demo_is_a_raw_hugging_face_checkpoint_under_40_mb():
+    d = demo.DEMO_DIR
+    config = json.loads((d / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5" and config["tie_word_embeddings"] is True
+    text = config["text_config"]
+    assert text["model_type"] == "qwen3_5_text" and text["num_hidden_layers"] == 16
+    assert text["mtp_num_hidden_layers"] == 1
+    with safe_open(str(d / "model.safetensors"), "np") as f:
+        keys = set(f.keys())
+        assert f.metadata() == {"format": "pt"}
+        assert f.get_slice("model.language_model.layers.0.linear_attn.conv1d.weight").get_shape() \
+            == [512, 1, 4]  # HF conv1d layout
+    assert "model.language_model.embed_tokens.weight" in keys and "lm_head.weight" not in keys
+    assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+            "mtp.layers.0.self_attn.q_proj.weight"} <= keys
+    assert sum(p.stat().st_size for p in d.iterdir()) < 40 * 2**20
+    check = json.loads((d / "export_check.json").read_text())  # written by scripts/demo_pair/export.py
+    assert check["target_max_abs_diff"] < 2e-3 and check["head_max_abs_diff"] < 2e-3
+
+
+def test_the_demo_loads_through_the_real_checkpoint_path():
+    model, tok = mlx_mtp.load(demo.DEMO_DIR)
+    assert model.path == demo.DEMO_DIR and model.drafter is not None
+    assert tok.eos_token_ids == {tok.convert_tokens_to_ids("<|endoftext|>")}
+
+
+def test_drafter_without_model_is_one_line_error():
+    r = cli("--drafter", "/some/head", check=False)
+    assert r.returncode == 1
+    assert r.stderr == "error: --drafter needs --model: the embedded demo pair has its own head\n"
+
+
+def test_an_incomplete_demo_folder_is_named(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(demo, "DEMO_DIR", tmp_path)
+    with pytest.raises(MTPError) as e:
+        demo.demo_path()
+    assert str(e.value) == (f"{tmp_path}: the embedded demo pair is incomplete (missing "
+                            "model.safetensors, tokenizer.json, tokenizer_config.json); "
+                            "reinstall mlx-mtp or pass --model")
