@@ -7,6 +7,10 @@ the same run, and each decode step reported as a multiple of its floor (bytes it
 bandwidth). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
 
     python scripts/bench_mtp.py --model PATH [--drafter D] --block-sizes 1,2,3,4,5 --pairs 5
+
+With ``--temp > 0`` both arms sample (mlx_mtp's ``make_sampler``, mlx-lm semantics; the plain arm is
+still mlx-lm's own ``generate_step``), each run seeded with ``--seed`` + run index, and the record
+states the acceptance rule; token identity is then not expected and is reported as "n/a".
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 from mlx_mtp import cpu_blas  # noqa: E402
 from mlx_mtp.diagnostics import RunStats  # noqa: E402
 from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = {
@@ -81,25 +86,27 @@ def step_bytes(model) -> dict:
     return out
 
 
-def plain_decode(mlx_model, prompt: mx.array, n: int):
+def plain_decode(mlx_model, prompt: mx.array, n: int, sampler=None):
     """mlx-lm's own plain decode: (tokens, prompt_s, generation_s)."""
     from mlx_lm.generate import generate_step
 
     t0 = time.perf_counter()
     toks, t1 = [], None
-    for tok, _ in generate_step(prompt, mlx_model, max_tokens=n):
+    for tok, _ in generate_step(prompt, mlx_model, max_tokens=n, sampler=sampler):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)
     return toks, t1 - t0, time.perf_counter() - t1
 
 
-def mtp_decode(model, prompt: mx.array, n: int, block_size: int):
+def mtp_decode(model, prompt: mx.array, n: int, block_size: int, sampler=None,
+               acceptance: str = "auto", seed=None):
     stats = RunStats()
     t0 = time.perf_counter()
     toks, t1 = [], None
     for tok, _, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
-                                           stats=stats):
+                                           stats=stats, sampler=sampler, acceptance=acceptance,
+                                           seed=seed):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)
@@ -114,11 +121,13 @@ def run(args) -> dict:
                                     require_head=max(args.block_sizes) > 1)
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n = args.max_tokens
+    sampler = make_sampler(temp=args.temp, top_p=args.top_p, top_k=args.top_k)
     # Warm-up: each arm once (first-call compilation and allocation stay out).
     warm = next(iter(prompts.values()))
-    plain_decode(model.mlx_model, warm, 8)
+    plain_decode(model.mlx_model, warm, 8, sampler)
     for bs in args.block_sizes:
-        mtp_decode(model, warm, 8, bs)
+        mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed)
+    run_index = 0
 
     raw = {"classic": [], **{f"mtp{bs}": [] for bs in args.block_sizes}}
     exact = {bs: True for bs in args.block_sizes}
@@ -130,11 +139,14 @@ def run(args) -> dict:
                 arms = arms[1:] + arms[:1]  # alternate which arm goes first
             results = {}
             for arm, bs in arms:
+                run_index += 1
+                mx.random.seed(args.seed + run_index)  # the plain arm draws from the global stream
                 if bs is None:
-                    toks, ps, gs = plain_decode(model.mlx_model, prompt, n)
+                    toks, ps, gs = plain_decode(model.mlx_model, prompt, n, sampler)
                     results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
                 else:
-                    toks, ps, gs, st = mtp_decode(model, prompt, n, bs)
+                    toks, ps, gs, st = mtp_decode(model, prompt, n, bs, sampler, args.acceptance,
+                                                  args.seed + run_index)
                     results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
                                     "stats": st.to_dict()}
             for arm, r in results.items():
@@ -183,7 +195,9 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "round_ms": phase,
             "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in st) / draft_steps
                                 if draft_steps else None),
-            "identical_to_classic": exact[bs],
+            # Only meaningful at T=0; sampled runs are not expected to match token for token.
+            "identical_to_classic": exact[bs] if args.temp == 0 else None,
+            "acceptance_rule": st[0]["acceptance_rule"] if st else None,
             # The exactness gate's decision for this arm (same for every run of the arm).
             "mtp_enabled": all(s["mtp_enabled"] for s in st),
             "gate_reason": st[0]["gate_reason"] if st else "",
@@ -197,7 +211,8 @@ def summarize(args, model, raw, exact, bw) -> dict:
         "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
         "model": str(args.model), "drafter": args.drafter,
         "target_dtype": str(model.target.dtype), "prompts": args.prompts,
-        "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": 0.0,
+        "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": args.temp,
+        "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "acceptance": args.acceptance,
         "bandwidth_gbs": bw, **floors,
         "target_step_floor_ms": floors["target_step_bytes"] / bw / 1e6,
         "classic_step_ms": classic_ms,
@@ -262,7 +277,7 @@ def render(r: dict) -> str:
         f"- Environment: {r['env'] or 'none set'}",
         f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
-        f"T=0; {r['pairs']} alternating pairs per prompt",
+        f"{_sampling_text(r)}; {r['pairs']} alternating pairs per prompt",
         "",
         "## Exactness gate", "",
     ]
@@ -291,7 +306,7 @@ def render(r: dict) -> str:
             f"| {row['block_size']} | {row['classic_tps']:.1f} | {row['mtp_tps']:.1f} | "
             f"{row['ratio_median']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
             f"{row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | {pp} | "
-            f"{'yes' if row['identical_to_classic'] else 'NO'} |")
+            f"{_identical_text(row.get('identical_to_classic'))} |")
     lines += ["", "## Round split (ms per round, share)", "",
               "| block | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
     for row in r["rows"]:
@@ -315,6 +330,19 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _sampling_text(r: dict) -> str:
+    t = r.get("temperature", 0.0)
+    if not t:
+        return "T=0"
+    rules = sorted({row.get("acceptance_rule") or "?" for row in r["rows"]})
+    return (f"T={t}, top-p {r.get('top_p', 0.0)}, top-k {r.get('top_k', 0)}, seed {r.get('seed')} "
+            f"(+ run index), acceptance rule {', '.join(rules)}")
+
+
+def _identical_text(v) -> str:
+    return "n/a (sampled)" if v is None else ("yes" if v else "NO")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="MTP vs mlx-lm plain decode, paired and alternating")
     p.add_argument("--model", required=True)
@@ -326,6 +354,12 @@ def main(argv=None):
     p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
     p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (both arms)")
+    p.add_argument("--top-p", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="base seed; run i uses seed + i")
+    p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
+                   help="acceptance rule at temperature > 0")
     args = p.parse_args(argv)
     args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
     args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS

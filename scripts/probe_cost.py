@@ -1,12 +1,13 @@
 """What the exactness probe costs, in wall time and in plain decode steps of the same target.
 
-    python scripts/probe_cost.py [--repeats 5] [--json]
+    python scripts/probe_cost.py [--model PATH] [--synthetic] [--repeats 5] [--json] [--record]
 
-Targets: the test suite's tiny raw-HF checkpoint (H=64, 4 layers, V=320), written to a temporary
-folder and loaded through ``mlx_mtp.load_model``, and a larger random Qwen3.5 (H=1024, 8 layers,
-V=32768) built in memory, to show how the cost scales. For each session block size B the probe
-runs widths 2..B cold (a fresh adapter: nothing memoized) and then from the memo. Medians of
-``--repeats`` runs. Prints a table (or JSON); not a benchmark record.
+Targets: ``--model`` (default: the embedded demo pair) loaded through ``mlx_mtp.load_model``;
+with ``--synthetic`` also the test suite's tiny raw-HF checkpoint (H=64, 4 layers, V=320) and a
+larger random Qwen3.5 (H=1024, 8 layers, V=32768) built in memory, to show how the cost scales.
+For each session block size B the probe runs widths 2..B cold (a fresh adapter: nothing memoized)
+and then from the memo. Medians of ``--repeats`` runs. Prints a table (or JSON); ``--record``
+also writes ``benchmark_results/probe-cost-<host>-<date>.{md,json}``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ import mlx.core as mx  # noqa: E402
 import tiny_checkpoints as tc  # noqa: E402
 from mlx_mtp.gate import session_widths  # noqa: E402
 from mlx_mtp.loading import load_model  # noqa: E402
+from mlx_mtp.demo import demo_path  # noqa: E402
 from mlx_mtp.targets.qwen3_5 import Qwen3_5Target  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_mtp  # noqa: E402
 
 
 def decode_step_s(mlx_model, repeats: int) -> float:
@@ -71,22 +76,76 @@ def measure(name, mlx_model, make_target, repeats):
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+def synthetic_rows(repeats: int):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = tc.write_raw_hf(Path(tmp) / "tiny", seed=0)
         model = load_model(path, require_head=False)
         rows += measure("tiny checkpoint H=64 L=4 V=320", model.mlx_model,
-                        lambda: Qwen3_5Target(model.mlx_model), args.repeats)
+                        lambda: Qwen3_5Target(model.mlx_model), repeats)
     mx.random.seed(0)
     larger = tc.build_target(tc.qwen3_5_config(hidden=1024, layers=8, vocab=32768))
     larger.eval()
-    rows += measure("random H=1024 L=8 V=32768", larger, lambda: Qwen3_5Target(larger),
-                    args.repeats)
+    rows += measure("random H=1024 L=8 V=32768", larger, lambda: Qwen3_5Target(larger), repeats)
+    return rows
+
+
+def record(args, rows) -> dict:
+    import datetime as dt
+    import os
+    import shlex
+
+    from mlx_mtp import cpu_blas
+
+    return {"topic": "probe-cost", "date": dt.date.today().isoformat(),
+            "host": bench_mtp.host_facts(), "versions": bench_mtp.versions(),
+            "cpu_blas": cpu_blas.STATE.describe(), "git_commit": bench_mtp.git_commit(),
+            "command": " ".join(shlex.quote(a) for a in sys.argv),
+            "env": {k: v for k, v in os.environ.items()
+                    if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
+            "repeats": args.repeats, "rows": rows,
+            "summary": args.summary or "(to be written by the person who ran it)"}
+
+
+def render(r: dict) -> str:
+    h = r["host"]
+    lines = [f"# probe-cost on {h['name']}, {r['date']}", "", "## Setup",
+             f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}, device {h['device']}",
+             "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+             f"- BLAS: {r['cpu_blas']}", f"- Commit: {r['git_commit']}",
+             f"- Command: `{r['command']}`", f"- Environment: {r['env'] or 'none set'}",
+             f"- Medians of {r['repeats']} runs; cold = fresh adapter (nothing memoized), "
+             "probing widths 2..B as a session of block size B does", "",
+             "## Results", "",
+             "| target | block size | verdict | probe ms (cold) | probe ms (memo) "
+             "| decode step ms | cold probe in decode steps |", "|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['target']} | {x['block_size']} | {x['verdict']} | "
+                     f"{x['probe_cold_ms']:.1f} | {x['probe_memo_ms']:.3f} | "
+                     f"{x['decode_step_ms']:.2f} | {x['cold_in_decode_steps']:.1f} |")
+    lines += ["", "## What it says", "", r["summary"], ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", help="target to probe (default: the embedded demo pair)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="also the tiny test checkpoint and a random H=1024 target")
+    p.add_argument("--record", action="store_true", help="write a benchmark_results/ record")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
+    p.add_argument("--summary", default=None, help="the record's 'What it says' paragraph")
+    args = p.parse_args(argv)
+    path = args.model or demo_path()
+    model = load_model(path, require_head=False)
+    rows = measure(f"{'demo pair' if args.model is None else path}", model.mlx_model,
+                   lambda: type(model.target)(model.mlx_model), args.repeats)
+    if args.synthetic:
+        rows += synthetic_rows(args.repeats)
+    if args.record:
+        bench_mtp.write_record(args.out, record(args, rows), render)
     if args.json:
         print(json.dumps({"mlx_version": mx.__version__, "device": str(mx.default_device()),
                           "rows": rows}))

@@ -31,3 +31,17 @@ def test_bench_writes_markdown_and_json(tmp_path):
     for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
                     "## The floor", "smoke run"):
         assert section in text
+
+
+def test_bench_at_temperature_states_the_rule_and_claims_no_identity(tmp_path):
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    bench_mtp.main(["--model", str(model), "--block-sizes", "3", "--pairs", "1",
+                    "--max-tokens", "10", "--out", str(tmp_path / "out"), "--topic", "hot",
+                    "--temp", "1.0", "--seed", "5", "--acceptance", "point-mass"])
+    data = json.loads(next((tmp_path / "out").glob("hot-*.json")).read_text())
+    row = data["rows"][0]
+    assert (data["temperature"], data["seed"], data["acceptance"]) == (1.0, 5, "point-mass")
+    assert row["acceptance_rule"] == "point-mass" and row["identical_to_classic"] is None
+    text = next((tmp_path / "out").glob("hot-*.md")).read_text()
+    assert "T=1.0, top-p 0.0, top-k 0, seed 5 (+ run index), acceptance rule point-mass" in text
+    assert "| n/a (sampled) |" in text
