@@ -135,6 +135,28 @@ def test_the_same_test_rejects_argmax_matching(soft_model, plain_reference, monk
     assert goodness_of_fit(draws, exact)[2] < ALPHA
 
 
+def test_gemma4_sampling_has_plain_samplings_joint_distribution(tmp_path_factory):
+    """The other family through the same loop: a Gemma 4 target with its assistant sampling the
+    drafts (full-vocabulary q, the 31B-like layout without a centroid head). Random weights, so
+    drafts are mostly rejected: this checks the rejection / residual / bonus path for Gemma."""
+    from tiny_gemma4 import Checkpoints
+
+    ckpts = Checkpoints(tmp_path_factory)
+    target = ckpts.target("31b")
+    model = mlx_mtp.load_model(target, drafter=ckpts.assistant("31b"))
+    index, logprobs, exact = plain_tree(target, mlx_mtp.make_sampler(**SAMPLING), N_TOKENS)
+    plain = plain_samples(index, logprobs, N_PLAIN, N_TOKENS, seed=0)
+    assert goodness_of_fit(plain, exact)[2] > ALPHA
+    stats = RunStats()
+    draws = mtp_draws(model, N_MTP, "auto", stats)
+    assert stats.acceptance_rule == "speculative-sampling"
+    # Each 4-token run has at least two rounds with room for a draft (a last round that needs
+    # one token drafts nothing).
+    assert stats.offered[0] >= 2 * N_MTP
+    assert two_sample(draws, plain)[2] > ALPHA
+    assert goodness_of_fit(draws, exact)[2] > ALPHA
+
+
 # ----------------------------------------------------------------- history, seeds, rule choice
 
 
