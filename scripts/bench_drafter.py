@@ -26,10 +26,8 @@ pair the same command reports the acceptance of each arm, which is the A/B phase
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import shlex
 import statistics
 import sys
 import sysconfig
@@ -43,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
-from mlx_mtp import cpu_blas, draft_vocab  # noqa: E402
+from mlx_mtp import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.drafters.options import DraftOptions  # noqa: E402
 from mlx_mtp.drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter  # noqa: E402
@@ -251,11 +249,7 @@ def summarize(args, base, arms, raw, bw, vocab_meta) -> dict:
         rows.append(row)
     target_bytes = bench_mtp.step_bytes(base)["target_step_bytes"]
     return {
-        "topic": args.topic, "date": _dt.date.today().isoformat(), "host": bench_mtp.host_facts(),
-        "versions": bench_mtp.versions(), "cpu_blas": cpu_blas.STATE.describe(),
-        "git_commit": bench_mtp.git_commit(), "command": " ".join(map(shlex.quote, sys.argv)),
-        "env": {k: v for k, v in os.environ.items()
-                if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
+        **bench_mtp.record_setup(args.topic),
         "model": str(args.model), "random_pair": args.random_pair,
         "pair_config": base.config.get("text_config", base.config),
         "target_dtype": str(base.target.dtype), "prompts": args.prompts,

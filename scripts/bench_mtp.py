@@ -203,12 +203,8 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "gate_reason": st[0]["gate_reason"] if st else "",
             "exactness": st[0]["exactness"] if st else {},
         })
-    host = host_facts()
     result = {
-        "topic": args.topic, "date": _dt.date.today().isoformat(), "host": host,
-        "versions": versions(), "cpu_blas": cpu_blas.STATE.describe(),
-        "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in sys.argv),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
+        **record_setup(args.topic),
         "model": str(args.model), "drafter": args.drafter,
         "target_dtype": str(model.target.dtype), "prompts": args.prompts,
         "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": args.temp,
@@ -224,6 +220,17 @@ def summarize(args, model, raw, exact, bw) -> dict:
 
 
 # ------------------------------------------------------------------------------ the record
+
+
+def record_setup(topic: str) -> dict:
+    """The setup every record states (shared/design/benchmarks.md): topic, date, host, versions,
+    BLAS, commit, the exact command and the environment variables that steer MLX and the BLAS."""
+    return {
+        "topic": topic, "date": _dt.date.today().isoformat(), "host": host_facts(),
+        "versions": versions(), "cpu_blas": cpu_blas.STATE.describe(),
+        "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
+    }
 
 
 def host_facts() -> dict:

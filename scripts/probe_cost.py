@@ -91,19 +91,7 @@ def synthetic_rows(repeats: int):
 
 
 def record(args, rows) -> dict:
-    import datetime as dt
-    import os
-    import shlex
-
-    from mlx_mtp import cpu_blas
-
-    return {"topic": "probe-cost", "date": dt.date.today().isoformat(),
-            "host": bench_mtp.host_facts(), "versions": bench_mtp.versions(),
-            "cpu_blas": cpu_blas.STATE.describe(), "git_commit": bench_mtp.git_commit(),
-            "command": " ".join(shlex.quote(a) for a in sys.argv),
-            "env": {k: v for k, v in os.environ.items()
-                    if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
-            "repeats": args.repeats, "rows": rows,
+    return {**bench_mtp.record_setup("probe-cost"), "repeats": args.repeats, "rows": rows,
             "summary": args.summary or "(to be written by the person who ran it)"}
 
 
