@@ -6,26 +6,21 @@ server with a queue of 1 (the plain comparison arm, and the 429). References are
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from conftest import run_module
+
+from mlx_mtp.server.process import ServerProcess
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-ROOT = Path(__file__).resolve().parents[1]
 N = 24  # max_tokens of the reference requests: small, the suite stays quick
 CODE = "def add(a, b):\n    return"
 CHAT = "class Stack:"
@@ -38,42 +33,11 @@ NO_MTP_REASON = "--no-mtp: mlx-lm plain decode"
 # ------------------------------------------------------------------------------------ helpers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(ServerProcess):
     def __init__(self, *args):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile()
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlx_mtp.server", "--port", str(self.port),
-             "--log-level", "warning", *args], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.output()}")
-            try:
-                if self.get("/health")["status"] == "ok":
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, self.output()
-            time.sleep(0.3)
+        super().__init__("--log-level", "warning", *args)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
                                     timeout=120)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
-            return json.loads(r.read())
 
     def post(self, path: str, body: bytes):
         """Raw POST: ``(status, parsed JSON body)``."""
@@ -97,15 +61,6 @@ class Server:
                 return
             assert time.monotonic() < deadline, f"server still busy: {h}"
             time.sleep(0.1)
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +169,9 @@ def test_a_stop_string_ends_the_text_before_it(server, code_ref):
 def test_models_and_health(server):
     models = server.client.models.list()
     assert [m.id for m in models.data] == ["mlx_mtp-demo-pair"]
+    assert server.post("/v1/nope", b"{}") == (404, {"error": {
+        "message": "POST /v1/nope: Not Found", "type": "not_found_error", "param": None,
+        "code": None}})
     h = server.get("/health")
     assert h["status"] == "ok" and h["mtp_enabled"] is True and h["max_queue"] == 8
     assert h["gate_reason"].startswith("exactness probe on cpu")
@@ -333,3 +291,63 @@ def test_past_the_queue_a_429_then_the_queued_request_completes(plain_server, co
     running.close()
     t.join(timeout=120)
     assert queued["r"].choices[0].text == code_ref["text"]
+
+
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+            "{{ raise_exception('this template has no system role') }}{% endif %}"
+            "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    """A tiny checkpoint whose tokenizer has a chat template, served with --block-size 4."""
+    import tiny_checkpoints as tc
+
+    path = tc.write_raw_hf(tmp_path_factory.mktemp("chat") / "ckpt", seed=0)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    s = Server("--model", str(path), "--block-size", "4")
+    yield path, s
+    s.stop()
+
+
+def test_chat_goes_through_the_tokenizers_template_like_the_cli(templated):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    path, s = templated
+    ref = json.loads(run_module("mlx_mtp.generate", "--model", path, "--prompt", "def add",
+                                "--max-tokens", 12, "--block-size", 4, "--json").stdout)
+    r = s.client.chat.completions.create(model="tiny", max_tokens=12, temperature=0,
+                                         messages=[{"role": "user", "content": "def add"}])
+    assert r.choices[0].message.content == ref["text"]
+    tok = load_tokenizer(path)
+    templated_ids = tok.apply_chat_template([{"role": "user", "content": "def add"}],
+                                            add_generation_prompt=True, tokenize=True)
+    assert r.usage.prompt_tokens == ref["prompt_tokens"] == len(templated_ids)
+    assert len(templated_ids) > len(tok.encode("def add"))
+    mtp = r.model_extra["mtp"]
+    assert (mtp["block_size"], mtp["rounds"], mtp["per_position_acceptance"]) == (
+        4, ref["rounds"], ref["per_position_acceptance"])
+    status, out = s.post("/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]}
+    ).encode())
+    assert (status, out["error"]["message"]) == (
+        400, "messages: the chat template refused them: this template has no system role")
+    assert s.client.chat.completions.create(
+        model="tiny", max_tokens=2, messages=[{"role": "user", "content": "y"}]
+    ).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--max-queue", "0"], 2, "error: argument --max-queue: must be at least 1, got 0"),
+    (["--port", "x"], 2, "error: argument --port: expected an integer, got 'x'"),
+    (["--model", "/no/such/dir"], 1, "error: model path /no/such/dir does not exist"),
+    (["--drafter", "/some/head"], 1,
+     "error: --drafter needs --model: the embedded demo pair has its own head"),
+    (["--block-size", "40"], 1, "error: block_size must be between 1 and 16, got 40"),
+])
+def test_bad_flags_are_one_line_and_nonzero(args, code, message):
+    r = run_module("mlx_mtp.server", *args, check=False)
+    assert (r.returncode, r.stderr.strip().splitlines()[-1]) == (code, message)
+    assert "Traceback" not in r.stderr

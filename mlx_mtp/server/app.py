@@ -12,6 +12,7 @@ import asyncio
 import time
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -138,7 +139,12 @@ def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) ->
             "running": worker.running is not None, "queued": worker.queued,
             "max_queue": worker.max_queue}, status_code=200 if ok else 503)
 
-    return Starlette(routes=[
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        # Unknown paths and wrong methods answer in the same JSON shape as everything else.
+        return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code,
+                      headers=exc.headers)
+
+    return Starlette(exception_handlers={HTTPException: http_error}, routes=[
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),

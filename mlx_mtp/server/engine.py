@@ -93,7 +93,10 @@ class Engine:
         tok = self.tokenizer
         if req.kind == "chat":
             messages = copy.deepcopy(req.messages)
-            process_message_content(messages)  # text parts -> one string, as mlx_lm.server
+            try:  # text parts -> one string, tool-call arguments parsed, as mlx_lm.server
+                process_message_content(messages)
+            except (ValueError, KeyError, TypeError) as e:
+                raise RequestError(f"messages: {_first_line(e)}", param="messages") from None
             if tok.has_chat_template:
                 try:
                     ids = tok.apply_chat_template(messages, add_generation_prompt=True,
