@@ -202,6 +202,42 @@ def test_a_client_that_drops_mid_stream_frees_the_worker(server, code_ref):
     assert r.choices[0].text == code_ref["text"]
 
 
+def test_a_client_that_drops_a_non_streamed_request_frees_the_worker(server, code_ref):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"prompt": CODE, "max_tokens": 3000, "temperature": 0}).encode(),
+        {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while not server.get("/health")["running"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    conn.close()  # gone while its answer is being generated
+    server.wait_idle()
+    assert server.complete().choices[0].text == code_ref["text"]
+
+
+def test_a_client_that_drops_while_queued_is_skipped(server, code_ref):
+    import http.client
+
+    running = server.complete(max_tokens=3000, stream=True)
+    next(iter(running))
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"prompt": CODE, "max_tokens": 3000, "temperature": 0}).encode(),
+        {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while server.get("/health")["queued"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    conn.close()  # gone while waiting for its turn
+    time.sleep(1.5)  # the handler notices within DISCONNECT_POLL_S and cancels the queued job
+    running.close()
+    server.wait_idle()  # neither 3000-token request ran to the end
+    assert server.complete().choices[0].text == code_ref["text"]
+
+
 BAD = [
     (b'{"prompt": ', "invalid JSON in the request body: Expecting value: line 1 column 12 "
                      "(char 11)"),
@@ -243,6 +279,21 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(server, path, body, mes
     assert out["error"]["type"] == "invalid_request_error"
     r = server.complete(max_tokens=2)
     assert len(r.choices[0].text) > 0 and r.usage.completion_tokens == 2
+
+
+def test_a_body_over_16_mib_is_a_413_before_it_is_read(server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(16 * 2**20 + 1))
+    conn.endheaders()  # no body sent: the answer comes from the header alone
+    r = conn.getresponse()
+    assert (r.status, json.loads(r.read())["error"]["message"]) == (
+        413, "the request body is larger than 16777216 bytes")
+    conn.close()
+    assert server.complete(max_tokens=2).usage.completion_tokens == 2
 
 
 def test_a_prompt_longer_than_the_context_is_a_400(server):

@@ -10,6 +10,8 @@ import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core load
 from mlx_mtp import MTPError
 
 DEFAULT_MAX_QUEUE = 16
+# On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
+GRACEFUL_SHUTDOWN_S = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,8 +124,13 @@ def main(argv=None) -> int:
           f"queue {args.max_queue}; no authentication)", flush=True)
     defaults = Defaults(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p,
                         top_k=args.top_k, min_p=args.min_p)
-    uvicorn.run(build_app(worker, model_id, defaults), host=args.host, port=args.port,
-                log_level=args.log_level)
+    try:
+        uvicorn.run(build_app(worker, model_id, defaults), host=args.host, port=args.port,
+                    log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    finally:
+        # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which ends the process
+        # right there; on any other way out, a cut decode stops before the interpreter does.
+        worker.stop()
     return 0
 
 

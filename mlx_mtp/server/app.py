@@ -23,6 +23,8 @@ from .schema import Defaults, RequestError, parse
 from .worker import Job, QueueFull, ServerError, Worker
 
 DISCONNECT_POLL_S = 0.5
+# Far above any prompt a model's context can hold; a bigger body is refused before it is read.
+MAX_BODY_BYTES = 16 * 2**20
 
 
 class ClientGone(Exception):
@@ -34,14 +36,37 @@ def _error(message: str, status: int, param=None, headers=None) -> JSONResponse:
                         headers=headers)
 
 
-async def _next_event(job: Job, request: Request):
-    """The job's next event; ``ClientGone`` if the client disconnects while waiting."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                raise ClientGone() from None
+async def _read_body(request: Request) -> bytes:
+    too_big = RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise too_big
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY_BYTES:
+            raise too_big
+    return bytes(body)
+
+
+class _Events:
+    """A job's events as its handler awaits them, checking every ``DISCONNECT_POLL_S`` whether
+    the client is still there (while queued, and while a non-streamed answer is generated)."""
+
+    def __init__(self, job: Job, request: Request):
+        self.job = job
+        self.request = request
+        self.checked = time.monotonic()
+
+    async def next(self):
+        while True:
+            if time.monotonic() - self.checked >= DISCONNECT_POLL_S:
+                self.checked = time.monotonic()
+                if await self.request.is_disconnected():
+                    raise ClientGone()
+            try:
+                return await asyncio.wait_for(self.job.events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
 
 
 class _JobStream(StreamingResponse):
@@ -83,7 +108,7 @@ def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) ->
 
     async def complete(request: Request, kind: str) -> Response:
         try:
-            req = parse(await request.body(), kind, defaults)
+            req = parse(await _read_body(request), kind, defaults)
         except RequestError as e:
             return _error(str(e), e.status, e.param)
         job = Job(req, asyncio.get_running_loop())
@@ -91,8 +116,9 @@ def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) ->
             worker.submit(job)
         except QueueFull as e:
             return _error(str(e), 429, headers={"Retry-After": "1"})
+        events = _Events(job, request)
         try:
-            first = await _next_event(job, request)
+            first = await events.next()
             if isinstance(first, RequestError):
                 return _error(str(first), first.status, first.param)
             if isinstance(first, ServerError):
@@ -104,7 +130,7 @@ def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) ->
                 return _JobStream(job, stream_events(job, ids))
             content, reasoning = [], []
             while True:
-                event = await _next_event(job, request)
+                event = await events.next()
                 if isinstance(event, Delta):
                     content.append(event.content)
                     reasoning.append(event.reasoning)

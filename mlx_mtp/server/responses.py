@@ -75,7 +75,8 @@ def usage(done: Finished) -> dict:
             "total_tokens": done.prompt_tokens + done.completion_tokens}
 
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
+               429: "rate_limit_error",
                500: "server_error", 503: "server_error"}
 
 

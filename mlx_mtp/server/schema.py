@@ -96,7 +96,7 @@ class _Body:
 
     @staticmethod
     def _bounds(name, v, lo, hi):
-        if lo is not None and hi is not None and not lo <= v <= hi:
+        if hi is not None and not lo <= v <= hi:
             raise RequestError(f"{name} must be between {lo} and {hi}, got {v}", param=name)
         if lo is not None and v < lo:
             raise RequestError(f"{name} must be >= {lo}, got {v}", param=name)

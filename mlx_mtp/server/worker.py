@@ -1,10 +1,14 @@
 """The one decode thread and its bounded FIFO queue.
 
-A speculative round is not batched, so the model serves one request at a time. The thread also
-loads the model, so every MLX array the server uses is made and evaluated on it. Requests wait
-in a queue of at most ``max_queue``; past it ``submit`` raises ``QueueFull`` (the app answers 429).
-Events go back to the request's event loop thread-safely; a job its client abandoned is skipped
-if still queued and stopped at its next token if running.
+A speculative round is not batched, so the model serves one request at a time. The thread
+loads the model too: on mlx 0.32 streams belong to a thread, and an array made lazily on one
+thread cannot be evaluated on another ("There is no Stream(cpu, 0) in current thread"). It never
+returns, it parks: a thread that has used mlx-lm and exits while the process exits makes it abort
+("terminate called without an active exception") about one time in two.
+
+Requests wait in a queue of at most ``max_queue``; past it ``submit`` raises ``QueueFull`` (the
+app answers 429). Events go back to the request's event loop thread-safely; a job its client
+abandoned is skipped if still queued and stopped at its next token if running.
 """
 
 from __future__ import annotations
@@ -61,46 +65,71 @@ class Worker:
         self.warm_up: Optional[Finished] = None
         self.running: Optional[Job] = None
         self._make_engine = make_engine
-        self._jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._jobs: queue.Queue = queue.Queue()  # bounded by submit (stop's sentinel always fits)
+        self._submit_lock = threading.Lock()
+        self._stopping = threading.Event()
         self._ready = threading.Event()
+        self._finished = threading.Event()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="mlx_mtp-decode", daemon=True)
 
     def start(self) -> None:
-        """Load the model on the decode thread, warm it up; re-raise a load error here."""
+        """Load the model on the decode thread and warm it up; re-raise a load error here."""
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
             raise self._error
 
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel the running and queued jobs; return once the decode thread is idle for good."""
+        with self._submit_lock:
+            self._stopping.set()  # what runs now, or is picked up next, stops at its next token
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job.cancel()
+            self._jobs.put(None)
+        self._finished.wait(timeout)
+
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.engine is not None
+        return self.warm_up is not None and not self._finished.is_set()
 
     @property
     def queued(self) -> int:
         return self._jobs.qsize()
 
     def submit(self, job: Job) -> None:
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"server busy: {self.max_queue} requests are already waiting for "
-                            f"the model (--max-queue {self.max_queue}); retry later") from None
+        with self._submit_lock:
+            if self._jobs.qsize() >= self.max_queue:
+                raise QueueFull(f"server busy: {self.max_queue} requests are already waiting "
+                                f"for the model (--max-queue {self.max_queue}); retry later")
+            self._jobs.put(job)
 
     def _run(self) -> None:
+        try:
+            self._load_and_serve()
+        finally:
+            self._finished.set()
+            threading.Event().wait()  # park, never return (see the module docstring)
+
+    def _load_and_serve(self) -> None:
         try:
             self.engine = self._make_engine()
             self.warm_up = self._warm_up(self.engine)
         except BaseException as e:  # handed to start(), which re-raises it on the main thread
             self._error = e
-            self.engine = None
             return
         finally:
             self._ready.set()
         while True:
             job = self._jobs.get()
-            if job.cancelled:
+            if job is None:  # stop()
+                return
+            if job.cancelled or self._stopping.is_set():
                 continue
             self.running = job
             try:
@@ -119,7 +148,8 @@ class Worker:
         started = False
         try:
             ids = self.engine.prompt_ids(job.request)
-            for event in self.engine.generate(job.request, ids, lambda: job.cancelled):
+            stop = lambda: job.cancelled or self._stopping.is_set()  # noqa: E731
+            for event in self.engine.generate(job.request, ids, stop):
                 started = True
                 job.emit(event)
         except RequestError as e:
