@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from . import cpu_blas
 from .diagnostics import RunStats
-from .drafters.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
+from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 from .draft_profile import table_rows as draft_profile_rows
 from .errors import MTPError
 from .sampling import REQUESTABLE_RULES, make_sampler

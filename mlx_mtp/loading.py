@@ -18,13 +18,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import cpu_blas, draft_vocab
-from .drafters.options import DraftOptions
-from .drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter, is_zero_centred_norm
+from . import cpu_blas
+from .qwen3_5 import draft_vocab
+from .qwen3_5.options import DraftOptions
+from .qwen3_5.drafter import MTPHead, QwenMTPDrafter, is_zero_centred_norm
 from .errors import MTPError
 from .model import MTPModel
-from .targets.gemma4 import GEMMA4_MODEL_TYPES
-from .targets.qwen3_5 import Qwen3_5Target
+from .gemma4.target import GEMMA4_MODEL_TYPES
+from .qwen3_5.target import Qwen3_5Target
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next") + GEMMA4_MODEL_TYPES
 DRAFTER_MODEL_TYPES = ("qwen3_5_mtp",)
@@ -319,7 +320,7 @@ def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
                  path: Path) -> QwenMTPDrafter:
     """The drafter with ``options`` applied: the head quantized (phase 3), a draft vocabulary
     sidecar read against the target's tokenizer and LM head (phase 2b)."""
-    from .quantize_drafter import quantize_head
+    from .qwen3_5.quantize import quantize_head
 
     if options.bits is not None:
         quantize_head(head, bits=options.bits, group_size=options.group_size,
@@ -333,13 +334,13 @@ def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
                draft_options: Optional[DraftOptions] = None) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
-    says: ``mlx_mtp.drafters.options``)."""
+    says: ``mlx_mtp.qwen3_5.options``)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
     path = resolve_path(path_or_hf_repo)
     config = read_config(path)
     if config.get("model_type") in GEMMA4_MODEL_TYPES:  # separate assistant checkpoint
-        from .gemma4_loading import load_gemma4_model
+        from .gemma4.loading import load_gemma4_model
 
         if draft_options is not None and draft_options != DraftOptions():
             raise MTPError("the drafter options (--draft-vocab, --draft-bits, --draft-group-size, "
