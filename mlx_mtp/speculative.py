@@ -31,11 +31,20 @@ MAX_BLOCK_SIZE = 16
 greedy = greedy_sampler  # argmax over the last axis
 
 
+def block_size_problem(block_size: int) -> Optional[str]:
+    """What is wrong with an integer ``block_size`` ("must be ..."), or None: the one place the
+    bounds are checked (the API and the CLIs word their errors around it)."""
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        return f"must be between 1 and {MAX_BLOCK_SIZE}, got {block_size}"
+    return None
+
+
 def check_block_size(block_size, name: str = "block_size") -> int:
     if not isinstance(block_size, int) or isinstance(block_size, bool):
         raise MTPError(f"{name} must be an integer, got {block_size!r}")
-    if not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise MTPError(f"{name} must be between 1 and {MAX_BLOCK_SIZE}, got {block_size}")
+    problem = block_size_problem(block_size)
+    if problem:
+        raise MTPError(f"{name} {problem}")
     return block_size
 
 

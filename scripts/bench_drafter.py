@@ -45,7 +45,7 @@ from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
 from mlx_mtp.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.model import MTPModel  # noqa: E402
 from mlx_mtp.qwen3_5.quantize import quantize_head  # noqa: E402
 

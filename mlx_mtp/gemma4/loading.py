@@ -9,16 +9,16 @@ line that names the drafter folder, the setting and both values.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_flatten
 
-from .drafter import Gemma4Assistant, Gemma4AssistantDrafter
+from ..checkpoint import (load_checked, load_safetensors, load_target, read_config, resolve_path,
+                          safetensors_header, weight_files)
 from ..errors import MTPError
-from ..loading import _load_safetensors, load_target, read_config, resolve_path, safetensors_header, weight_files
 from ..model import MTPModel
+from ..qwen3_5.options import DraftOptions
+from .drafter import Gemma4Assistant, Gemma4AssistantDrafter
 from .target import Gemma4Target
 
 ASSISTANT_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
@@ -27,8 +27,13 @@ _ASSISTANT_ARCH = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input
                    "enable_moe_block": False, "use_double_wide_mlp": False}
 
 
-def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head: bool) -> MTPModel:
-    target = Gemma4Target(load_target(path, config, dtype))
+def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head: bool,
+                      draft_options: Optional[DraftOptions]) -> MTPModel:
+    if draft_options is not None and draft_options != DraftOptions():
+        raise MTPError("the drafter options (--draft-vocab, --draft-bits, --draft-group-size, "
+                       "--draft-quantize-fc) apply to the Qwen MTP head, not to a Gemma 4 "
+                       "assistant")
+    target = Gemma4Target(load_target(path, dtype))
     assistant = None
     if drafter is not None:
         assistant = load_assistant(drafter, target)
@@ -125,7 +130,7 @@ def load_assistant(drafter_path, target: Gemma4Target) -> Gemma4Assistant:
     weights = {}
     for f in files:
         safetensors_header(f)
-        weights.update(_load_safetensors(f))
+        weights.update(load_safetensors(f))
     weights.pop("lm_head.weight", None)  # tied to model.embed_tokens
     try:
         assistant = Gemma4Assistant(config)
@@ -133,23 +138,6 @@ def load_assistant(drafter_path, target: Gemma4Target) -> Gemma4Assistant:
         raise MTPError(f"{source}: config.json does not describe a Gemma 4 assistant ({e})") from None
     check_geometry(assistant, target, source)
     _token_ordering(weights, assistant, source)
-    q = config.get("quantization")
-    if q is not None:  # MLX-quantized folder; the centroids stay unquantized (spec §1.3)
-        nn.quantize(assistant, group_size=q.get("group_size", 64), bits=q.get("bits", 4),
-                    mode=q.get("mode", "affine"),
-                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
-    expected = dict(tree_flatten(assistant.parameters()))
-    for names, what in ((sorted(set(expected) - set(weights)), "missing"),
-                        (sorted(set(weights) - set(expected)), "unexpected")):
-        if names:
-            raise MTPError(f"{source}: {what} tensor {names[0]} ({len(names)} {what} in all)")
-    for k, v in expected.items():
-        if tuple(weights[k].shape) != tuple(v.shape):
-            raise MTPError(f"{source}: tensor {k} has shape {tuple(weights[k].shape)}, expected "
-                           f"{tuple(v.shape)} from its config.json")
-    dtype = target.dtype
-    assistant.load_weights([(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v)
-                            for k, v in weights.items()], strict=True)
-    assistant.eval()
-    mx.eval(assistant.parameters())
-    return assistant
+    # An MLX-quantized folder is quantized as it says; the centroids stay unquantized (spec §1.3).
+    return load_checked(assistant, weights, source, dtype=target.dtype,
+                        quantization=config.get("quantization"))

@@ -9,7 +9,8 @@ folder beside the drafter:
   draft_vocab.json         size, the target's vocabulary size, sha256 of the tokenizer vocabulary
                            and a fingerprint of the LM head the rows come from, how it was built
 
-Build: ``python -m mlx_mtp.draft_vocab build --model M --size N --corpus FILES --out DIR``
+Build (the CLI: ``mlx_mtp/draft_vocab.py``):
+``python -m mlx_mtp.draft_vocab build --model M --size N --corpus FILES --out DIR``
 (``--generate-tokens T`` also counts the target's own greedy continuations of corpus paragraphs).
 A sidecar that is absent, or was built for another tokenizer or LM head, falls back to the full
 head with one warning.
@@ -17,18 +18,18 @@ head with one warning.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import generate_step
 
 from ..errors import MTPError
+from .lm_head import HeadTensors
 
 FORMAT = "mlx_mtp.draft_vocab"
 VERSION = 1
@@ -53,8 +54,6 @@ def head_sha256(target) -> str:
     """sha256 of the LM head's shape and of 256 evenly spaced rows as float32 (dequantized if
     quantized): tells heads apart without reading gigabytes, and is the same for a bf16 head
     whether it is loaded as bf16 or cast to float32."""
-    from .lm_head import HeadTensors
-
     t = HeadTensors.of(target.lm_head_module)
     rows = mx.array(np.unique(np.linspace(0, t.rows - 1, FINGERPRINT_ROWS).astype(np.int64)))
     w = t.weight[rows]
@@ -123,8 +122,6 @@ def generation_prompts(texts: Iterable[str], tokenizer, n: int) -> List[List[int
 
 def generated_ids(mlx_model, prompts: List[List[int]], tokens: int) -> List[int]:
     """The target's own greedy continuations (mlx-lm's plain decode)."""
-    from mlx_lm.generate import generate_step
-
     out = []
     for p in prompts:
         out += [t for t, _ in generate_step(mx.array(p), mlx_model, max_tokens=tokens)]
@@ -220,51 +217,3 @@ def load_ids(folder, tokenizer, target) -> Optional[mx.array]:
         raise MTPError(f"draft vocabulary {folder}: ids must be {meta.get('size')} sorted, distinct "
                        f"target ids below {vocab} with d2t = ids - index")
     return ids.astype(mx.uint32)
-
-
-# --------------------------------------------------------------------------------------- CLI
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from ..generate import _Parser, _positive_int
-
-    p = _Parser(prog="python -m mlx_mtp.draft_vocab",
-                description="Reduced draft vocabulary sidecars for the MTP drafter.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    b = sub.add_parser("build", help="most frequent target ids over a calibration corpus")
-    b.add_argument("--model", required=True, help="local folder or Hugging Face repo id")
-    b.add_argument("--size", type=_positive_int, required=True, help="ids in the draft vocabulary")
-    b.add_argument("--corpus", type=Path, nargs="+", required=True, help="UTF-8 text files")
-    b.add_argument("--out", type=Path, required=True, help="sidecar folder to write")
-    b.add_argument("--generate-tokens", type=int, default=0,
-                   help="also count this many greedy tokens of the target per prompt (0: off)")
-    b.add_argument("--generate-prompts", type=_positive_int, default=8,
-                   help="corpus paragraphs used as generation prompts")
-    b.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
-
-
-def run(args) -> dict:
-    from ..loading import load
-
-    if args.generate_tokens < 0:
-        raise MTPError(f"--generate-tokens must be >= 0, got {args.generate_tokens}")
-    model, tokenizer = load(args.model, require_head=False)
-    return build(model, tokenizer, size=args.size, corpus=args.corpus, out=args.out,
-                 generate_tokens=args.generate_tokens, generate_prompts=args.generate_prompts)
-
-
-def _show(result: dict) -> None:
-    print(f"wrote {result['out']}: {result['size']} of {result['vocab_size']} ids, covering "
-          f"{100 * result['coverage']:.1f}% of {result['corpus_tokens']} corpus + "
-          f"{result['generated_tokens']} generated tokens")
-
-
-def main(argv=None) -> int:
-    from ..generate import cli_main
-
-    return cli_main(build_parser(), run, _show, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

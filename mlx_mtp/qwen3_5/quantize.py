@@ -8,23 +8,21 @@ target's and is left as the target has it.
 At load: ``DraftOptions(bits=4)`` (``--draft-bits 4``). As a drafter folder that loads with
 ``--drafter DIR``:
 
-    python -m mlx_mtp.quantize_drafter --model M [--drafter D] --out DIR [--bits 4]
+    python -m mlx_mtp.quantize_drafter  (the CLI: mlx_mtp/quantize_drafter.py)
+        --model M [--drafter D] --out DIR [--bits 4]
         [--group-size 64] [--quantize-fc]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
-from ..errors import MTPError
+from .options import DraftOptions
 
 ROUTER_GATES = ("mlp.gate", "shared_expert_gate")
 
@@ -56,46 +54,3 @@ def write_drafter(out: Path, head: nn.Module, config: dict, *, bits: int, group_
     (out / "config.json").write_text(json.dumps({
         "model_type": "qwen3_5_mtp", "text_config": config.get("text_config", config),
         "quantization": {"group_size": group_size, "bits": bits, "mode": "affine"}}, indent=1))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from ..generate import _Parser
-
-    p = _Parser(prog="python -m mlx_mtp.quantize_drafter",
-                description="Write a quantized MTP drafter folder (loads with --drafter).")
-    p.add_argument("--model", required=True, help="the target (local folder or repo id)")
-    p.add_argument("--drafter", help="its MTP head, if not in the target checkpoint")
-    p.add_argument("--out", type=Path, required=True, help="drafter folder to write")
-    p.add_argument("--bits", type=int, choices=QUANT_BITS, default=4)
-    p.add_argument("--group-size", type=int, choices=QUANT_GROUP_SIZES, default=64)
-    p.add_argument("--quantize-fc", action="store_true", help="quantize fc too (default: keep it)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
-
-
-def run(args) -> dict:
-    from ..loading import load_model
-
-    # Not cast to float32: the folder keeps the checkpoint's own float dtype for scales.
-    model = load_model(args.model, drafter=args.drafter, dtype=None)
-    head = model.drafter.head
-    layers = quantize_head(head, bits=args.bits, group_size=args.group_size,
-                           quantize_fc=args.quantize_fc)
-    if not layers:
-        raise MTPError(f"--group-size {args.group_size}: no head projection has an input "
-                       f"dimension divisible by it")
-    write_drafter(args.out, head, model.config, bits=args.bits, group_size=args.group_size)
-    return {"out": str(args.out), "bits": args.bits, "group_size": args.group_size,
-            "quantized": layers, "fc_quantized": "fc" in layers}
-
-
-def main(argv=None) -> int:
-    from ..generate import cli_main
-
-    return cli_main(build_parser(), run, lambda r: print(
-        f"wrote {r['out']}: {len(r['quantized'])} projections at {r['bits']} bits, group "
-        f"{r['group_size']}{'' if r['fc_quantized'] else ', fc unquantized'}"), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,6 +22,8 @@ from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 from .. import row_exact
 from ..trunk import TrunkTarget
 
+QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+
 
 class SpecArraysCache(ArraysCache):
     """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""

@@ -12,7 +12,9 @@ from conftest import reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp
-from mlx_mtp import MTPError, draft_vocab
+from mlx_mtp import MTPError
+from mlx_mtp import draft_vocab as draft_vocab_cli
+from mlx_mtp.qwen3_5 import draft_vocab
 from mlx_mtp.diagnostics import RunStats
 from mlx_mtp.qwen3_5.options import DraftOptions
 
@@ -31,7 +33,7 @@ def corpus(tmp_path_factory):
 def build(capsys, path, out, corpus, *extra):
     argv = ["build", "--model", str(path), "--size", str(SIZE), "--out", str(out), "--json",
             "--corpus", *map(str, corpus), *extra]
-    code = draft_vocab.main(argv)
+    code = draft_vocab_cli.main(argv)
     captured = capsys.readouterr()
     return code, captured
 
@@ -39,7 +41,7 @@ def build(capsys, path, out, corpus, *extra):
 @pytest.fixture(scope="module")
 def sidecar(dense_dir, corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab") / "dense"
-    assert draft_vocab.main(["build", "--model", str(dense_dir), "--size", str(SIZE),
+    assert draft_vocab_cli.main(["build", "--model", str(dense_dir), "--size", str(SIZE),
                              "--out", str(out), "--corpus", *map(str, corpus)]) == 0
     return out
 
@@ -101,7 +103,7 @@ def test_build_bad_flags(capsys, dense_dir, corpus, tmp_path, args, message):
     argv = ["build", "--model", str(dense_dir), "--size", str(SIZE), "--out", str(tmp_path / "v"),
             "--corpus", *map(str, corpus)] + args
     try:
-        code = draft_vocab.main(argv)
+        code = draft_vocab_cli.main(argv)
     except SystemExit as e:  # argparse's own checks exit 2
         code = e.code
     assert code in (1, 2)
