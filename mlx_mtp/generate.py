@@ -121,7 +121,7 @@ def run(args) -> dict:
     tokens = _without_eos([r.token for r in responses], tokenizer)
     out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(), "model": str(args.model), "drafter": args.drafter,
            "mtp_enabled": not args.no_mtp, "temperature": args.temp,
-           "draft": model.drafter.describe() if hasattr(model.drafter, "describe") else None}
+           "draft": model.drafter.describe() if model.drafter is not None else None}
     out.update(sampler.describe(), seed=args.seed, repetition_penalty=args.repetition_penalty,
                repetition_context_size=args.repetition_context_size)
     out.update(stats.to_dict())

@@ -17,13 +17,14 @@ verify, so the accept hook only keeps (bonus, hidden) and re-arms the K/V views.
 from __future__ import annotations
 
 import copy
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
 
 from ..errors import MTPError
+from ..interfaces import DrafterDefaults
 
 QUERY_POSITIONS = ("last_kv", "bonus")
 DEFAULT_QUERY_POSITION = "last_kv"  # p - 1, as vLLM and mlx-vlm (spec §2.2)
@@ -102,10 +103,6 @@ class Gemma4Assistant(nn.Module):
                 H, config.get("num_centroids", 2048), config.get("centroid_intermediate_top_k", 32),
                 self.args.vocab_size)
 
-    @property
-    def layer_types(self) -> List[str]:
-        return [layer.layer_type for layer in self.model.layers]
-
     def __call__(self, embeds: mx.array, hidden: mx.array,
                  shared_kv: Dict[str, Tuple[mx.array, mx.array]], position) -> Tuple[mx.array, mx.array]:
         """One step for ``embeds``/``hidden [B, 1, Bh]``: (normed output ``hn [B, 1, H]``, next
@@ -116,7 +113,7 @@ class Gemma4Assistant(nn.Module):
         hn = self.model.norm(x)
         return hn, self.post_projection(hn)
 
-    def greedy(self, hn: mx.array) -> mx.array:
+    def argmax(self, hn: mx.array) -> mx.array:
         """The head's argmax ``[B, L]`` (never materialises the full logits for the centroid head)."""
         if "masked_embedding" in self:
             return self.masked_embedding.argmax(hn, self.model.embed_tokens)
@@ -136,7 +133,7 @@ def check_query_position(value) -> str:
     return value
 
 
-class Gemma4AssistantDrafter:
+class Gemma4AssistantDrafter(DrafterDefaults):
     """The drafter protocol (``mlx_mtp.interfaces``) over the assistant.
 
     ``query_position``: the constant RoPE position of every draft query in a round, for ``p``
@@ -196,7 +193,7 @@ class Gemma4AssistantDrafter:
         return mx.concatenate(ids)
 
     def draft(self, k: int) -> mx.array:
-        return self._draft(k, self.assistant.greedy)
+        return self._draft(k, self.assistant.argmax)
 
     def draft_sampled(self, k: int, sample) -> mx.array:
         """Like ``draft``, each id drawn by ``sample(logits [1, V])`` (the sampling drafter

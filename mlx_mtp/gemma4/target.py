@@ -28,8 +28,6 @@ class Gemma4Target(TrunkTarget):
     """What the round loop, the exactness probe and the assistant drafter need from a Gemma 4
     target. Same interface as ``Qwen3_5Target``."""
 
-    family = "gemma4"
-
     def __init__(self, model: nn.Module):
         super().__init__(model)
         if not isinstance(self.lm, _gemma4_text.Model):

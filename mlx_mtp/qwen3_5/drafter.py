@@ -17,6 +17,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from ..draft_profile import DraftProfiler
+from ..interfaces import DrafterDefaults
 from .lm_head import DraftLMHead
 from .options import DraftOptions
 
@@ -63,12 +64,12 @@ class MTPHead(nn.Module):
         return self.norm(x)
 
 
-class QwenMTPDrafter:
+class QwenMTPDrafter(DrafterDefaults):
     """Drafts with the MTP head, recurrently: draft j > 1 feeds the head its own output.
 
     Accept hook (exact variant, spec §2.4): trim this round's approximate entries, then run the
     head over the accepted pairs with the target's true hidden states; that forward also yields
-    the next round's first draft (the seed). ``options`` and ``vocab_ids`` (a reduced draft
+    the next round's first draft (``first_draft``). ``options`` and ``vocab_ids`` (a reduced draft
     vocabulary, sorted target ids) select the optimizations of ``mlx_mtp.qwen3_5.options``.
     """
 
@@ -85,9 +86,9 @@ class QwenMTPDrafter:
 
     def reset(self) -> None:
         self.cache = [KVCache() for _ in self.head.layers]
-        self.seed = None  # [1] id of x_{N+1}, on device
-        self.seed_hidden = None  # [1, 1, H] head output that produced it
-        self.seed_logits = None  # [1, Vd] its logits (None when fused: computed if sampling)
+        self.first_draft = None  # [1] id of x_{N+1}, on device
+        self.first_draft_hidden = None  # [1, 1, H] head output that produced it
+        self.first_draft_logits = None  # [1, Vd] its logits (None when fused: computed if sampling)
         self.in_round = 0  # approximate cache entries appended by the current draft
 
     @property
@@ -100,8 +101,8 @@ class QwenMTPDrafter:
         prof.stage("ids", embeds)
         g = self.head(embeds, hidden, self.cache)
         prof.stage("layers", g)
-        self.seed_hidden = g[:, -1:]
-        self.seed, self.seed_logits = self.lm.greedy(g[:, -1], prof)
+        self.first_draft_hidden = g[:, -1:]
+        self.first_draft, self.first_draft_logits = self.lm.argmax(g[:, -1], prof)
 
     def _via_host(self, tok: mx.array) -> mx.array:
         """Phase 1 off (kept to measure it): the id makes a host round trip, as it would if the
@@ -115,7 +116,7 @@ class QwenMTPDrafter:
         # With device_ids (the default) each id feeds the next embedding lookup as an array.
         prof = self.profiler
         ids = [first]
-        g = self.seed_hidden
+        g = self.first_draft_hidden
         for _ in range(k - 1):
             with prof.step("draft"):
                 prev = ids[-1] if self.options.device_ids else self._via_host(ids[-1])
@@ -128,7 +129,7 @@ class QwenMTPDrafter:
         return mx.concatenate(ids)
 
     def draft(self, k: int) -> mx.array:
-        return self._draft(k, self.seed, lambda x: self.lm.greedy(x, self.profiler)[0])
+        return self._draft(k, self.first_draft, lambda x: self.lm.argmax(x, self.profiler)[0])
 
     def _sample(self, logits: mx.array, sample) -> mx.array:
         self.profiler.stage("lm_head", logits)
@@ -139,10 +140,10 @@ class QwenMTPDrafter:
     def draft_sampled(self, k: int, sample) -> mx.array:
         """Like ``draft``, but every id is drawn by ``sample`` (``mlx_mtp.sampling.DraftSampler``),
         which records the distribution q it was drawn from (on the draft vocabulary, if any)."""
-        seed_logits = self.seed_logits
-        if seed_logits is None:
-            seed_logits = self.lm.project(self.seed_hidden[:, -1])
-        return self._draft(k, sample(seed_logits, ids=self.lm.ids),
+        first_logits = self.first_draft_logits
+        if first_logits is None:
+            first_logits = self.lm.project(self.first_draft_hidden[:, -1])
+        return self._draft(k, sample(first_logits, ids=self.lm.ids),
                            lambda x: self._sample(self.lm.project(x), sample))
 
     def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
@@ -153,7 +154,7 @@ class QwenMTPDrafter:
             self.prefill(hidden, next_ids)
 
     def state_arrays(self) -> list:
-        out = [self.seed, self.seed_hidden]
+        out = [self.first_draft, self.first_draft_hidden]
         for c in self.cache:
             if c.keys is not None:
                 out += [c.keys, c.values]

@@ -79,7 +79,7 @@ def chunked_argmax(x: mx.array, head: HeadTensors, chunk: int) -> mx.array:
 
 class DraftLMHead:
     """``project(x)``: the drafter's logits ``[B, Vd]`` (column c is target id ``ids[c]``, or c
-    itself when ``ids`` is None); ``greedy(x)``: the target ids of their argmax ``[B]``.
+    itself when ``ids`` is None); ``argmax(x)``: the target ids of their argmax ``[B]``.
 
     With neither a reduced vocabulary nor fusing, both are exactly the target's own LM head.
     """
@@ -107,7 +107,7 @@ class DraftLMHead:
     def to_target(self, cols: mx.array) -> mx.array:
         return cols if self.ids is None else self.ids[cols]
 
-    def greedy(self, x: mx.array, profiler):
+    def argmax(self, x: mx.array, profiler):
         """``(target ids of the argmax [B], logits [B, Vd] or None when fused)``; ``profiler``
         times the projection and the argmax (one stage when fused)."""
         logits = None

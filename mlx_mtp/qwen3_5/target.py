@@ -146,8 +146,6 @@ class Qwen3_5Target(TrunkTarget):
     ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
     """
 
-    family = "qwen3_5"
-
     def __init__(self, model: nn.Module):
         super().__init__(model)
         for layer in self.layers:

@@ -93,7 +93,7 @@ def mtp_draws(model, n, acceptance="auto", stats=None):
         acceptance=acceptance, stats=stats)) for i in range(n)]
 
 
-_speculative_verify = sampling.speculative_verify  # the real rule, kept from the monkeypatch
+_rejection_sample = sampling.rejection_sample  # the real rule, kept from the monkeypatch
 
 
 def argmax_matching(p, q, drafts, key, q_ids=None):
@@ -101,7 +101,7 @@ def argmax_matching(p, q, drafts, key, q_ids=None):
     emit a draw from p."""
     k = drafts.size
     if k == 0:
-        return _speculative_verify(p, q, drafts, key, q_ids)
+        return _rejection_sample(p, q, drafts, key, q_ids)
     return drafts == mx.argmax(p[:k], axis=-1), mx.random.categorical(mx.log(p), key=key)
 
 
@@ -129,7 +129,7 @@ def test_mtp_sampling_has_plain_samplings_joint_distribution(soft_model, plain_r
 
 def test_the_same_test_rejects_argmax_matching(soft_model, plain_reference, monkeypatch):
     exact, plain = plain_reference
-    monkeypatch.setattr(sampling, "speculative_verify", argmax_matching)
+    monkeypatch.setattr(sampling, "rejection_sample", argmax_matching)
     draws = mtp_draws(soft_model, N_MTP)
     assert two_sample(draws, plain)[2] < ALPHA
     assert goodness_of_fit(draws, exact)[2] < ALPHA

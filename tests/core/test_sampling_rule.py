@@ -79,21 +79,21 @@ def test_verify_decides_degenerate_cases_exactly():
     p = f32([[0, 1, 0, 0], [0.5, 0, 0.5, 0], [0, 0, 1, 0]])
     q = f32([[1, 0, 0, 0], [0.5, 0, 0.5, 0]])
     for seed in range(20):
-        accepted, toks = S.speculative_verify(p, q, mx.array([0, 2]), mx.random.key(seed))
+        accepted, toks = S.rejection_sample(p, q, mx.array([0, 2]), mx.random.key(seed))
         assert accepted.tolist() == [False, True]
         assert toks.tolist()[0] == 1 and toks.tolist()[2] == 2
 
 
 def test_verify_without_drafts_samples_the_bonus_from_p():
-    accepted, toks = S.speculative_verify(f32([[0, 0, 1.0]]), None, mx.array([], dtype=mx.uint32),
+    accepted, toks = S.rejection_sample(f32([[0, 0, 1.0]]), None, mx.array([], dtype=mx.uint32),
                                           mx.random.key(0))
     assert accepted.size == 0 and toks.tolist() == [2]
 
 
-def test_first_rejection():
-    assert S.first_rejection([]) == 0
-    assert S.first_rejection([1, 1, 0, 1]) == 2
-    assert S.first_rejection([True, True]) == 2
+def test_accepted_length():
+    assert S.accepted_length([]) == 0
+    assert S.accepted_length([1, 1, 0, 1]) == 2
+    assert S.accepted_length([True, True]) == 2
 
 
 # ------------------------------------------------------- the rule is lossless (statistically)
@@ -126,7 +126,7 @@ def argmax_matching(p, q, drafts, key, q_ids=None):
 
 def residual_from_p(p, q, drafts, key, q_ids=None):
     """Another: the right coin, but a rejection redraws from p instead of max(p - q, 0)."""
-    accepted, _ = S.speculative_verify(p, q, drafts, key, q_ids)
+    accepted, _ = S.rejection_sample(p, q, drafts, key, q_ids)
     return accepted, mx.random.categorical(mx.log(p), key=mx.random.split(key)[1])
 
 
@@ -136,7 +136,7 @@ def p_dict():
 
 def test_speculative_sampling_emits_p_and_accepts_sum_min_p_q():
     q = mx.broadcast_to(f32([Q]), (N, V))
-    emitted, accepted = one_position_trials(S.speculative_verify, q)
+    emitted, accepted = one_position_trials(S.rejection_sample, q)
     assert goodness_of_fit(emitted, p_dict())[2] > ALPHA
     # Acceptance is sum_x min(p, q) = 0.5; binomial sd at N = 20000 is 0.0035.
     assert abs(np.mean(accepted) - 0.5) < 0.02
@@ -149,7 +149,7 @@ def test_speculative_sampling_emits_p_and_accepts_sum_min_p_q():
 def test_point_mass_q_is_the_greedy_drafter_case():
     d = 1
     q = mx.broadcast_to(f32([[1.0 if i == d else 0.0 for i in range(V)]]), (N, V))
-    emitted, accepted = one_position_trials(S.speculative_verify, q, seed=1)
+    emitted, accepted = one_position_trials(S.rejection_sample, q, seed=1)
     assert goodness_of_fit(emitted, p_dict())[2] > ALPHA
     assert abs(np.mean(accepted) - P[d]) < 0.02  # a one-hot q is kept with probability p(d)
 
@@ -157,7 +157,7 @@ def test_point_mass_q_is_the_greedy_drafter_case():
 def test_q_on_a_draft_vocabulary_subset():
     ids = mx.array([1, 3, 5])
     q = mx.broadcast_to(f32([[0.5, 0.3, 0.2]]), (N, 3))
-    emitted, accepted = one_position_trials(S.speculative_verify, q, q_ids=ids, seed=2)
+    emitted, accepted = one_position_trials(S.rejection_sample, q, q_ids=ids, seed=2)
     assert goodness_of_fit(emitted, p_dict())[2] > ALPHA
     assert abs(np.mean(accepted) - (0.25 + 0.1 + 0.0)) < 0.02
 
@@ -203,9 +203,9 @@ def test_sampler_distribution_is_what_mlx_lm_samples_from(cfg):
 
 
 def test_greedy_samplers_are_recognized():
-    assert S.is_greedy(None) and S.is_greedy(greedy_sampler) and S.is_greedy(S.make_sampler())
-    assert not S.is_greedy(S.make_sampler(temp=0.5))
-    assert not S.is_greedy(mlx_make_sampler(temp=0.5))
+    assert S.is_argmax(None) and S.is_argmax(greedy_sampler) and S.is_argmax(S.make_sampler())
+    assert not S.is_argmax(S.make_sampler(temp=0.5))
+    assert not S.is_argmax(mlx_make_sampler(temp=0.5))
 
 
 @pytest.mark.parametrize("kwargs,message", [

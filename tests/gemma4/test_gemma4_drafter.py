@@ -175,7 +175,7 @@ def test_centroid_head(ckpts):
         assert set(np.flatnonzero(np.isfinite(row))) == set(cand.tolist())
         assert np.all(row[np.setdiff1d(np.arange(320), cand)] == -np.inf)
         np.testing.assert_allclose(row[cand], E[cand] @ np.array(hn[0, r]), rtol=1e-5, atol=1e-6)
-    assert a.greedy(hn).tolist() == mx.argmax(logits, axis=-1).tolist()
+    assert a.argmax(hn).tolist() == mx.argmax(logits, axis=-1).tolist()
 
 
 def test_dense_head_is_the_tied_embedding_without_softcap(ckpts):
@@ -184,7 +184,7 @@ def test_dense_head_is_the_tied_embedding_without_softcap(ckpts):
     assert "masked_embedding" not in a
     hn = mx.random.normal((1, 2, 32), key=mx.random.key(4))
     assert mx.array_equal(a.logits(hn), hn @ a.model.embed_tokens.weight.T).item()
-    assert a.greedy(hn).tolist() == mx.argmax(hn @ a.model.embed_tokens.weight.T, -1).tolist()
+    assert a.argmax(hn).tolist() == mx.argmax(hn @ a.model.embed_tokens.weight.T, -1).tolist()
 
 
 def test_query_position_setting(ckpts):

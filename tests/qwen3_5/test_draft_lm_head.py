@@ -73,7 +73,7 @@ def test_reduced_rows_keep_their_target_ids():
     ids = mx.array([0, 3, 5, 70, 200, 318], dtype=mx.uint32)
     for fused in (False, True):
         head = DraftLMHead(Target(), ids=ids, fused=fused, chunk=8)
-        tok, logits = head.greedy(x, DraftProfiler())
+        tok, logits = head.argmax(x, DraftProfiler())
         sub = x @ W[ids].T
         assert tok.tolist() == ids[mx.argmax(sub, axis=-1)].tolist()
         assert tok[0].item() == 3
@@ -100,9 +100,9 @@ def test_fused_drafter_drafts_what_the_unfused_one_drafts(kind, request, dense_d
         for d in (plain, fused):
             d.reset()
             d.prefill(h, nxt)
-            runs.append((d.seed.tolist(), d.draft(6).tolist()))
+            runs.append((d.first_draft.tolist(), d.draft(6).tolist()))
         assert runs[0] == runs[1], (kind, prompt)
-    assert fused.seed_logits is None  # the fused path never built the logits row
+    assert fused.first_draft_logits is None  # the fused path never built the logits row
 
 
 def test_full_unfused_projection_is_the_targets_own(dense_dir, tied_dir):

@@ -130,9 +130,9 @@ def test_drafter_projects_only_the_subset(dense_dir, sidecar):
     drafts = d.draft(6).tolist()
     assert set(drafts) <= set(ids)
     # The greedy draft is the argmax over the subset rows of the target's LM head.
-    g = d.seed_hidden[:, -1]
+    g = d.first_draft_hidden[:, -1]
     full = model.target.logits(g)
-    assert d.seed.tolist() == [ids[int(np.argmax(np.array(full)[0, ids]))]]
+    assert d.first_draft.tolist() == [ids[int(np.argmax(np.array(full)[0, ids]))]]
 
 
 def test_t0_output_is_unchanged_with_a_draft_vocabulary(dense_dir, sidecar):
