@@ -39,7 +39,8 @@ def resolve_path(path_or_repo, what: str = "model") -> Path:
         return p
     if _REPO_ID.match(s) and not s.startswith("."):
         try:
-            return Path(huggingface_hub.snapshot_download(repo_id=s, allow_patterns=_DOWNLOAD_PATTERNS))
+            return Path(huggingface_hub.snapshot_download(repo_id=s,
+                                                          allow_patterns=_DOWNLOAD_PATTERNS))
         except Exception as e:  # network, auth, missing repo: all one user-facing line
             msg = first_line(e)
             raise MTPError(f"{what} {s} is not a local folder and could not be fetched from "
@@ -144,11 +145,12 @@ def load_checked(module: nn.Module, weights: Dict[str, mx.array], source: str, *
     """Load ``weights`` into ``module`` (quantized first as an MLX-quantized folder says) after
     checking that the names are exactly the module's and every shape matches; floats cast to
     ``dtype``. Any mismatch is one line naming ``source``, the tensor and what was expected."""
-    if quantization is not None:
+    if quantization is not None:  # only the layers the folder holds scales for
         q = quantization
         nn.quantize(module, group_size=q.get("group_size", 64), bits=q.get("bits", 4),
                     mode=q.get("mode", "affine"),
-                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+                    class_predicate=lambda p, m: (hasattr(m, "to_quantized")
+                                                  and f"{p}.scales" in weights))
     expected = dict(tree_flatten(module.parameters()))
     for names, what in ((sorted(set(expected) - set(weights)), "missing"),
                         (sorted(set(weights) - set(expected)), "unexpected")):

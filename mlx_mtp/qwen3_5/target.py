@@ -4,8 +4,8 @@ GatedDeltaNet instances for a subclass that can stash verify-time inputs, so a p
 be rolled back by replaying the recurrence for the kept tokens (spec §3.2, option A).
 
 Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
-``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the subclasses to
-the parents bitwise, so an mlx-lm change that breaks the copy fails there first.
+``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
+subclasses to the parents bitwise, so an mlx-lm change that breaks the copy fails there first.
 """
 
 from __future__ import annotations
