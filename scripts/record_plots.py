@@ -273,7 +273,7 @@ def embed(md: str, pictures, md_dir: Path) -> str:
     one inserted before the results (else before "What it says", else at the end)."""
     if not pictures:
         return md
-    new = section(pictures, md_dir).splitlines()
+    new = section(pictures, md_dir).split("\n")  # keeps the blank line that ends it
     lines = md.splitlines()
     if SECTION in lines:
         start = lines.index(SECTION)
@@ -287,6 +287,7 @@ def embed(md: str, pictures, md_dir: Path) -> str:
                       len(lines))
         if at == len(lines) and lines and lines[-1] != "":
             lines.append("")
+            at = len(lines)
         lines[at:at] = new
     text = "\n".join(lines)
     return text + "\n" if md.endswith("\n") and not text.endswith("\n") else text
