@@ -431,5 +431,6 @@ def rerender_record(path: Path, render_fn, kind: str = "mtp", summary: str = Non
     print(f"rewrote {md_path} and {len(pictures)} pictures")
     return result
 
+
 if __name__ == "__main__":
     main()
