@@ -19,7 +19,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_drafter  # noqa: E402
 import bench_mtp  # noqa: E402
 import record_plots  # noqa: E402
-from mlx_mtp.draft_profile import ACCEPT_STAGES, STAGES  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEM = "smoke-host-2026-01-01"
@@ -105,8 +104,8 @@ def drafter_record() -> dict:
                "draft_syncs_per_round": 1.0, "head_bytes": 1_000_000, "lm_head_bytes": 2_000_000,
                "step_bytes": 3_000_000, "step_floor_ms": 0.3}
         if row["options"]["profiled"]:
-            row["stages_ms"] = {s: 0.5 for s in STAGES}
-            row["accept_stages_ms"] = {s: 1.0 for s in ACCEPT_STAGES}
+            row["stages_ms"] = {s: 0.5 for s in bench_drafter.STAGES}
+            row["accept_stages_ms"] = {s: 1.0 for s in bench_drafter.ACCEPT_STAGES}
         rows.append(row)
         raw[arm] = [{"pair": k, "prompt": "code", "gen_s": 0.4, "tps": 40.0 + i + k,
                      "identical_to_classic": True,
