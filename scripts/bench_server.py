@@ -1,5 +1,5 @@
-"""Serving benchmark: ``python -m mlx_mtp.server`` with MTP against the same server with ``--no-mtp``
-(mlx-lm's plain decode of the same target), through HTTP with the official ``openai`` client.
+"""Serving benchmark: ``python -m mlx_mtp.server`` with MTP against the same server with
+``--no-mtp`` (mlx-lm's plain decode of the same target), through HTTP with the official ``openai`` client.
 
 Both servers run at once (an idle server waits on its queue and uses no CPU). Per prompt,
 ``--pairs`` alternating streamed requests, one arm then the other (the order flips every pair),
@@ -203,7 +203,7 @@ def main(argv=None) -> dict:
                   pairs=args.pairs, clients=args.clients, requests_per_client=args.requests,
                   gate=gate, rows=summarize(raw, prompts), throughput=tput, raw=raw,
                   summary=args.summary)
-    bench_mtp.write_record(args.out, result, render)
+    bench_mtp.write_record(args.out, result, render, kind="server")
     return result
 
 

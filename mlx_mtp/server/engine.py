@@ -1,9 +1,9 @@
 """One loaded model and what a request does with it: prompt ids, then a stream of events.
 
-Runs on the server's one decode thread (``worker.py``) and uses only the library's public API
-(``mlx_mtp.load``, ``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``) plus mlx-lm's own
-pieces: its chat conversion for tokenizers without a template, its logits processors, its stop
-sequences and text state machine (``mlx_lm.generate``), so stop strings and reasoning text behave
+Runs on the server's one decode thread (``worker.py``) and uses the library's API
+(``mlx_mtp.load``, ``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, and for ``--no-mtp``
+``plain_stream_generate``, as the CLI) plus mlx-lm's own pieces: its chat conversion for
+tokenizers without a template, its logits processors, its stop sequences and text state machine (``mlx_lm.generate``), so stop strings and reasoning text behave
 as in ``mlx_lm.server``.
 """
 
@@ -20,6 +20,7 @@ from mlx_lm.server import convert_chat, process_message_content
 
 import mlx_mtp
 from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.stream import plain_stream_generate
 
 from .schema import GenerationRequest, RequestError
 
@@ -50,7 +51,7 @@ class Finished:
 Event = Union[Started, Delta, Finished]
 
 
-def mtp_summary(stats: RunStats, generation_tps: Optional[float] = None) -> dict:
+def mtp_summary(stats: RunStats) -> dict:
     """The ``mtp`` object of a response. Rates are null where nothing was drafted."""
     return {
         "mtp_enabled": stats.mtp_enabled,
@@ -61,7 +62,7 @@ def mtp_summary(stats: RunStats, generation_tps: Optional[float] = None) -> dict
         "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
         "tokens_per_round": stats.tokens_per_round if stats.rounds else None,
         "per_position_acceptance": stats.per_position_acceptance,
-        "generation_tps": stats.generation_tps if generation_tps is None else generation_tps,
+        "generation_tps": stats.generation_tps,
     }
 
 
@@ -142,12 +143,10 @@ class Engine:
         if req.seed is not None:
             mx.random.seed(req.seed)
         prompt = mx.array(ids)
-        if self.no_mtp:
-            from mlx_lm.generate import stream_generate as mlx_stream_generate
-
-            return mlx_stream_generate(self.model.mlx_model, self.tokenizer, prompt,
-                                       max_tokens=req.max_tokens, sampler=sampler,
-                                       logits_processors=processors)
+        if self.no_mtp:  # mlx-lm's own plain decode of the target, as the CLI's --no-mtp
+            return plain_stream_generate(self.model, self.tokenizer, prompt,
+                                         max_tokens=req.max_tokens, sampler=sampler,
+                                         logits_processors=processors, stats=stats)
         kwargs = {} if self.block_size is None else {"block_size": self.block_size}
         return mlx_mtp.stream_generate(self.model, self.tokenizer, prompt,
                                        max_tokens=req.max_tokens, sampler=sampler, stats=stats,
@@ -163,13 +162,12 @@ class Engine:
         matcher = make_stop_sequences(tok, req.stop).matcher()
         state = make_text_state_machine(tok, req.stop).make_state(self._initial_state(req, ids))
         responses = self._responses(req, ids, stats)
-        n, finish, tps = 0, "length", None
+        n, finish = 0, "length"
         try:
             for gen in responses:
                 n += 1
                 if n == 1:
                     yield Started(len(ids))
-                tps = gen.generation_tps
                 stop_word = matcher.advance(gen.token) and gen.token not in tok.eos_token_ids
                 if stop_word:  # mlx_lm.server: drop the held-back start of the stop string
                     state, _ = TextStateMachine.discard(state)
@@ -192,7 +190,7 @@ class Engine:
                     break
         finally:
             responses.close()
-        yield Finished(finish, len(ids), n, mtp_summary(stats, tps if self.no_mtp else None))
+        yield Finished(finish, len(ids), n, mtp_summary(stats))
 
 
 def _delta(segments) -> Delta:

@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI-compatible endpoints -> one checked ``GenerationRequest``.
 
-Field names, defaults and bounds follow ``mlx_lm.server`` (``APIHandler.validate_model_parameters``);
-the messages are clearer and ``bool`` is not accepted where a number is expected. JSON ``null``
-means "not given". Fields this server does not implement are refused (400) rather than ignored
-when ignoring them would change the answer (``n`` > 1, ``logprobs``, ``tools``).
+Field names, defaults and bounds follow ``mlx_lm.server``
+(``APIHandler.validate_model_parameters``); the messages are clearer and ``bool`` is not accepted
+where a number is expected. JSON ``null`` means "not given". Fields this server does not
+implement are refused (400) rather than ignored when ignoring them would change the answer
+(``n`` > 1, ``logprobs``, ``tools``).
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ def parse(raw: bytes, kind: str, defaults: Defaults) -> GenerationRequest:
             raise RequestError(f"prompt must be a string, got {_show(prompt)}", param="prompt")
         req.prompt = prompt
     # max_completion_tokens wins over max_tokens, as in mlx_lm.server.
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    name = ("max_completion_tokens" if body.get("max_completion_tokens") is not None
+            else "max_tokens")
     req.max_tokens = body.integer(name, defaults.max_tokens, lo=1)
     req.temperature = body.number("temperature", defaults.temperature, lo=0)
     req.top_p = body.number("top_p", defaults.top_p, lo=0, hi=1)
