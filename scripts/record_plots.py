@@ -253,10 +253,13 @@ def _server_bars(ax, r: dict, key: str, unit: str, what: str) -> None:
     """Plain vs MTP per prompt, side by side (bench_server.py: medians of the pairs)."""
     rows = r["rows"]
     xs = range(len(rows))
+    top = 0.0
     for dx, arm, color in ((-0.2, "plain", "#8c8c8c"), (0.2, "mtp", COLORS["verify"])):
-        vals = [row[f"{arm}_{key}"] for row in rows]
+        vals = [row[f"{arm}_{key}"] or 0.0 for row in rows]
+        top = max([top, *vals])
         ax.bar([x + dx for x in xs], vals, width=0.4, color=color,
                label="--no-mtp (mlx-lm plain decode)" if arm == "plain" else "MTP")
+    ax.set_ylim(0, top * 1.3 or 1.0)  # headroom: the legend sits above the bars
     ax.set_xticks(list(xs))
     ax.set_xticklabels([row["prompt"] for row in rows])
     ax.set_ylabel(unit)
