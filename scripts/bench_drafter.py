@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
+import idle_check  # noqa: E402
 from mlx_mtp import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.drafters.options import DraftOptions  # noqa: E402
@@ -442,13 +443,16 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
     p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
     p.add_argument("--render", type=Path, help="re-render this record's .json (with --summary)")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
     if args.render:
         result = json.loads(args.render.read_text())
         if args.summary:
             result["summary"] = args.summary
         args.render.write_text(json.dumps(result, indent=1))
-        args.render.with_suffix(".md").write_text(render(result))
+        args.render.with_suffix(".md").write_text(idle_check.annotate(render(result),
+                                                                      result.get("idle_check")))
         print(f"rewrote {args.render.with_suffix('.md')}")
         return result
     args.prompts = (json.loads(Path(args.prompts_json).read_text()) if args.prompts_json
@@ -458,7 +462,8 @@ def main(argv=None):
     if args.random_pair:
         args.model, corpus = build_random_pair(args.work)
         args.corpus = args.corpus or corpus
-    result = run(args)
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    result = idle_check.attach(run(args), watch, args.allow_busy)
     if args.summary:
         result["summary"] = args.summary
     bench_mtp.write_record(args.out, result, render)

@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_mtp import cpu_blas  # noqa: E402
+import idle_check  # noqa: E402  (scripts/)
 from mlx_mtp.diagnostics import RunStats  # noqa: E402
 from mlx_mtp.generate import encode_prompt  # noqa: E402
 from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
@@ -367,12 +369,15 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="base seed; run i uses seed + i")
     p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
                    help="acceptance rule at temperature > 0")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
     args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
     args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
     if args.pairs < 1 or args.max_tokens < 2 or any(b < 1 for b in args.block_sizes):
         p.error("--pairs >= 1, --max-tokens >= 2 and block sizes >= 1 are required")
-    result = run(args)
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    result = idle_check.attach(run(args), watch, args.allow_busy)
     if args.summary:
         result["summary"] = args.summary
     write_record(args.out, result, render)
@@ -380,11 +385,13 @@ def main(argv=None):
 
 
 def write_record(out: Path, result: dict, render_fn) -> None:
-    """``<topic>-<host>-<date>.json`` and the ``.md`` that ``render_fn`` makes of it."""
+    """``<topic>-<host>-<date>.json`` and the ``.md`` that ``render_fn`` makes of it, with the
+    idle check in it (``-contended`` in the name when the machine was not idle)."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
+    stem += "-contended" if idle_check.is_contended(result) else ""
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(render_fn(result))
+    (out / f"{stem}.md").write_text(idle_check.annotate(render_fn(result), result.get("idle_check")))
     print(f"wrote {out / stem}.md and .json")
 
 
