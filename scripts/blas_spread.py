@@ -8,9 +8,10 @@ medians; the machine's idle check (scripts/idle_check.py) runs around the whole 
 
     python scripts/blas_spread.py [--processes 5] [--arms default,blis,openblas,...]
 
-Arms: ``default`` (what mlx_mtp binds with nothing set), ``blis`` / ``blis-jc`` / ``blis-1`` (BLIS
-with its own 2-D thread split over all cores / threads only over columns (BLIS_JC_NT) / one thread),
-``openblas``, ``bundled`` (MLX's reference BLAS). Writes ``benchmark_results/blas-spread-<host>-
+Arms: ``default`` (what mlx_mtp binds with nothing set: BLIS, one thread fewer than the cores,
+over columns), ``blis`` (BLIS's own 2-D split over all cores: the default before issue 17),
+``blis-jc`` (all cores, over columns only: BLIS_JC_NT), ``blis-1`` (one thread), ``openblas`` (all
+cores), ``bundled`` (MLX's reference BLAS). Writes ``benchmark_results/blas-spread-<host>-
 <date>.{md,json}``.
 """
 

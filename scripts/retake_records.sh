@@ -35,7 +35,7 @@ retake() {
 # This machine's idle bandwidth figure (the idle check compares a probe against it).
 $PY scripts/idle_check.py --calibrate
 
-# T=0, block sizes 1-5: BLIS (now split over columns by default) and OpenBLAS.
+# T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
 retake demo-pair-blis-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --pairs 5 --max-tokens 128
 retake demo-pair-openblas-vm-2026-11-29 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
