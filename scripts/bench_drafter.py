@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
+import idle_check  # noqa: E402
 from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
@@ -448,6 +449,8 @@ def main(argv=None):
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
     if args.render:
         return bench_mtp.rerender_record(args.render, render, "drafter", args.summary)
@@ -458,7 +461,8 @@ def main(argv=None):
     if args.random_pair:
         args.model, corpus = build_random_pair(args.work)
         args.corpus = args.corpus or corpus
-    result = run(args)
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    result = idle_check.attach(run(args), watch, args.allow_busy)
     if args.summary:
         result["summary"] = args.summary
     bench_mtp.write_record(args.out, result, render, "drafter")

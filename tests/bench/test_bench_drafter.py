@@ -17,7 +17,8 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     bench_drafter.main([
         "--model", str(model), "--corpus", str(tmp_path / "corpus.txt"), "--draft-vocab-size",
         "128", "--pairs", "2", "--max-tokens", "10", "--prompts-json", str(tmp_path / "prompts.json"),
-        "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--topic", "smoke"])
+        "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--topic", "smoke",
+        "--allow-busy", "--idle-window", "0.2"])
     md = list((tmp_path / "out").glob("smoke-*.md"))
     js = list((tmp_path / "out").glob("smoke-*.json"))
     assert len(md) == 1 and len(js) == 1
@@ -42,7 +43,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert rows["default"]["acceptance"] > 0.9  # the agreeing head, full vocabulary, f32
     text = md[0].read_text()
     for section in ("## Setup", "## Results", "## Per phase", "## Round split", "## Attribution",
-                    "## The floor", "## What it says"):
+                    "## The floor", "## Idle check", "## What it says"):
         assert section in text
     assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
     stem = md[0].stem
