@@ -66,9 +66,9 @@ class Sampler:
         if top_k > 0:
             self._filters.append(lambda x: apply_top_k(x, top_k))
         # The per-round pieces as compiled graphs: at one row of a small vocabulary they are
-        # bound by per-op overhead (traced once per shape; the settings are constants).
-        self._probs = mx.compile(self._eager_probs)
-        self._pick = mx.compile(self._eager_pick)
+        # bound by per-op overhead. Shared by samplers with the same settings (constants in the
+        # graph), so a new sampler per request does not trace again.
+        self._probs, self._pick = _compiled_pieces(self)
 
     @property
     def greedy(self) -> bool:
@@ -114,6 +114,16 @@ class Sampler:
     def describe(self) -> dict:
         return {"temperature": self.temp, "top_p": self.top_p, "min_p": self.min_p,
                 "top_k": self.top_k, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+
+_PIECES = {}
+
+
+def _compiled_pieces(sampler: Sampler):
+    settings = tuple(sampler.describe().values())
+    if settings not in _PIECES:
+        _PIECES[settings] = (mx.compile(sampler._eager_probs), mx.compile(sampler._eager_pick))
+    return _PIECES[settings]
 
 
 def make_sampler(temp: float = 0.0, top_p: float = 0.0, min_p: float = 0.0,

@@ -47,3 +47,12 @@ def test_verify_graph_is_the_eager_rule(k, subset):
         got = S.speculative_verify(p, q, drafts, keys[3], ids)
         want = S._verify_rows(p, q, drafts, keys[3], ids)
         assert all(same(g, w) for g, w in zip(got, want)), (k, subset, seed)
+
+
+def test_samplers_with_the_same_settings_share_their_graphs():
+    a, b = S.make_sampler(temp=0.6, top_k=5), S.make_sampler(temp=0.6, top_k=5)
+    c = S.make_sampler(temp=0.6, top_k=6)
+    assert a._pick is b._pick and a._probs is b._probs
+    assert c._pick is not a._pick
+    logits = mx.random.normal((1, 64), key=mx.random.key(0))
+    assert same(c.pick(logits, mx.random.key(1))[1], c._eager_pick(logits, mx.random.key(1))[1])
