@@ -2,8 +2,9 @@
 
 At draft sizes the head is bound by per-op overhead, not by its weights: a step is ~35 small
 ops, and each eager call pays Python graph building plus one scheduled kernel per op. Compiled,
-a step is one call whose graph MLX has already simplified and fused, traced once per
-(rows, cache capacity).
+a step is one call whose graph MLX has already simplified and fused (elementwise chains become
+one kernel), traced once per (rows, cache capacity). Measured on the demo pair's 2-core CPU:
+draft step ~0.75x, accept hook ~0.8x; the LM head's weight read is what is left.
 
 What makes it traceable with fixed shapes: during the trace the head's KV cache is a
 ``BufferKV`` that holds the whole preallocated buffer and an ``offset`` *array*, so
@@ -12,8 +13,10 @@ What makes it traceable with fixed shapes: during the trace the head's KV cache 
   - attention runs over the whole buffer with a boolean mask (key j is visible to row i iff
     j <= offset + i), instead of over ``keys[:offset + S]``, whose length changes every step.
 The head's own ``__call__`` is what gets traced (a head with other wiring is traced as it is).
-Drafts are not bitwise those of the eager path (the softmax reduces over a longer, zero-padded
-row), but they are deterministic; the target verifies every draft, so the output is unchanged.
+The K/V entries written are bitwise the eager head's; the head's output differs by rounding
+(the softmax reduces a longer row whose masked entries are exact zeros), so a draft can differ
+from the eager one in a near tie. Drafts stay deterministic, and the target verifies every one,
+so the output is unchanged.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def ensure_capacity(cache: KVCache, rows: int) -> None:
 
 
 class CompiledHead:
-    """``run(embeds, hidden, caches)`` = ``head(embeds, hidden, caches)`` for ``S <= MAX_ROWS``
-    rows through one compiled call; the mlx-lm ``KVCache`` objects are updated in place (their
+    """Calling it is ``head(embeds, hidden, caches)`` for ``S <= MAX_ROWS`` rows through one
+    compiled call; the mlx-lm ``KVCache`` objects are updated in place (their
     buffers replaced, their int offset advanced), so eager and compiled calls can alternate.
     ``usable`` says whether a call can go this way (the caches must already hold a buffer: the
     first call, the prompt's prefill, runs eagerly and sets their shapes and dtype)."""
