@@ -7,8 +7,8 @@ block-quantized checkpoints are dequantized on the way (``mlx_mtp.fp8``). The dr
 it, where the loader looks when no ``--drafter`` is given:
 
   OUT/mtp/        Qwen: a ``qwen3_5_mtp`` drafter folder (``model.safetensors``, ``config.json``
-                  with its ``quantization`` when ``head_bits`` is set), plus the draft
-                  vocabulary sidecar when one is asked for
+                  with its ``quantization`` when ``head_bits`` is set)
+  OUT/mtp/draft_vocab/  the draft vocabulary sidecar, when one is asked for (used on load)
   OUT/assistant/  Gemma 4: the assistant checkpoint at the target's dtype
 
 Everything is written into a temporary folder beside OUT and renamed into place only when
@@ -39,7 +39,7 @@ from .checkpoint import (cast_floats, config_dtype, load_mlx_lm_model, load_safe
 from .errors import MTPError
 from .gemma4.loading import ASSISTANT_MODEL_TYPES, EMBEDDED_ASSISTANT
 from .gemma4.target import GEMMA4_MODEL_TYPES
-from .qwen3_5.loading import (EMBEDDED_HEAD, build_head, collect_head_weights,
+from .qwen3_5.loading import (EMBEDDED_DRAFT_VOCAB, EMBEDDED_HEAD, build_head, collect_head_weights,
                               load_head_from_drafter)
 from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES
 from .qwen3_5.quantize import quantize_head, write_drafter
@@ -273,6 +273,7 @@ def _convert_into(tmp: Path, src: Path, config: dict, gemma: bool, *, quantize, 
         from .qwen3_5 import draft_vocab as dv
 
         mtp_model, tok = loading.load(tmp, require_head=False)
-        built = dv.build(mtp_model, tok, size=draft_vocab, corpus=corpus, out=tmp / EMBEDDED_HEAD)
+        built = dv.build(mtp_model, tok, size=draft_vocab, corpus=corpus,
+                         out=tmp / EMBEDDED_DRAFT_VOCAB)
         result["draft_vocab"] = {"size": built["size"], "coverage": built["coverage"]}
     return result

@@ -27,9 +27,10 @@ from .quantize import quantize_head
 from .target import QWEN3_5_MODEL_TYPES, Qwen3_5Target
 
 DRAFTER_MODEL_TYPES = ("qwen3_5_mtp",)
-# Where ``python -m mlx_mtp.convert`` puts the head (a qwen3_5_mtp drafter folder, plus the draft
-# vocabulary sidecar when one was asked for) inside the converted target's folder.
+# Where ``python -m mlx_mtp.convert`` puts the head (a qwen3_5_mtp drafter folder) inside the
+# converted target's folder, and the draft vocabulary sidecar when one was asked for.
 EMBEDDED_HEAD = "mtp"
+EMBEDDED_DRAFT_VOCAB = "mtp/draft_vocab"
 
 
 def _provenance(header: dict, keys) -> str:
@@ -188,8 +189,9 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
         head = load_head_from_target(path, target, config)
         if head is None and (embedded / "config.json").is_file():  # a converted folder
             head = load_head_from_drafter(embedded, target)
-            if options.vocab is None and (embedded / draft_vocab.META_FILE).is_file():
-                options = replace(options, vocab=embedded)
+            sidecar = path / EMBEDDED_DRAFT_VOCAB
+            if options.vocab is None and (sidecar / draft_vocab.META_FILE).is_file():
+                options = replace(options, vocab=sidecar)
     if head is None and require_head:
         raise MTPError(
             f"{path} has no MTP head weights (mtp.*): MLX conversions (mlx_lm.convert, mlx-vlm) "
