@@ -31,6 +31,12 @@ def test_bench_writes_markdown_and_json(tmp_path):
     for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
                     "## The floor", "smoke run"):
         assert section in text
+    # The pictures (tests/test_record_plots.py checks what they are), linked from the .md.
+    stem = md[0].stem
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == sorted(
+        f"{stem}-{name}.png" for name in ("tps", "acceptance", "rounds"))
+    for name in ("tps", "acceptance", "rounds"):
+        assert f"]({stem}-{name}.png)" in text
 
 
 def test_bench_at_temperature_states_the_rule_and_claims_no_identity(tmp_path):

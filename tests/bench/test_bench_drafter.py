@@ -45,5 +45,9 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
                     "## The floor", "## What it says"):
         assert section in text
     assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
+    stem = md[0].stem
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [f"{stem}-rounds.png",
+                                                                        f"{stem}-step.png"]
+    assert f"]({stem}-step.png)" in text and f"]({stem}-rounds.png)" in text
     again = bench_drafter.main(["--render", str(js[0]), "--summary", "smoke summary"])
     assert again["summary"] == "smoke summary" and "smoke summary" in md[0].read_text()
