@@ -131,7 +131,7 @@ def loader_message(e: BaseException, limit: int = 5) -> str:
     return f"{head}: {', '.join(names[:limit])}{more}"
 
 
-def _fp8_classes(block, dtype, model_type: str, progress=None):
+def _fp8_classes(block, dtype, model_type: str):
     """mlx-lm's ``get_model_classes`` with a model whose ``sanitize`` first dequantizes FP8
     block-quantized weights (mlx-lm's own qwen3_5 / qwen3_next sanitize does not)."""
     def get_classes(config):
@@ -139,7 +139,7 @@ def _fp8_classes(block, dtype, model_type: str, progress=None):
 
         class FP8Dequantizing(model_cls):
             def sanitize(self, weights):
-                weights = fp8.dequantize_weights(weights, block, dtype, progress)
+                weights = fp8.dequantize_weights(weights, block, dtype)
                 if model_type in fp8.PER_EXPERT_TO_FUSED:
                     weights = fp8.fuse_experts(weights)
                 return super().sanitize(weights)
@@ -152,7 +152,7 @@ def _fp8_classes(block, dtype, model_type: str, progress=None):
 
 
 def load_mlx_lm_model(path: Path, config: dict, *, lazy: bool = False,
-                      fp8_dtype: Optional[mx.Dtype] = None, progress=None):
+                      fp8_dtype: Optional[mx.Dtype] = None):
     """``(model, config)``: mlx-lm's ``load_model`` for ``path``, FP8 block-quantized weights dequantized to
     ``fp8_dtype`` (default: the config's dtype, else bfloat16); errors as one line that keeps the
     first few tensor names."""
@@ -162,7 +162,7 @@ def load_mlx_lm_model(path: Path, config: dict, *, lazy: bool = False,
     kwargs = {}
     if block is not None:
         dtype = fp8_dtype or config_dtype(config) or mx.bfloat16
-        kwargs["get_model_classes"] = _fp8_classes(block, dtype, config.get("model_type"), progress)
+        kwargs["get_model_classes"] = _fp8_classes(block, dtype, config.get("model_type"))
     try:
         model, mlx_config = mlx_lm_utils.load_model(path, lazy=lazy, **kwargs)
     except MTPError:

@@ -34,7 +34,7 @@ from mlx_lm import utils as mlx_lm_utils
 from tqdm import tqdm
 
 from . import fp8
-from .checkpoint import (cast_floats, config_dtype, load_mlx_lm_model, load_safetensors,
+from .checkpoint import (cast_floats, load_mlx_lm_model, load_safetensors,
                          read_config, resolve_path, safetensors_header, weight_files)
 from .errors import MTPError
 from .gemma4.loading import ASSISTANT_MODEL_TYPES, EMBEDDED_ASSISTANT
@@ -235,12 +235,9 @@ def _convert_into(tmp: Path, src: Path, config: dict, gemma: bool, *, quantize, 
     source = str(src / "config.json")
     is_fp8 = fp8.fp8_block(config, source) is not None
     want = _conversion_dtype(dtype, config)
-    bar = _bar("dequantizing FP8", 0, quiet or not is_fp8)
     # ``lazy``: nothing is read or computed until its shard is written (as mlx_lm.convert)
     model, mlx_config = load_mlx_lm_model(src, config, lazy=True,
-                                          fp8_dtype=getattr(mx, want) if want else None,
-                                          progress=bar.update)
-    bar.close()
+                                          fp8_dtype=getattr(mx, want) if want else None)
     tokenizer = mlx_lm_utils.load_tokenizer(src, {"trust_remote_code": False},
                                             eos_token_ids=mlx_config.get("eos_token_id"))
     if is_fp8:

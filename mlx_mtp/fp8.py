@@ -96,9 +96,8 @@ def dequantize(w: mx.array, scale_inv: mx.array, block: Tuple[int, int],
 
 
 def dequantize_weights(weights: Dict[str, mx.array], block: Tuple[int, int],
-                       dtype: mx.Dtype = mx.float32, progress=None) -> Dict[str, mx.array]:
-    """Every ``X.weight`` with a ``X.weight_scale_inv`` dequantized (lazily); scales dropped.
-    ``progress`` (a callable) is called once per dequantized tensor."""
+                       dtype: mx.Dtype = mx.float32) -> Dict[str, mx.array]:
+    """Every ``X.weight`` with a ``X.weight_scale_inv`` dequantized (lazily); scales dropped."""
     out = {}
     for k, v in weights.items():
         if k.endswith(SCALE_SUFFIX):
@@ -108,8 +107,6 @@ def dequantize_weights(weights: Dict[str, mx.array], block: Tuple[int, int],
         s = weights.get(k + SCALE_SUFFIX)
         if s is not None:
             v = dequantize(v, s, block, dtype, k)
-            if progress is not None:
-                progress()
         elif v.dtype == mx.uint8 and k.endswith(".weight"):
             raise MTPError(f"{k}: an FP8 weight without its {k}{SCALE_SUFFIX}")
         out[k] = v

@@ -21,9 +21,6 @@ from typing import Dict, Tuple
 import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
-
-import tiny_checkpoints as tc
 
 FP8_MAX = 448.0
 UNQUANTIZED = ("embed_tokens", "lm_head", "norm", "conv1d", "mlp.gate.", "shared_expert_gate",
@@ -146,9 +143,3 @@ def write_fp8(raw_dir: Path, out: Path, *, block=(128, 128), scale_dtype: str = 
     np.savez(out.parent / f"{out.name}-reference.npz", **reference)
     return out
 
-
-def target_params(model) -> Dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in tree_flatten(model.parameters())}
-
-
-__all__ = ["e4m3_table", "reference_dequantize", "write_fp8", "tc"]
