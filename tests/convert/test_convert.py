@@ -190,13 +190,21 @@ def fp8_moe(tmp_path_factory, moe_dir):
                         scale_dtype="BF16")
 
 
+@pytest.fixture(scope="module")
+def fp8_next(tmp_path_factory, next_dir):
+    """Qwen3-Next-80B-A3B-*-FP8's layout: flat ``model.layers.*`` keys, experts per expert."""
+    return tf.write_fp8(next_dir, tmp_path_factory.mktemp("fp8") / "next", block=(128, 128),
+                        scale_dtype="BF16")
+
+
 def reference(fp8_dir):
     return np.load(fp8_dir.parent / f"{fp8_dir.name}-reference.npz")
 
 
-@pytest.mark.parametrize("which", ["dense", "moe"])
-def test_fp8_loads_dequantized_exactly(which, fp8_dense, fp8_moe):
-    path, block = (fp8_dense, (32, 32)) if which == "dense" else (fp8_moe, (128, 128))
+@pytest.mark.parametrize("which", ["dense", "moe", "next"])
+def test_fp8_loads_dequantized_exactly(which, fp8_dense, fp8_moe, fp8_next):
+    path, block = {"dense": (fp8_dense, (32, 32)), "moe": (fp8_moe, (128, 128)),
+                   "next": (fp8_next, (128, 128))}[which]
     ref = reference(path)
     model = mlx_mtp.load_model(path)  # float32 on the CPU: the product rounded once, to f32
     target, head = params(model.mlx_model), params(model.drafter.head)
@@ -222,6 +230,14 @@ def test_fp8_loads_dequantized_exactly(which, fp8_dense, fp8_moe):
     # MTP runs from the FP8 folder itself, exactly as plain decoding of its dequantized target
     assert model.drafter is not None
     assert mtp_greedy(model, 12) == plain_greedy(model.mlx_model, 12)
+
+
+def test_fp8_generate_cli(fp8_moe):
+    """The issue's report: ``generate --model FP8_DIR`` used to fail with a cut-off weight list."""
+    r = run_module("mlx_mtp.generate", "--model", fp8_moe, "--prompt", "def add", "--max-tokens",
+                   8, "--json")
+    out = json.loads(r.stdout)
+    assert out["mtp_enabled"] is True and len(out["tokens"]) == 8
 
 
 def test_fp8_edge_blocks():
