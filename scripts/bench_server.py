@@ -1,12 +1,13 @@
 """Serving benchmark: ``python -m mlx_mtp.server`` with MTP against the same server with
-``--no-mtp`` (mlx-lm's plain decode of the same target), through HTTP with the official ``openai`` client.
+``--no-mtp`` (mlx-lm's plain decode of the same target), through HTTP with the ``openai`` client.
 
 Both servers run at once (an idle server waits on its queue and uses no CPU). Per prompt,
 ``--pairs`` alternating streamed requests, one arm then the other (the order flips every pair),
 each arm warmed up first: time to first token, client-side decode tok/s (tokens after the first
 over the time after the first), the server's own generation tok/s, identical text at T=0. Then
 ``--clients`` concurrent clients each send ``--requests`` requests to one arm, then to the other:
-requests/s and aggregate tokens/s. Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+requests/s and aggregate tokens/s. All of it inside the benchmarks' idle check (refused on a busy
+machine unless ``--allow-busy``). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
 
     python scripts/bench_server.py                     # the embedded demo pair
     python scripts/bench_server.py --model PATH [--drafter D] --block-size 3
@@ -24,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_mtp  # noqa: E402  (record_setup, write_record; imports mlx_mtp first)
+import idle_check  # noqa: E402  (scripts/)
 
 from mlx_mtp.server.process import ServerProcess  # noqa: E402
 
@@ -170,6 +172,8 @@ def main(argv=None) -> dict:
     p.add_argument("--requests", type=int, default=3, help="requests per concurrent client")
     p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
     p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
     import openai
 
@@ -183,6 +187,8 @@ def main(argv=None) -> dict:
                    "plain": common + ["--no-mtp"]}
     queue = str(max(args.clients, 1))
     servers = {}
+    # The servers are this process's children: the idle check counts them as the run's own CPU.
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
     try:
         for arm in ARMS:
             servers[arm] = ServerProcess(*server_args[arm], "--max-queue", queue,
@@ -203,6 +209,7 @@ def main(argv=None) -> dict:
                   pairs=args.pairs, clients=args.clients, requests_per_client=args.requests,
                   gate=gate, rows=summarize(raw, prompts), throughput=tput, raw=raw,
                   summary=args.summary)
+    result = idle_check.attach(result, watch, args.allow_busy)
     bench_mtp.write_record(args.out, result, render, kind="server")
     return result
 

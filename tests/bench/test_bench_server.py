@@ -14,7 +14,8 @@ import bench_server  # noqa: E402
 
 def test_bench_server_writes_the_record(tmp_path):
     result = bench_server.main(["--pairs", "2", "--max-tokens", "6", "--clients", "2",
-                                "--requests", "1", "--out", str(tmp_path), "--topic", "smoke"])
+                                "--requests", "1", "--out", str(tmp_path), "--topic", "smoke",
+                                "--allow-busy", "--idle-window", "0.2"])
     data = json.loads(next(tmp_path.glob("smoke-*.json")).read_text())
     assert data["rows"] == result["rows"]
     assert [r["prompt"] for r in data["rows"]] == ["code", "prose", "enumeration"]
@@ -30,6 +31,9 @@ def test_bench_server_writes_the_record(tmp_path):
     text = next(tmp_path.glob("smoke-*.md")).read_text()
     pictures = sorted(p.name for p in tmp_path.glob("smoke-*.png"))
     assert [p.split("-")[-1] for p in pictures] == ["tps.png", "ttft.png"]
-    for section in ("## Setup", "## Single client: decode speed and time to first token",
+    check = data["idle_check"]
+    assert check["verdict"] in ("idle", "contended")
+    assert (data.get("label") == "contended: not a result") == (check["verdict"] == "contended")
+    for section in ("## Idle check", "## Setup", "## Single client: decode speed and time to first token",
                     "## 2 concurrent clients", "requests/s ratio MTP / plain", "## What it says"):
         assert section in text
