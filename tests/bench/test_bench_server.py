@@ -34,6 +34,7 @@ def test_bench_server_writes_the_record(tmp_path):
     check = data["idle_check"]
     assert check["verdict"] in ("idle", "contended")
     assert (data.get("label") == "contended: not a result") == (check["verdict"] == "contended")
-    for section in ("## Idle check", "## Setup", "## Single client: decode speed and time to first token",
+    for section in ("## Idle check", "## Setup",
+                    "## Single client: decode speed and time to first token",
                     "## 2 concurrent clients", "requests/s ratio MTP / plain", "## What it says"):
         assert section in text
