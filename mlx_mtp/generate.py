@@ -23,10 +23,11 @@ from .draft_profile import table_rows as draft_profile_rows
 from .errors import MTPError
 from .sampling import REQUESTABLE_RULES, make_sampler
 from .gate import table_rows as gate_table_rows
+from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from .speculative import MAX_BLOCK_SIZE, generate_step
 
 DEFAULT_MAX_TOKENS = 256
-DEFAULT_BLOCK_SIZE = 3
+DEFAULT_BLOCK_SIZE = AUTO
 
 
 def _response_class():
@@ -51,9 +52,11 @@ def encode_prompt(tokenizer, prompt: Union[str, List[int], mx.array]) -> mx.arra
 
 
 def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                    block_size: int = DEFAULT_BLOCK_SIZE, sampler=None,
-                    stats: Optional[RunStats] = None, **kwargs) -> Generator:
+                    block_size=DEFAULT_BLOCK_SIZE, max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
+                    sampler=None, stats: Optional[RunStats] = None, **kwargs) -> Generator:
     """Yield mlx-lm-style responses; the last one carries the run's ``stats`` (``RunStats``).
+    ``block_size``: an integer, or ``"auto"`` (drafts chosen per round, up to
+    ``max_block_size - 1``; see ``generate_step``).
 
     Stops at an EOS token like mlx-lm's ``stream_generate``.
     """
@@ -67,7 +70,7 @@ def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_T
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     tokens = generate_step(prompt, model, max_tokens=max_tokens, block_size=block_size,
-                           sampler=sampler, stats=stats, **kwargs)
+                           max_block_size=max_block_size, sampler=sampler, stats=stats, **kwargs)
     token, logprobs, from_draft, n = None, None, False, 0
     for n, (token, logprobs, from_draft) in enumerate(tokens, 1):
         if token in tokenizer.eos_token_ids:
@@ -108,9 +111,21 @@ def _positive_int(s):
 
 
 def _block_size(s):
-    v = _int(s)
+    if s == AUTO:
+        return s
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {s!r}")
     if not 1 <= v <= MAX_BLOCK_SIZE:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BLOCK_SIZE}, got {v}")
+    return v
+
+
+def _max_block_size(s):
+    v = _block_size(s)
+    if v == AUTO:
+        raise argparse.ArgumentTypeError("expected an integer, got 'auto'")
     return v
 
 
@@ -161,7 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--block-size", type=_block_size, default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
-                        f"decode through the MTP loop)")
+                        f"decode through the MTP loop), or auto: chosen every round from the "
+                        f"acceptance and round costs measured so far (default)")
+    p.add_argument("--max-block-size", type=_max_block_size, default=DEFAULT_MAX_BLOCK_SIZE,
+                   help=f"the widest block --block-size auto may choose (default "
+                        f"{DEFAULT_MAX_BLOCK_SIZE})")
     p.add_argument("--temp", type=_temperature, default=0.0, help="sampling temperature")
     p.add_argument("--top-p", type=_unit_interval, default=0.0, help="sampling top-p (0: off)")
     p.add_argument("--min-p", type=_unit_interval, default=0.0, help="sampling min-p (0: off)")
@@ -239,7 +258,8 @@ def run(args) -> dict:
         if args.drafter is not None:
             raise MTPError("--drafter needs --model: the embedded demo pair has its own head")
         args.model = str(demo_path())
-    need_head = not args.no_mtp and args.block_size > 1
+    widest = args.max_block_size if args.block_size == AUTO else args.block_size
+    need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
     model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head,
@@ -258,7 +278,9 @@ def run(args) -> dict:
     else:
         stats = RunStats()
         responses = list(stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
-                                         block_size=args.block_size, sampler=sampler, stats=stats,
+                                         block_size=args.block_size,
+                                         max_block_size=args.max_block_size, sampler=sampler,
+                                         stats=stats,
                                          logits_processors=processors, seed=args.seed,
                                          acceptance=args.acceptance))
         text = "".join(r.text for r in responses)
@@ -309,7 +331,10 @@ def _rows_from_result(result: dict):
     if result["mtp_enabled"]:
         rows += [
             ("acceptance rule", result["acceptance_rule"]),
-            ("block size", result["block_size"]),
+            ("block size", result["block_size"] if result["block_size"] != AUTO
+             else f"auto (up to {result['max_block_size']})"),
+            ("block sizes used (width: rounds)", ", ".join(
+                f"{w}: {n}" for w, n in result["block_sizes"].items()) or "-"),
             ("rounds", result["rounds"]),
             ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),
             ("acceptance rate", f"{result['acceptance_rate']:.3f}"),

@@ -1,0 +1,144 @@
+"""The block-size chooser as a pure function: it picks what the arithmetic says, estimates
+acceptance with decay and a prior, and explores unmeasured widths deterministically."""
+
+import pytest
+
+from mlx_mtp import MTPError
+from mlx_mtp.block_chooser import BlockChooser, best_drafts, expected_tokens
+
+
+def test_expected_tokens_by_hand():
+    a = [0.8, 0.5, 0.25]
+    assert expected_tokens(a, 0) == 1.0
+    assert expected_tokens(a, 1) == pytest.approx(1.8)
+    assert expected_tokens(a, 2) == pytest.approx(1 + 0.8 + 0.4)
+    assert expected_tokens(a, 3) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+
+
+@pytest.mark.parametrize("acceptance,costs,want", [
+    # 1/10 = 0.100, 1.8/15 = 0.120, 2.2/20 = 0.110: one draft
+    ([0.8, 0.5], [10, 15, 20], 1),
+    # 1.0/10, 1.9/11, 2.71/12, 3.439/13 = 0.1, 0.173, 0.226, 0.265: three drafts
+    ([0.9, 0.9, 0.9], [10, 11, 12, 13], 3),
+    # text the head cannot predict: 1/10 = 0.1 beats 1.05/14 = 0.075: no drafts (block 1)
+    ([0.05, 0.05], [10, 14, 18], 0),
+    # a tie (1/10 == 2/20) goes to the fewer drafts
+    ([1.0], [10, 20], 0),
+    # a cheap wide verify: 1/10, 1.5/12 = 0.125, 1.75/13 = 0.135, 1.875/13.5 = 0.139
+    ([0.5, 0.5, 0.5], [10, 12, 13, 13.5], 3),
+    # only as many drafts as costs are known for: width 3 unknown, so at most one draft
+    ([0.9, 0.9], [10, 11], 1),
+])
+def test_best_drafts_is_the_arithmetic(acceptance, costs, want):
+    assert best_drafts(acceptance, costs) == want
+
+
+def test_acceptance_estimate_decays_and_shrinks_to_the_previous_position():
+    c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.95)
+    assert c.acceptance() == [0.5, 0.5, 0.5]
+    c.observe(3, 1, 0.01)  # draft 1 kept, draft 2 rejected, draft 3 never judged
+    assert c.acceptance() == pytest.approx([(1 + 0.5) / 2, (0 + 0.75) / 2, 0.375])
+    c.observe(1, 1, 0.01)  # recent rounds weigh more: old counts x 0.95
+    a1 = (1.95 + 0.5) / (1.95 + 1)
+    a2 = (0 + a1) / (0.95 + 1)
+    assert c.acceptance() == pytest.approx([a1, a2, a2])
+
+
+def test_first_round_measures_width_one_then_unmeasured_widths_are_optimistic():
+    c = BlockChooser(5)
+    assert c.choose() == 0
+    c.observe(0, 0, 0.010)
+    # widths 2..6 unmeasured: valued at width 1's cost, so the arithmetic takes the most drafts
+    assert c.costs() == [0.010] * 6
+    assert c.choose() == 5
+    c.observe(5, 5, 0.020)
+    # width 6 measured at 0.020; widths 2..5 still optimistic at 0.010: four drafts win
+    # (E(4) / 0.010 ~ 362 against E(5) / 0.020 ~ 210)
+    assert c.costs() == [0.010, 0.010, 0.010, 0.010, 0.010, 0.020]
+    assert c.choose() == 4
+    assert c.choose(limit=2) == 2  # the token budget bounds it
+
+
+def simulate(chooser, acceptance, cost, rounds, cost_of=None):
+    """Run ``rounds`` rounds against a device whose round of width w costs ``cost[w - 1]`` and
+    whose drafter's j-th draft is kept iff ``acceptance[j - 1]`` is 1 (0/1 acceptances keep the
+    simulation deterministic). Returns the choices."""
+    choices = []
+    for r in range(rounds):
+        k = chooser.choose()
+        accepted = next((j for j in range(k) if not acceptance[j]), k)
+        wall = cost_of(r, k + 1) if cost_of else cost[k]
+        chooser.observe(k, accepted, wall)
+        choices.append(k)
+    return choices
+
+
+def test_it_settles_on_the_best_width_of_a_measured_device():
+    # every draft kept; cost grows 2 ms a width: the arithmetic wants the widest block
+    cost = [0.010 + 0.002 * w for w in range(6)]
+    choices = simulate(BlockChooser(5), [1] * 5, cost, 40)
+    # Explored from the widest down. Width 2 is never tried: even at its optimistic cost (width
+    # 1's, 0.010) one draft yields at most 2 / 0.010 = 200 tokens/s, while width 3 measured
+    # 3 * 0.95-ish / 0.014 > 200, so it cannot win and needs no measurement.
+    assert choices[:5] == [0, 5, 4, 3, 2] and 1 not in choices
+    assert choices[-20:] == [5] * 20
+    # a verify that gets dear past width 3 (BLIS-like): block 3 wins once measured
+    steep = [0.010, 0.012, 0.013, 0.040, 0.045, 0.050]
+    choices = simulate(BlockChooser(5), [1] * 5, steep, 40)
+    assert choices[-20:] == [2] * 20
+    assert best_drafts([0.99] * 5, steep) == 2
+
+
+def test_undraftable_text_drafts_only_on_the_periodic_probe():
+    c = BlockChooser(5, probe_every=32)
+    cost = [0.010 + 0.005 * w for w in range(6)]
+    choices = simulate(c, [0] * 5, cost, 300)
+    first_zero_run = next(i for i in range(len(choices)) if choices[i:i + 32] == [0] * 32)
+    assert first_zero_run < 20  # exploration ends quickly
+    tail = choices[first_zero_run:]
+    # afterwards: 32 rounds without drafts, then one round drafting one token, and again
+    period = [0] * 32 + [1]
+    assert tail == (period * 10)[: len(tail)]
+
+
+def test_a_stale_outlier_measurement_is_measured_again():
+    # width 3's first round hit a 1 s stall; it is avoided until the sample is stale
+    cost = [0.010, 0.011, 0.012, 0.030, 0.040, 0.050]
+    stalls = {}
+
+    def cost_of(r, w):
+        if w == 3 and w not in stalls:
+            stalls[w] = r
+            return 1.0
+        return cost[w - 1]
+
+    c = BlockChooser(5, stale_rounds=20)
+    choices = simulate(c, [1] * 5, cost, 80, cost_of)
+    stalled = stalls[3]
+    assert 2 not in choices[stalled + 1 : stalled + 15]
+    assert best_drafts([1.0] * 5, cost) == 2
+    # settled on two drafts; the only other rounds re-measure stale width 1 and the neighbour
+    # width 4, each at most once per 20 rounds
+    steady = choices[-30:]
+    assert set(steady) <= {0, 2, 3} and steady.count(0) <= 2 and steady.count(3) <= 2
+
+
+def test_width_one_is_remeasured_when_stale():
+    c = BlockChooser(2, stale_rounds=10)
+    choices = simulate(c, [1, 1], [0.010, 0.011, 0.012], 40)
+    zeros = [i for i, k in enumerate(choices) if k == 0]
+    assert zeros[0] == 0 and all(b - a <= 11 for a, b in zip(zeros, zeros[1:]))
+    assert len(zeros) >= 4
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"max_drafts": -1}, "max_drafts must be a non-negative integer, got -1"),
+    ({"max_drafts": 2, "decay": 0.0}, "BlockChooser needs 0 <= prior <= 1, prior_weight > 0, "
+                                      "0 < decay <= 1"),
+    ({"max_drafts": 2, "probe_every": 0}, "BlockChooser needs cost_window, stale_rounds, "
+                                          "probe_every >= 1"),
+])
+def test_bad_settings(kw, msg):
+    with pytest.raises(MTPError) as e:
+        BlockChooser(**kw)
+    assert str(e.value) == msg
