@@ -12,9 +12,10 @@ What it measures, from the session's own rounds (nothing is assumed about the de
   position j (a deeper draft is assumed as good as the one before it until measured).
 - cost: per width, the median of its last ``cost_window`` round times.
 Exploration, deterministic (no random numbers; the same measurements give the same choices):
-- a width never measured is valued optimistically at the cost of the widest freshly measured
-  width below it (a wider round never costs less), so it is tried exactly when that optimistic
-  arithmetic says it could win, and then its own number decides;
+- the first width above the measured ones is valued optimistically at the cost of the widest
+  freshly measured width below it (a wider round never costs less), so it is tried exactly when
+  that optimistic arithmetic says it could win, and then its own number decides; wider ones wait
+  (exploring upwards, one width at a time, costs little where drafts do not pay);
 - a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
   rounds is valued the same optimistic way (hill-climbing: an outlier sample or a drift next to the
   choice gets corrected; far widths keep their last measurement, so text the head cannot predict
@@ -45,13 +46,16 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     return total
 
 
-def best_drafts(acceptance: Sequence[float], costs: Sequence[float]) -> int:
+def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]]) -> int:
     """The k in 0..min(len(acceptance), len(costs) - 1) maximising E(k) / costs[k]; ``costs[k]``
-    is the cost of a round of width k + 1. Ties go to the fewer drafts. Pure."""
-    if not costs:
+    is the cost of a round of width k + 1 (None: not a candidate). Ties go to the fewer drafts.
+    Pure."""
+    if not costs or costs[0] is None:
         raise ValueError("costs must hold at least the cost of width 1")
     best, best_rate = 0, None
     for k in range(min(len(acceptance), len(costs) - 1) + 1):
+        if costs[k] is None:
+            continue
         rate = expected_tokens(acceptance, k) / costs[k]
         if best_rate is None or rate > best_rate:
             best, best_rate = k, rate
@@ -105,15 +109,17 @@ class BlockChooser:
 
     def costs(self, refresh: Sequence[int] = ()) -> List[Optional[float]]:
         """Cost per width 1..K+1 (index w - 1) as the choice uses it: the median of the recent
-        samples, or the optimistic bound for an unmeasured width, or a stale one in ``refresh``
-        (None: no bound yet)."""
+        samples, or the optimistic bound for the first unmeasured width above a measured one or a
+        stale one in ``refresh`` (None: not a candidate)."""
         out: List[Optional[float]] = []
         bound: Optional[float] = None  # the widest fresh narrower width's cost
         for w in range(1, self.max_drafts + 2):
             own = statistics.median(self.samples[w]) if self.samples[w] else None
             fresh = self._fresh(w)
-            if bound is not None and (own is None or (w in refresh and not fresh)):
-                out.append(bound if own is None else min(own, bound))
+            if own is None:
+                out.append(bound if bound is not None and self.samples[w - 1] else None)
+            elif bound is not None and w in refresh and not fresh:
+                out.append(min(own, bound))
             else:
                 out.append(own)
             if fresh:
