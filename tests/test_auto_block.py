@@ -111,6 +111,27 @@ def test_max_block_size_bounds_auto_and_the_probe(dense_dir):
     assert one.block_sizes == {1: one.rounds} and one.exactness["verdict"] == "not_needed"
 
 
+def test_auto_on_gemma4_with_forced_acceptance_is_exact(tmp_path_factory):
+    """The Gemma 4 assistant reads the target's K/V and keeps only the newest pair: rounds
+    without drafts hand it their pairs later in one piece, which must re-arm it correctly."""
+    from test_gemma4_identity import PROMPTS, ForcedAssistant
+    from tiny_gemma4 import Checkpoints
+
+    ckpts = Checkpoints(tmp_path_factory)
+    path = ckpts.target("e2b", "text")
+    model = mlx_mtp.load_model(path, drafter=ckpts.assistant("e2b"))
+    for name, prompt in PROMPTS.items():
+        ref = reference_greedy(path, prompt, 32)
+        assert tokens(model, prompt, "auto", max_tokens=32) == ref, name
+        for script in SCRIPTS[:2]:
+            forced = ForcedAssistant(model.drafter, prompt + ref, schedule=[5, 0, 2, 1, 4, 3],
+                                     vocab_size=model.target.vocab_size)
+            fm = MTPModel(model.mlx_model, model.target, forced)
+            chooser = ScriptedChooser(5, script)
+            assert tokens(fm, prompt, chooser, max_tokens=32) == ref, (name, script)
+            assert chooser.observed[: len(script)] == script
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"block_size": "big"}, "block_size must be an integer or 'auto', got 'big'"),
     ({"block_size": "auto", "max_block_size": 17}, "max_block_size must be between 1 and 16, "
