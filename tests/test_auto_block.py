@@ -264,6 +264,19 @@ def test_cli_auto_is_the_default_and_reports_the_widths(dense_dir):
     assert "auto (up to 6)" in text and "block sizes used (width: rounds)" in text
 
 
+def test_cli_auto_sampling_is_reproducible_and_says_its_rule(soft_dir):
+    args = ["--model", soft_dir, "--prompt", "def add", "--ignore-chat-template",
+            "--max-tokens", 24, "--temp", 1.0, "--top-k", 5, "--json"]
+    a = json.loads(cli(*args, "--seed", 7).stdout)
+    assert a["acceptance_rule"] == "gumbel-coupled" and a["block_size"] == "auto"
+    assert json.loads(cli(*args, "--seed", 7).stdout)["tokens"] == a["tokens"]
+    assert json.loads(cli(*args, "--seed", 7, "--max-block-size", 2).stdout)["tokens"] == \
+        a["tokens"]
+    r = cli(*args, "--seed", 7, "--acceptance", "speculative-sampling", check=False)
+    assert r.returncode == 1 and r.stderr.startswith(
+        "error: acceptance speculative-sampling cannot be reproduced with block size auto")
+
+
 @pytest.mark.parametrize("args,err", [
     (["--block-size", "x"], "error: argument --block-size: expected an integer or 'auto', "
                             "got 'x'"),
