@@ -78,11 +78,12 @@ def generate_step(
     1 is plain decode through the same loop. ``"auto"`` (the default) chooses the drafts of every
     round, up to ``max_block_size - 1``, from the acceptance and round costs measured so far
     (``mlx_mtp.block_chooser``; pass a ``BlockChooser`` to tune it); its sampled output is keyed
-    per position (``mlx_mtp.keyed_sampling``), so a seed reproduces it whatever the choices. ``sampler`` and ``logits_processors`` have mlx-lm's
-    meaning; ``logprobs`` are the processed ones, as mlx-lm yields them. ``acceptance``: ``auto``,
-    ``point-mass`` or ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always
-    ``greedy``). ``seed`` seeds the drafting and acceptance key streams of speculative sampling
-    (default: drawn from mlx's global random state).
+    per output position (``mlx_mtp.keyed_sampling``), so it does not depend on the choices.
+    ``sampler`` and ``logits_processors`` have mlx-lm's meaning; ``logprobs`` are the processed
+    ones, as mlx-lm yields them. ``acceptance``: ``auto``, ``point-mass`` or
+    ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always ``greedy``).
+    ``seed`` seeds the key streams of speculative sampling, or under ``auto`` the per-position
+    keys (default: drawn from mlx's global random state).
     """
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
     if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -169,6 +170,7 @@ def generate_step(
 
     while emitted < max_tokens:
         k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
+        t_round = time.perf_counter()
         if chooser is not None:
             k = chooser.choose(k)
             if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
@@ -177,7 +179,7 @@ def generate_step(
                                    mx.concatenate([d[1] for d in deferred]))
                     mx.eval(drafter.state_arrays())
                 deferred = []
-        t_round = time.perf_counter()
+        t_choice = time.perf_counter()
         drafts = q = q_ids = None
         if k > 0:
             with stats.phase("draft"):
@@ -233,10 +235,10 @@ def generate_step(
             with stats.phase("accept"):
                 drafter.accept(h[:, : a + 1], new_ids)
                 mx.eval(drafter.state_arrays())
-        wall = time.perf_counter() - t_round
-        stats.record_round(k, a, wall)
+        t_end = time.perf_counter()
+        stats.record_round(k, a, t_end - t_round)
         if chooser is not None:
-            chooser.observe(k, a, wall)
+            chooser.observe(k, a, t_end - t_choice)
         n_out = min(a + 1, max_tokens - emitted)
         emitted += n_out
         stats.generation_tokens = emitted
