@@ -85,6 +85,7 @@ class BlockChooser:
         self.tests = [0.0] * max_drafts  # decayed: rounds that judged draft j + 1
         self.samples: Dict[int, Deque[float]] = {w: deque(maxlen=cost_window)
                                                  for w in range(1, max_drafts + 2)}
+        self.median: Dict[int, float] = {}  # width -> median of its samples (kept current)
         self.measured_at: Dict[int, int] = {}  # width -> round of its latest sample
         self.round = 0  # rounds observed
         self.undrafted = 0  # consecutive rounds without drafts
@@ -114,10 +115,10 @@ class BlockChooser:
         out: List[Optional[float]] = []
         bound: Optional[float] = None  # the widest fresh narrower width's cost
         for w in range(1, self.max_drafts + 2):
-            own = statistics.median(self.samples[w]) if self.samples[w] else None
+            own = self.median.get(w)
             fresh = self._fresh(w)
             if own is None:
-                out.append(bound if bound is not None and self.samples[w - 1] else None)
+                out.append(bound if bound is not None and w - 1 in self.median else None)
             elif bound is not None and w in refresh and not fresh:
                 out.append(min(own, bound))
             else:
@@ -152,6 +153,7 @@ class BlockChooser:
             self.hits[j] += j < accepted
         w = drafts + 1
         self.samples[w].append(wall_s)
+        self.median[w] = statistics.median(self.samples[w])
         self.measured_at[w] = self.round
         self.undrafted = self.undrafted + 1 if drafts == 0 else 0
 
