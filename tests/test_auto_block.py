@@ -205,6 +205,44 @@ def test_coupled_drafts_agree_with_the_target_when_the_head_does(soft_model):
     assert rates["gumbel-coupled"] > rates["point-mass"], rates
 
 
+class PermutedVocabDrafter:
+    """The real drafter, its LM head presented as a reduced vocabulary that is the whole
+    vocabulary in reverse order (column c is target id ``table[c]``)."""
+
+    def __init__(self, inner, vocab):
+        self.inner, self.table = inner, mx.array(list(range(vocab))[::-1])
+        self.drafted = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_sampled(self, k, sample):
+        def permuted(logits, ids=None):
+            tok = sample(logits[:, self.table], ids=self.table)
+            self.drafted.append(tok.item())
+            return tok
+
+        return self.inner.draft_sampled(k, permuted)
+
+
+def test_coupled_drafts_on_a_draft_vocabulary_use_the_noise_of_their_ids(soft_model):
+    """A drafter covering ids through a table must see G_n at those ids: the whole vocabulary
+    in another order then drafts exactly the tokens the plain drafter drafts."""
+    sampler = mlx_mtp.make_sampler(temp=1.0)
+    drafted = []
+    for wrap in (False, True):
+        drafter = PermutedVocabDrafter(soft_model.drafter, soft_model.target.vocab_size)
+        if not wrap:  # record the plain drafter's ids through the same spy, unpermuted
+            drafter.table = mx.arange(soft_model.target.vocab_size)
+        model = MTPModel(soft_model.mlx_model, soft_model.target, drafter)
+        stats = RunStats()
+        tokens(model, [5, 17], ScriptedChooser(3, [3, 0, 2]), max_tokens=30, sampler=sampler,
+               seed=5, stats=stats)
+        assert stats.acceptance_rule == "gumbel-coupled" and stats.accepted > 0
+        drafted.append(drafter.drafted)
+    assert drafted[0] == drafted[1] and len(drafted[0]) > 10
+
+
 def test_an_mlx_lm_sampler_function_is_reproducible_under_auto(soft_model):
     sampler = mlx_make_sampler(temp=1.0)
     prompt, n = [5, 17], 20
