@@ -127,9 +127,10 @@ def test_auto_on_gemma4_with_forced_acceptance_is_exact(tmp_path_factory):
             forced = ForcedAssistant(model.drafter, prompt + ref, schedule=[5, 0, 2, 1, 4, 3],
                                      vocab_size=model.target.vocab_size)
             fm = MTPModel(model.mlx_model, model.target, forced)
-            chooser = ScriptedChooser(5, script)
-            assert tokens(fm, prompt, chooser, max_tokens=32) == ref, (name, script)
+            chooser, stats = ScriptedChooser(5, script), RunStats()
+            assert tokens(fm, prompt, chooser, max_tokens=32, stats=stats) == ref, (name, script)
             assert chooser.observed[: len(script)] == script
+            assert stats.accepted == sum(forced.planned) > 0
 
 
 @pytest.mark.parametrize("kw,msg", [
