@@ -157,10 +157,3 @@ class BlockChooser:
         self.measured_at[w] = self.round
         self.undrafted = self.undrafted + 1 if drafts == 0 else 0
 
-
-def check_max_block_size(value, name: str = "max_block_size", upper: int = 16) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise MTPError(f"{name} must be an integer, got {value!r}")
-    if not 1 <= value <= upper:
-        raise MTPError(f"{name} must be between 1 and {upper}, got {value}")
-    return value

@@ -137,7 +137,8 @@ def mtp_decode(model, prompt: mx.array, n: int, block_size, sampler=None,
 
 def run(args) -> dict:
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
-                                    require_head=max(_widest(b, args) for b in args.block_sizes) > 1)
+                                    require_head=max(_widest(b, args)
+                                                     for b in args.block_sizes) > 1)
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n = args.max_tokens
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, top_k=args.top_k)
