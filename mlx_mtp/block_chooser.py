@@ -7,13 +7,15 @@ and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide (
 included). The chooser takes the k that maximises E(k) / c(k + 1): expected tokens per second.
 
 What it measures, from the session's own rounds (nothing is assumed about the device):
-- acceptance: per position, counts that decay by ``decay`` every round (recent rounds weigh
-  more), shrunk towards a prior: ``prior`` for position 1, the estimate of position j - 1 for
-  position j (a deeper draft is assumed as good as the one before it until measured).
+- acceptance: per position, counts of the rounds that judged that draft, decaying by ``decay`` at
+  each new one (recent rounds weigh more; a stretch of rounds that never reach a position leaves
+  its estimate as it was), shrunk towards a prior worth ``prior_weight`` rounds: ``prior`` for
+  position 1, the estimate of position j - 1 for position j (a deeper draft is assumed as good as
+  the one before it until measured). The prior keeps one early rejection from ruling drafting out.
 - cost: per width, the median of its last ``cost_window`` round times.
 Exploration, deterministic (no random numbers; the same measurements give the same choices):
-- the first width above the measured ones is valued optimistically at the cost of the widest
-  freshly measured width below it (a wider round never costs less), so it is tried exactly when
+- the first width above the measured ones is valued optimistically at the cost of the dearest
+  measured width below it (a wider round never costs less), so it is tried exactly when
   that optimistic arithmetic says it could win, and then its own number decides; wider ones wait
   (exploring upwards, one width at a time, costs little where drafts do not pay);
 - a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
@@ -69,7 +71,7 @@ class BlockChooser:
     default one with ``max_drafts = max_block_size - 1``.
     """
 
-    def __init__(self, max_drafts: int, *, prior: float = 0.5, prior_weight: float = 1.0,
+    def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
                  decay: float = 0.95, cost_window: int = 5, stale_rounds: int = 64,
                  probe_every: int = 32):
         if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
@@ -113,7 +115,7 @@ class BlockChooser:
         samples, or the optimistic bound for the first unmeasured width above a measured one or a
         stale one in ``refresh`` (None: not a candidate)."""
         out: List[Optional[float]] = []
-        bound: Optional[float] = None  # the widest fresh narrower width's cost
+        bound: Optional[float] = None  # the dearest measured narrower width's cost
         for w in range(1, self.max_drafts + 2):
             own = self.median.get(w)
             fresh = self._fresh(w)
@@ -123,7 +125,7 @@ class BlockChooser:
                 out.append(min(own, bound))
             else:
                 out.append(own)
-            if fresh:
+            if own is not None:
                 bound = own if bound is None else max(bound, own)
         return out
 
@@ -146,11 +148,9 @@ class BlockChooser:
     def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
         """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
         self.round += 1
-        self.hits = [h * self.decay for h in self.hits]
-        self.tests = [t * self.decay for t in self.tests]
         for j in range(min(accepted + 1, drafts)):  # drafts past the first rejection: unjudged
-            self.tests[j] += 1.0
-            self.hits[j] += j < accepted
+            self.tests[j] = self.tests[j] * self.decay + 1.0
+            self.hits[j] = self.hits[j] * self.decay + (j < accepted)
         w = drafts + 1
         self.samples[w].append(wall_s)
         self.median[w] = statistics.median(self.samples[w])
