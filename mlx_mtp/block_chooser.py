@@ -23,8 +23,11 @@ Exploration, deterministic (no random numbers; the same measurements give the sa
   choice gets corrected; far widths keep their last measurement, so text the head cannot predict
   does not pay for re-measuring wide blocks);
 - width 1 (no drafts) is measured in the first round and re-measured every ``stale_rounds``;
-- after ``probe_every`` rounds in a row without drafts, one round drafts 1 token, so a stretch
-  where drafting did not pay does not hide a later one where it does.
+- after a run of rounds without drafts, one round drafts 1 token (a probe), so a stretch where
+  drafting did not pay does not hide a later one where it does. The run is 4 rounds at first,
+  doubles after each rejected probe up to ``probe_every``, and is 4 again after any other
+  drafting round (an early rejection, or a first round at a width that paid one-time costs, is
+  re-checked soon; text no head predicts pays for few probes).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Deque, Dict, List, Optional, Sequence
 from .errors import MTPError
 
 AUTO = "auto"
+PROBE_FIRST = 4  # rounds without drafts before the first probe
 DEFAULT_MAX_BLOCK_SIZE = 6
 
 
@@ -91,6 +95,8 @@ class BlockChooser:
         self.measured_at: Dict[int, int] = {}  # width -> round of its latest sample
         self.round = 0  # rounds observed
         self.undrafted = 0  # consecutive rounds without drafts
+        self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
+        self._probing = False  # the last choice was a probe
 
     @property
     def max_block_size(self) -> int:
@@ -141,9 +147,8 @@ class BlockChooser:
         neighbours = [w for w in (k, k + 2) if 1 < w <= limit + 1 and not self._fresh(w)]
         if neighbours:
             k = best_drafts(acceptance, self.costs(neighbours)[: limit + 1])
-        if k == 0 and self.undrafted >= self.probe_every:
-            k = 1
-        return k
+        self._probing = k == 0 and self.undrafted >= self.probe_gap
+        return 1 if self._probing else k
 
     def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
         """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
@@ -156,4 +161,9 @@ class BlockChooser:
         self.median[w] = statistics.median(self.samples[w])
         self.measured_at[w] = self.round
         self.undrafted = self.undrafted + 1 if drafts == 0 else 0
+        if drafts:  # back off after a rejected probe; else start again from the shortest run
+            self.probe_gap = (min(2 * self.probe_gap, self.probe_every)
+                              if self._probing and not accepted
+                              else min(PROBE_FIRST, self.probe_every))
+        self._probing = False
 

@@ -98,9 +98,25 @@ def test_undraftable_text_drafts_rarely():
     # then width 3 (optimistic at width 2's cost: E(2) = 1 + 0.525 + 0.525^2 = 1.80 > 1.5).
     assert choices[:3] == [0, 1, 2]
     # Afterwards a_1 = 2.1 / (1.95 + 3) = 0.42 and no wider block can pay: no drafts, except one
-    # probe of one draft after every 32 rounds without, which keeps a_1 down.
-    period = [0] * 32 + [1]
-    assert choices[3:] == (period * 20)[: len(choices) - 3]
+    # probe of one draft after 4, 8, 16, then every 32 rounds without (each rejected probe doubles
+    # the wait).
+    drafting = [i for i, k in enumerate(choices) if k]
+    assert drafting == [1, 2, 7, 16, 33] + list(range(66, 400, 33))
+    assert all(choices[i] == 1 for i in drafting[2:])
+
+
+def test_an_early_rejection_is_rechecked_soon():
+    """The first draft of a run is rejected, and width 2 looks dear (2.1x width 1): the probe
+    after 4 rounds is kept, the next after 4 more too, and then the climb to the widest block."""
+    cost = [0.010, 0.021, 0.020, 0.021, 0.023, 0.025]
+    c, choices, drafted = BlockChooser(5), [], 0
+    for _ in range(40):
+        k = c.choose()
+        c.observe(k, 0 if (k and not drafted) else k, cost[k])
+        drafted += k > 0
+        choices.append(k)
+    assert choices[:16] == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5]
+    assert choices[16:] == [5] * 24
 
 
 def test_a_stale_outlier_measurement_is_measured_again():
