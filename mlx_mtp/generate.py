@@ -18,10 +18,9 @@ from . import cpu_blas, loading
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from .cli import (Parser, block_size, block_size_or_auto, cli_main, non_negative_float,
                   non_negative_int, positive_int, temperature, unit_interval)
-from .demo import demo_path
+from .demo import model_or_demo
 from .diagnostics import RunStats
 from .draft_profile import table_rows as draft_profile_rows
-from .errors import MTPError
 from .gate import table_rows as gate_table_rows
 from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 from .sampling import REQUESTABLE_RULES, make_sampler
@@ -92,10 +91,7 @@ def _without_eos(tokens, tokenizer):
 
 
 def run(args) -> dict:
-    if args.model is None:
-        if args.drafter is not None:
-            raise MTPError("--drafter needs --model: the embedded demo pair has its own head")
-        args.model = str(demo_path())
+    args.model = model_or_demo(args.model, args.drafter)
     widest = args.max_block_size if args.block_size == AUTO else args.block_size
     need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
