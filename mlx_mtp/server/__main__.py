@@ -26,8 +26,10 @@ def build_parser() -> cli.Parser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=cli.non_negative_int, default=8080,
                    help="port (default: 8080)")
-    p.add_argument("--block-size", type=cli.block_size, default=None,
-                   help="tokens verified per round, drafts + 1 (default: the library's, 3)")
+    p.add_argument("--block-size", type=cli.block_size_or_auto, default=None,
+                   help="tokens verified per round, drafts + 1, or auto (default: the library's)")
+    p.add_argument("--max-block-size", type=cli.block_size, default=None,
+                   help="the widest block --block-size auto may choose (default: the library's)")
     p.add_argument("--max-queue", type=cli.positive_int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait while one decodes; more get 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
@@ -66,7 +68,8 @@ def main(argv=None) -> int:
         sys.stderr.write(f"error: {e}\n")
         return 1
     worker = Worker(lambda: Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
-                                        block_size=args.block_size), args.max_queue)
+                                        block_size=args.block_size,
+                                        max_block_size=args.max_block_size), args.max_queue)
     try:
         worker.start()
     except MTPError as e:

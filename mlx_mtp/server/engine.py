@@ -56,7 +56,8 @@ def mtp_summary(stats: RunStats) -> dict:
     return {
         "mtp_enabled": stats.mtp_enabled,
         "gate_reason": stats.gate_reason,
-        "block_size": stats.block_size,
+        "block_size": stats.block_size,  # as requested: an integer or "auto"
+        "block_sizes": {str(w): n for w, n in sorted(stats.block_sizes.items())},
         "acceptance_rule": stats.acceptance_rule,
         "rounds": stats.rounds,
         "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
@@ -73,19 +74,23 @@ def context_length(config: dict) -> Optional[int]:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, *, no_mtp: bool = False, block_size=None):
+    def __init__(self, model, tokenizer, *, no_mtp: bool = False, block_size=None,
+                 max_block_size: Optional[int] = None):
         self.model = model
         self.tokenizer = tokenizer
         self.no_mtp = no_mtp
-        self.block_size = block_size  # None: the library's default
+        # None: the library's defaults (block size "auto" since issue 16)
+        self.block_kwargs = {k: v for k, v in (("block_size", block_size),
+                                               ("max_block_size", max_block_size))
+                             if v is not None}
         self.context_length = context_length(model.config)
 
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
-             block_size=None) -> "Engine":
+             block_size=None, max_block_size: Optional[int] = None) -> "Engine":
         need_head = not no_mtp and block_size != 1
         m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head)
-        return cls(m, tok, no_mtp=no_mtp, block_size=block_size)
+        return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size)
 
     # ------------------------------------------------------------------------------ prompt
 
@@ -147,10 +152,10 @@ class Engine:
             return plain_stream_generate(self.model, self.tokenizer, prompt,
                                          max_tokens=req.max_tokens, sampler=sampler,
                                          logits_processors=processors, stats=stats)
-        kwargs = {} if self.block_size is None else {"block_size": self.block_size}
         return mlx_mtp.stream_generate(self.model, self.tokenizer, prompt,
                                        max_tokens=req.max_tokens, sampler=sampler, stats=stats,
-                                       logits_processors=processors, seed=req.seed, **kwargs)
+                                       logits_processors=processors, seed=req.seed,
+                                       **self.block_kwargs)
 
     def generate(self, req: GenerationRequest, ids: List[int],
                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:

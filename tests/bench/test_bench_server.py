@@ -18,10 +18,11 @@ def test_bench_server_writes_the_record(tmp_path):
                                 "--allow-busy", "--idle-window", "0.2"])
     data = json.loads(next(tmp_path.glob("smoke-*.json")).read_text())
     assert data["rows"] == result["rows"]
-    assert [r["prompt"] for r in data["rows"]] == ["code", "prose", "enumeration"]
+    prompts = list(bench_server.bench_mtp.DEFAULT_PROMPTS)  # the same prompts as bench_mtp's
+    assert [r["prompt"] for r in data["rows"]] == prompts
     assert all(r["identical_text"] for r in data["rows"])  # T=0: both arms, the same text
     for arm in ("mtp", "plain"):
-        assert len(data["raw"][arm]) == 3 * 2
+        assert len(data["raw"][arm]) == len(prompts) * 2
         assert data["throughput"][arm]["requests"] == 2
         assert all(r["tokens"] == 6 and r["ttft_ms"] > 0 for r in data["raw"][arm])
     assert all(r["acceptance_rate"] is not None for r in data["raw"]["mtp"])

@@ -65,7 +65,7 @@ class Server(ServerProcess):
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--max-queue", "8")
+    s = Server("--max-queue", "8", "--block-size", "3")  # fixed: its stats match the CLI's
     yield s
     s.stop()
 
@@ -79,7 +79,7 @@ def plain_server():
 
 def cli_reference(prompt: str, max_tokens: int = N) -> dict:
     r = run_module("mlx_mtp.generate", "--prompt", prompt, "--max-tokens", max_tokens,
-                   "--ignore-chat-template", "--json")
+                   "--block-size", 3, "--ignore-chat-template", "--json")
     return json.loads(r.stdout)
 
 
@@ -110,6 +110,7 @@ def assert_mtp_matches(mtp: dict, ref: dict):
     assert mtp["mtp_enabled"] is True and ref["mtp_enabled"] is True
     assert mtp["gate_reason"] == ref["gate_reason"]
     assert (mtp["block_size"], mtp["rounds"]) == (ref["block_size"], ref["rounds"])
+    assert mtp["block_sizes"] == ref["block_sizes"]
     assert mtp["acceptance_rate"] == ref["acceptance_rate"]
     assert mtp["tokens_per_round"] == ref["tokens_per_round"]
     assert mtp["per_position_acceptance"] == ref["per_position_acceptance"]
