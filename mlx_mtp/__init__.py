@@ -1,4 +1,8 @@
-"""mlx_mtp: exact multi-token-prediction speculative decoding on MLX / mlx-lm."""
+"""mlx_mtp: exact multi-token-prediction speculative decoding on MLX / mlx-lm.
+
+A drop-in for mlx-lm: ``load``, ``generate``, ``stream_generate``, ``generate_step`` and the prompt
+cache functions take mlx-lm's arguments (plus ours: ``block_size``, ``drafter``, ...).
+"""
 
 # Before anything imports mlx.core: bind MLX's CPU matmuls to a fast system BLAS (Linux).
 from . import cpu_blas
@@ -7,18 +11,23 @@ cpu_blas.load()
 
 from .errors import MTPError  # noqa: E402
 from .loading import load, load_model  # noqa: E402
+from .prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache  # noqa: E402
 from .sampling import make_sampler  # noqa: E402
 from .speculative import generate_step  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["MTPError", "load", "load_model", "generate_step", "stream_generate", "make_sampler",
+__all__ = ["MTPError", "load", "load_model", "generate", "generate_step", "stream_generate",
+           "make_sampler", "make_prompt_cache", "save_prompt_cache", "load_prompt_cache",
            "__version__"]
 
 
 def __getattr__(name):
-    if name == "stream_generate":  # lazy: generate.py is also the CLI entry point
-        from .generate import stream_generate
+    # lazy: generate.py is also the CLI entry point. ``mlx_mtp.generate`` is that module, made
+    # callable: ``mlx_mtp.generate(model, tokenizer, prompt, ...)`` is mlx-lm's ``generate``.
+    if name in ("stream_generate", "generate"):
+        import importlib
 
-        return stream_generate
+        module = importlib.import_module(".generate", __name__)
+        return module if name == "generate" else module.stream_generate
     raise AttributeError(name)

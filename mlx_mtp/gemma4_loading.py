@@ -9,7 +9,7 @@ line that names the drafter folder, the setting and both values.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,8 +27,9 @@ _ASSISTANT_ARCH = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input
                    "enable_moe_block": False, "use_double_wide_mlp": False}
 
 
-def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head: bool) -> MTPModel:
-    target = Gemma4Target(load_target(path, config, dtype))
+def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head: bool,
+                      target_args: Optional[dict] = None) -> MTPModel:
+    target = Gemma4Target(load_target(path, config, dtype, **(target_args or {})))
     assistant = None
     if drafter is not None:
         assistant = load_assistant(drafter, target)

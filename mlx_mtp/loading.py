@@ -41,8 +41,9 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def resolve_path(path_or_repo, what: str = "model") -> Path:
-    """A local folder as is; anything else shaped like ``owner/name`` via the Hugging Face Hub."""
+def resolve_path(path_or_repo, what: str = "model", revision: Optional[str] = None) -> Path:
+    """A local folder as is; anything else shaped like ``owner/name`` via the Hugging Face Hub
+    (at ``revision``: a branch, tag or commit, as ``mlx_lm.load`` passes it)."""
     s = str(path_or_repo)
     p = Path(s).expanduser()
     if p.exists():
@@ -53,7 +54,8 @@ def resolve_path(path_or_repo, what: str = "model") -> Path:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(repo_id=s, allow_patterns=_DOWNLOAD_PATTERNS))
+            return Path(snapshot_download(repo_id=s, allow_patterns=_DOWNLOAD_PATTERNS,
+                                          revision=revision))
         except Exception as e:  # network, auth, missing repo: all one user-facing line
             msg = first_line(e)
             raise MTPError(f"{what} {s} is not a local folder and could not be fetched from "
@@ -118,8 +120,12 @@ def _text_config(config: dict) -> dict:
     return config.get("text_config", config)
 
 
-def load_target(path: Path, config: dict, dtype: Optional[mx.Dtype] = None) -> nn.Module:
-    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``)."""
+def load_target(path: Path, config: dict, dtype: Optional[mx.Dtype] = None, *,
+                model_config: Optional[dict] = None, lazy: bool = False,
+                trust_remote_code: bool = False, adapter_path=None) -> nn.Module:
+    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``), with ``mlx_lm.load``'s
+    ``model_config``, ``lazy``, ``trust_remote_code`` and ``adapter_path`` (LoRA / DoRA adapters
+    from ``mlx_lm.lora``, applied after the cast to ``dtype``)."""
     from mlx_lm.utils import load_model
 
     model_type = config.get("model_type")
@@ -132,7 +138,8 @@ def load_target(path: Path, config: dict, dtype: Optional[mx.Dtype] = None) -> n
     for f in files:
         safetensors_header(f)
     try:
-        model, _ = load_model(path)
+        model, _ = load_model(path, lazy, model_config=model_config,
+                              trust_remote_code=trust_remote_code)
     except MTPError:
         raise
     except Exception as e:
@@ -141,6 +148,24 @@ def load_target(path: Path, config: dict, dtype: Optional[mx.Dtype] = None) -> n
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
         model.update(tree_map_floats(model.parameters(), dtype, predicate))
+    if adapter_path is not None:
+        model = _load_adapters(model, adapter_path)
+    return model
+
+
+def _load_adapters(model: nn.Module, adapter_path) -> nn.Module:
+    """mlx-lm's ``load_adapters`` (what ``mlx_lm.load(adapter_path=...)`` runs), one-line errors."""
+    from mlx_lm.utils import load_adapters
+
+    p = Path(adapter_path).expanduser()
+    if not (p / "adapter_config.json").is_file() or not (p / "adapters.safetensors").is_file():
+        raise MTPError(f"adapter_path {adapter_path}: expected a folder with adapter_config.json "
+                       "and adapters.safetensors (as mlx_lm.lora writes)")
+    try:
+        model = load_adapters(model, str(p))
+    except Exception as e:
+        raise MTPError(f"adapter_path {adapter_path}: {first_line(e)}") from None
+    model.eval()
     return model
 
 
@@ -331,13 +356,22 @@ def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-               draft_options: Optional[DraftOptions] = None) -> MTPModel:
+               draft_options: Optional[DraftOptions] = None, model_config: Optional[dict] = None,
+               adapter_path=None, lazy: bool = False, revision: Optional[str] = None,
+               trust_remote_code: bool = False) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
-    says: ``mlx_mtp.drafters.options``)."""
+    says: ``mlx_mtp.drafters.options``). The other arguments are ``mlx_lm.load``'s; adapters
+    change the target only (the MTP head stays the checkpoint's: acceptance may drop, output
+    stays exact)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
-    path = resolve_path(path_or_hf_repo)
+    if model_config is not None and not isinstance(model_config, dict):
+        raise MTPError(f"model_config must be a dict, got {type(model_config).__name__}")
+    path = resolve_path(path_or_hf_repo, revision=revision)
     config = read_config(path)
+    config.update(model_config or {})
+    target_args = dict(model_config=model_config, lazy=lazy,
+                       trust_remote_code=trust_remote_code, adapter_path=adapter_path)
     if config.get("model_type") in GEMMA4_MODEL_TYPES:  # separate assistant checkpoint
         from .gemma4_loading import load_gemma4_model
 
@@ -348,12 +382,12 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
 
         dtype = default_dtype() if dtype == "auto" else dtype
         return load_gemma4_model(path, config, drafter=drafter, dtype=dtype,
-                                 require_head=require_head)
+                                 require_head=require_head, target_args=target_args)
     text = _text_config(config)
     if text.get("mtp_use_dedicated_embeddings"):
         raise MTPError(f"{path / 'config.json'}: mtp_use_dedicated_embeddings=true is not supported")
     dtype = default_dtype() if dtype == "auto" else dtype
-    mlx_model = load_target(path, config, dtype)
+    mlx_model = load_target(path, config, dtype, **target_args)
     target = Qwen3_5Target(mlx_model)
     if drafter is not None:
         head = load_head_from_drafter(drafter, target)
@@ -374,19 +408,28 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
     )
 
 
-def load_tokenizer(path: Path):
+def load_tokenizer(path: Path, tokenizer_config: Optional[dict] = None, eos_token_ids=None):
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
     try:
-        return mlx_load_tokenizer(path)
+        return mlx_load_tokenizer(path, tokenizer_config, eos_token_ids=eos_token_ids)
     except Exception as e:
         msg = first_line(e)
         raise MTPError(f"{path}: could not load the tokenizer ({msg})") from None
 
 
-def load(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-         draft_options: Optional[DraftOptions] = None):
-    """``(MTPModel, TokenizerWrapper)``, like ``mlx_lm.load``."""
+def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
+         model_config: Optional[dict] = None, adapter_path: Optional[str] = None,
+         lazy: bool = False, return_config: bool = False, revision: Optional[str] = None,
+         trust_remote_code: bool = False, *, drafter=None, dtype="auto",
+         require_head: bool = True, draft_options: Optional[DraftOptions] = None):
+    """``(MTPModel, TokenizerWrapper)``, or with ``return_config`` ``(model, tokenizer,
+    config)``: ``mlx_lm.load``'s arguments and defaults, plus ours after them (``drafter``,
+    ``dtype``, ``require_head``, ``draft_options``)."""
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
-                       draft_options=draft_options)
-    return model, load_tokenizer(model.path)
+                       draft_options=draft_options, model_config=model_config,
+                       adapter_path=adapter_path, lazy=lazy, revision=revision,
+                       trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(model.path, tokenizer_config,
+                               eos_token_ids=model.config.get("eos_token_id"))
+    return (model, tokenizer, model.config) if return_config else (model, tokenizer)

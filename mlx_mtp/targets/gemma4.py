@@ -76,6 +76,12 @@ class Gemma4Target(TrunkTarget):
         for c in cache:
             c.trim(fed - keep)
 
+    def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
+        """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first
+        ``keep`` (the caller stopped reading mid-round): the caches still hold those rows' states."""
+        for c in cache:
+            c.trim(kept - keep)
+
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
         """The caches' buffers as they are now (for eval, and for bitwise comparison with the
         caches of mlx-lm's own plain decode, layout included). ``[...]``: later in-place updates
