@@ -72,10 +72,6 @@ class KVSettings:
     def enabled(self) -> bool:
         return self.bits is not None
 
-    def describe(self) -> str:
-        return (f"kv {self.bits}-bit, group {self.group_size}, quantized from position "
-                f"{self.start}")
-
     def describe_cache(self) -> str:
         """The quantized cache itself (what the exactness probe runs against)."""
         return f"kv {self.bits}-bit, group {self.group_size}"

@@ -144,6 +144,8 @@ def load_target(path: Path, config: dict, dtype: Optional[mx.Dtype] = None, *,
         raise
     except Exception as e:
         msg = first_line(e)
+        if "trust_remote_code" in msg:  # mlx-lm's refusal of a custom model_file
+            raise MTPError(f"{path}: {msg}") from None
         raise MTPError(f"{path}: weights do not match config.json ({msg})") from None
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)

@@ -147,6 +147,9 @@ class Turn:
         if self.drafter is not None:
             arrays += self.drafter.state_arrays()
         mx.eval(arrays)
+        for c in cache:  # the last verify's inputs: nothing rolls back past this point any more
+            if hasattr(c, "stash"):
+                c.stash = None
         cache.hidden = hidden
         carry = getattr(self.drafter, "carry", None)
         cache.drafter_state = carry() if carry is not None else None

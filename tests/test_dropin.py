@@ -298,7 +298,7 @@ def test_max_kv_size_past_the_window_as_mlx_lm(dense_dir, caplog):
                for r in caplog.records)
 
 
-def test_gemma4_max_kv_size_past_the_window_and_kv_bits_refused(tmp_path_factory):
+def test_gemma4_max_kv_size_past_the_window_and_kv_bits_refused(tmp_path_factory, tmp_path):
     from tiny_gemma4 import WINDOW, Checkpoints
 
     ckpts = Checkpoints(tmp_path_factory)
@@ -316,6 +316,13 @@ def test_gemma4_max_kv_size_past_the_window_and_kv_bits_refused(tmp_path_factory
     nxt = mx.array([5, 9, 11])
     assert take(mlx_mtp.generate_step(nxt, model, prompt_cache=cache), 9) == \
         take(mlx_generate_step(nxt, ref, prompt_cache=ref_cache), 9)
+    f = str(tmp_path / "gemma.safetensors")  # the rotating caches survive a save and a load
+    mlx_mtp.save_prompt_cache(f, cache)
+    loaded = mlx_mtp.load_prompt_cache(f)
+    assert [type(c) for c in loaded] == [type(c) for c in cache]
+    last = mx.array([17, 3])
+    assert take(mlx_mtp.generate_step(last, model, prompt_cache=loaded), 9) == \
+        take(mlx_generate_step(last, ref, prompt_cache=ref_cache), 9)
     with pytest.raises(MTPError, match=r"^kv_bits is not supported for Gemma 4: its "
                        r"sliding-window layers use mlx-lm's RotatingKVCache"):
         next(mlx_mtp.generate_step(prompt, model, kv_bits=8))
@@ -325,13 +332,15 @@ def test_gemma4_max_kv_size_past_the_window_and_kv_bits_refused(tmp_path_factory
 
 
 def test_load_arguments_as_mlx_lm(dense_dir, monkeypatch):
-    model, tok, config = mlx_mtp.load(str(dense_dir), return_config=True, lazy=True,
-                                      tokenizer_config={"eos_token": "<|im_end|>"})
-    ref, ref_tok, ref_config = mlx_lm.load(str(dense_dir), return_config=True, lazy=True,
-                                           tokenizer_config={"eos_token": "<|im_end|>"})
+    kw = dict(return_config=True, lazy=True, tokenizer_config={"eos_token": "<|im_end|>"},
+              model_config={"note": "from model_config"})
+    model, tok, config = mlx_mtp.load(str(dense_dir), **kw)
+    ref, ref_tok, ref_config = mlx_lm.load(str(dense_dir), **kw)
     assert config["model_type"] == ref_config["model_type"] == "qwen3_5"
+    assert config["note"] == ref_config["note"] == "from model_config"
     assert tok.eos_token_ids == ref_tok.eos_token_ids and tok.eos_token == "<|im_end|>"
-    with pytest.raises(MTPError, match="trust_remote_code=True"):
+    with pytest.raises(MTPError, match=r"requires importing and running a custom module .*"
+                       r"Pass trust_remote_code=True if you trust this model"):
         mlx_mtp.load(str(dense_dir), model_config={"model_file": "custom.py"})
     asked = {}
 
