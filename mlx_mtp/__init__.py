@@ -14,20 +14,13 @@ from .loading import load, load_model  # noqa: E402
 from .prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache  # noqa: E402
 from .sampling import make_sampler  # noqa: E402
 from .speculative import generate_step  # noqa: E402
+from .stream import generate, stream_generate  # noqa: E402
+
+# ``generate`` is mlx-lm's function; importing the CLI module ``mlx_mtp.generate`` rebinds the
+# name to that module, which is callable with the same signature (see generate.py).
 
 __version__ = "0.1.0"
 
 __all__ = ["MTPError", "load", "load_model", "generate", "generate_step", "stream_generate",
            "make_sampler", "make_prompt_cache", "save_prompt_cache", "load_prompt_cache",
            "__version__"]
-
-
-def __getattr__(name):
-    # lazy: generate.py is also the CLI entry point. ``mlx_mtp.generate`` is that module, made
-    # callable: ``mlx_mtp.generate(model, tokenizer, prompt, ...)`` is mlx-lm's ``generate``.
-    if name in ("stream_generate", "generate"):
-        import importlib
-
-        module = importlib.import_module(".generate", __name__)
-        return module if name == "generate" else module.stream_generate
-    raise AttributeError(name)

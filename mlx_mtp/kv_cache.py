@@ -58,7 +58,7 @@ class KVSettings:
                            f"{', '.join(map(str, KV_GROUP_SIZES))}, got {self.group_size!r}")
         if not _is_int(self.start) or self.start < 0:
             raise MTPError(f"quantized_kv_start must be an integer >= 0, got {self.start!r}")
-        if getattr(target, "family", None) == "gemma4":
+        if target.family == "gemma4":
             raise MTPError("kv_bits is not supported for Gemma 4: its sliding-window layers use "
                            "mlx-lm's RotatingKVCache, which mlx-lm cannot quantize "
                            "(RotatingKVCache.to_quantized is not implemented)")
@@ -105,7 +105,7 @@ def note_max_kv_size(model, max_kv_size) -> None:
         return
     if not _is_int(max_kv_size) or max_kv_size < 1:
         raise MTPError(f"max_kv_size must be a positive integer, got {max_kv_size!r}")
-    family = getattr(model.target, "family", type(model.target).__name__)
+    family = model.target.family
     if family not in _warned_max_kv_size:
         _warned_max_kv_size.add(family)
         logger.warning("max_kv_size=%d has no effect on %s targets, as in mlx-lm: their model "

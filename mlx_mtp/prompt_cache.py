@@ -20,7 +20,9 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from .errors import MTPError
+from .gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from .kv_cache import KVSettings, note_max_kv_size
+from .qwen3_5.target import SpecArraysCache
 
 _META = "mlx_mtp_"  # our keys in a saved cache's metadata (stripped on load)
 
@@ -107,13 +109,12 @@ class Turn:
         previous turn's last hidden state with this prompt's first token."""
         d = self.drafter
         carried = self.cache.drafter_state
-        if carried is not None and hasattr(d, "resume"):
+        if carried is not None:
             d.resume(carried)
         else:
             d.reset()
             self.cache.hidden = None  # a fresh head starts its context at this prompt
-        if hasattr(d, "bind_cache"):  # drafters that read the target's K/V (Gemma 4)
-            d.bind_cache(self.cache)
+        d.bind_cache(self.cache)  # the Gemma 4 assistant reads the target's K/V
 
     def pair_previous(self, first_id: mx.array) -> None:
         if self.drafter is not None and self.cache.hidden is not None:
@@ -138,7 +139,7 @@ class Turn:
                     cache[i] = old
             target.rewind(cache, kept=kept, keep=keep)
             hidden = r.hidden[:, taken : taken + 1]
-            if self.drafter is not None and hasattr(self.drafter, "rewind"):
+            if self.drafter is not None:
                 self.drafter.rewind(kept - taken)  # pairs of rows taken..a
         else:  # every output read: feed the bonus as mlx-lm's decode step did
             hidden = target.hidden(r.bonus[None], cache)[:, -1:]
@@ -151,8 +152,7 @@ class Turn:
             if hasattr(c, "stash"):
                 c.stash = None
         cache.hidden = hidden
-        carry = getattr(self.drafter, "carry", None)
-        cache.drafter_state = carry() if carry is not None else None
+        cache.drafter_state = self.drafter.carry() if self.drafter is not None else None
 
 
 def forget_drafter(cache: PromptCache) -> None:
@@ -169,13 +169,10 @@ class _Hidden(_mlx_cache.ArraysCache):
 
 
 def _adopt_classes(family: str) -> Dict[type, type]:
+    """mlx-lm's cache classes -> the rollback-safe subclasses ``family``'s target uses."""
     if family == "qwen3_5":
-        from .targets.qwen3_5 import SpecArraysCache
-
         return {_mlx_cache.ArraysCache: SpecArraysCache}
     if family == "gemma4":
-        from .rollback_caches import RollbackKVCache, RollbackRotatingKVCache
-
         return {_mlx_cache.KVCache: RollbackKVCache,
                 _mlx_cache.RotatingKVCache: RollbackRotatingKVCache}
     raise MTPError(f"unknown target family {family!r} in a saved prompt cache")

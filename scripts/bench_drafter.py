@@ -41,13 +41,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
-from mlx_mtp import draft_vocab  # noqa: E402
+from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
-from mlx_mtp.drafters.options import DraftOptions  # noqa: E402
-from mlx_mtp.drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
+from mlx_mtp.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
+from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.model import MTPModel  # noqa: E402
-from mlx_mtp.quantize_drafter import quantize_head  # noqa: E402
+from mlx_mtp.qwen3_5.quantize import quantize_head  # noqa: E402
 
 PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
     "p1": ("device_ids", True, False),

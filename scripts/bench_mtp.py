@@ -36,7 +36,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_mtp import cpu_blas  # noqa: E402
 from mlx_mtp.diagnostics import RunStats  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
