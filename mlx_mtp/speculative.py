@@ -105,17 +105,17 @@ def generate_step(
         raise MTPError(f"input_embeddings must be [prompt length, hidden size] = "
                        f"[{prompt.size}, ...], got shape {tuple(input_embeddings.shape)}")
     kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start).check(model.target)
-    if prompt_cache is None:
+    if prompt_cache is None:  # as in mlx-lm, max_kv_size only matters when making the cache
         note_max_kv_size(model, max_kv_size)
-        cache, turn = make_prompt_cache(model), None
+        cache = make_prompt_cache(model)
     else:
         cache = check_prompt_cache(model, prompt_cache)
     drafter = model.drafter if block_size > 1 else None
     if block_size > 1 and drafter is None:
         raise MTPError("this model has no MTP head: load one with drafter= (--drafter), "
                        "or use block_size=1")
-    if prompt_cache is not None:
-        turn = Turn(model, cache, kv, drafter)
+    # The caller's cache must end holding exactly the tokens yielded (``Turn.settle``).
+    turn = Turn(model, cache, kv, drafter) if prompt_cache is not None else None
     args = dict(max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
                 prefill_step_size=prefill_step_size, progress=prompt_progress_callback,
                 input_embeddings=input_embeddings, block_size=block_size, seed=seed,
