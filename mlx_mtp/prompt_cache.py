@@ -14,7 +14,7 @@ first token, so the head's context continues where the target's does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Dict, Optional
 
 import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
@@ -43,12 +43,6 @@ class PromptCache(list):
     def offset(self) -> int:
         """Tokens processed so far."""
         return next(c.offset for c in self if hasattr(c, "offset"))
-
-    @property
-    def nbytes(self) -> int:
-        layers = [c for c in self] + list(self.drafter_state or [])
-        total = sum(c.nbytes for c in layers if c is not None and hasattr(c, "keys"))
-        return total + (self.hidden.nbytes if self.hidden is not None else 0)
 
 
 def make_prompt_cache(model, max_kv_size: Optional[int] = None) -> PromptCache:
@@ -90,8 +84,9 @@ class _Round:
 
 
 class Turn:
-    """One call of ``generate_step`` on a prompt cache: what the loop reports (``prefilled`` and
-    ``round_done``), and ``settle``, which makes the cache hold exactly the tokens yielded."""
+    """One call of ``generate_step`` on a prompt cache: what the loop reports (``round_done``:
+    the prefill's first token, then each round), and ``settle``, which makes the cache hold
+    exactly the tokens yielded."""
 
     def __init__(self, model, cache: PromptCache, kv: KVSettings, drafter):
         self.target = model.target
@@ -99,7 +94,6 @@ class Turn:
         self.kv = kv
         self.drafter = drafter
         self.last: Optional[_Round] = None
-        self.prefill_tokens = 0  # tokens this turn fed to the target before its first yield
         for c in cache:  # a caller may stop mid-round: keep what ``target.rewind`` replays from
             if hasattr(c, "keep_stash"):
                 c.keep_stash = True

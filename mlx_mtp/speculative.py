@@ -217,8 +217,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     token = bonus.item()
     stats.prompt_tokens = L
     stats.prompt_s = time.perf_counter() - t0
-    if turn is not None:
-        turn.prefill_tokens = L
+    if turn is not None:  # the first token: like a round's bonus, yielded before it is fed
         turn.round_done(0, h[:, -1:], 0, bonus, replaced)
 
     t_gen = time.perf_counter()
