@@ -19,10 +19,9 @@ from tabulate import tabulate
 from . import cpu_blas, loading
 from .cli import (Parser, block_size, cli_main, non_negative_float, non_negative_int, positive_int,
                   temperature, unit_interval)
-from .demo import demo_path
+from .demo import model_or_demo
 from .diagnostics import RunStats
 from .draft_profile import table_rows as draft_profile_rows
-from .errors import MTPError
 from .gate import table_rows as gate_table_rows
 from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 from .sampling import REQUESTABLE_RULES, make_sampler
@@ -90,10 +89,7 @@ def _without_eos(tokens, tokenizer):
 
 
 def run(args) -> dict:
-    if args.model is None:
-        if args.drafter is not None:
-            raise MTPError("--drafter needs --model: the embedded demo pair has its own head")
-        args.model = str(demo_path())
+    args.model = model_or_demo(args.model, args.drafter)
     need_head = not args.no_mtp and args.block_size > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)

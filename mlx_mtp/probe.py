@@ -13,6 +13,7 @@ from tabulate import tabulate
 
 from . import loading
 from .cli import Parser, cli_main
+from .demo import model_or_demo
 from .exactness import DIVERGES, PROBE_DRAWS, aggregate_verdict, probe_exactness
 from .gpu_generation import DeviceFacts, current_device_facts
 from .speculative import MAX_BLOCK_SIZE, block_size_problem
@@ -35,7 +36,8 @@ def _widths(s: str):
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m mlx_mtp.probe",
                description="Check that verify blocks equal single-token decode, byte for byte.")
-    p.add_argument("--model", required=True, help="local folder or Hugging Face repo id")
+    p.add_argument("--model", help="local folder or Hugging Face repo id of the target "
+                   "(default: the embedded demo pair, mlx_mtp/demo_pair)")
     p.add_argument("--drafter", help="the MTP head the session would use (loaded as it would be)")
     p.add_argument("--block-sizes", type=_widths, default=_widths(DEFAULT_WIDTHS),
                    help=f"verify widths to probe, comma-separated (default {DEFAULT_WIDTHS})")
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> dict:
+    args.model = model_or_demo(args.model, args.drafter)
     t0 = time.perf_counter()
     model = loading.load_model(args.model, drafter=args.drafter, require_head=False)
     load_s = time.perf_counter() - t0

@@ -71,7 +71,6 @@ def test_a_diverging_target_is_reported_with_position_and_bytes(dense_dir, monke
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "/no/such/dir"], "error: model path /no/such/dir does not exist"),
-    ([], "error: the following arguments are required: --model"),
     (["--model", "x", "--block-sizes", "1,2"],
      "error: argument --block-sizes: expected comma-separated block sizes between 2 and 16 "
      "(block size 1 has no verify block), got '1,2'"),
@@ -87,3 +86,18 @@ def test_bad_input_is_one_line_and_nonzero(args, message):
     assert r.returncode != 0
     assert r.stderr.strip() == message
     assert "Traceback" not in r.stderr
+
+
+def test_without_model_probes_the_demo_pair():
+    from mlx_mtp.demo import demo_path
+
+    out = json.loads(probe_cli("--block-sizes", "2", "--json").stdout)
+    assert out["model"] == str(demo_path())
+    assert [(w["width"], w["verdict"]) for w in out["widths"]] == [(2, "equal")]
+    assert out["verdict"] == "equal"
+
+
+def test_drafter_without_model_is_refused(dense_dir):
+    r = probe_cli("--drafter", dense_dir, check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip() == "error: --drafter needs --model: the embedded demo pair has its own head"
