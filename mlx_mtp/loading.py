@@ -16,7 +16,8 @@ from .qwen3_5.loading import load_qwen3_5_model
 from .qwen3_5.options import DraftOptions
 from .qwen3_5.target import QWEN3_5_MODEL_TYPES
 
-# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options) -> MTPModel
+# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options,
+#                       target_args) -> MTPModel (target_args: load_target's keywords)
 LOADERS = {
     **{t: load_qwen3_5_model for t in QWEN3_5_MODEL_TYPES},
     **{t: load_gemma4_model for t in GEMMA4_MODEL_TYPES},  # the assistant: a separate checkpoint
@@ -25,26 +26,45 @@ SUPPORTED_MODEL_TYPES = tuple(LOADERS)
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-               draft_options: Optional[DraftOptions] = None) -> MTPModel:
+               draft_options: Optional[DraftOptions] = None, model_config: Optional[dict] = None,
+               adapter_path=None, lazy: bool = False, revision: Optional[str] = None,
+               trust_remote_code: bool = False) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
-    says: ``mlx_mtp.qwen3_5.options``)."""
+    says: ``mlx_mtp.qwen3_5.options``). The other arguments are ``mlx_lm.load``'s; adapters
+    change the target only (the MTP head stays the checkpoint's: acceptance may drop, output
+    stays exact)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
-    path = resolve_path(path_or_hf_repo)
+    if model_config is not None and not isinstance(model_config, dict):
+        raise MTPError(f"model_config must be a dict, got {type(model_config).__name__}")
+    path = resolve_path(path_or_hf_repo, revision=revision)
     config = read_config(path)
+    config.update(model_config or {})
     model_type = config.get("model_type")
     loader = LOADERS.get(model_type)
     if loader is None:
         raise MTPError(f"{path / 'config.json'}: unknown model_type {model_type!r}, expected one "
                        f"of {', '.join(SUPPORTED_MODEL_TYPES)}")
+    target_args = dict(model_config=model_config, lazy=lazy,
+                       trust_remote_code=trust_remote_code, adapter_path=adapter_path)
     return loader(path, config, drafter=drafter,
                   dtype=default_dtype() if dtype == "auto" else dtype,
-                  require_head=require_head, draft_options=draft_options)
+                  require_head=require_head, draft_options=draft_options,
+                  target_args=target_args)
 
 
-def load(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-         draft_options: Optional[DraftOptions] = None):
-    """``(MTPModel, TokenizerWrapper)``, like ``mlx_lm.load``."""
+def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
+         model_config: Optional[dict] = None, adapter_path: Optional[str] = None,
+         lazy: bool = False, return_config: bool = False, revision: Optional[str] = None,
+         trust_remote_code: bool = False, *, drafter=None, dtype="auto",
+         require_head: bool = True, draft_options: Optional[DraftOptions] = None):
+    """``(MTPModel, TokenizerWrapper)``, or with ``return_config`` ``(model, tokenizer,
+    config)``: ``mlx_lm.load``'s arguments and defaults, plus ours after them (``drafter``,
+    ``dtype``, ``require_head``, ``draft_options``)."""
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
-                       draft_options=draft_options)
-    return model, load_tokenizer(model.path)
+                       draft_options=draft_options, model_config=model_config,
+                       adapter_path=adapter_path, lazy=lazy, revision=revision,
+                       trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(model.path, tokenizer_config,
+                               eos_token_ids=model.config.get("eos_token_id"))
+    return (model, tokenizer, model.config) if return_config else (model, tokenizer)

@@ -22,6 +22,7 @@ from typing import Dict, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 _active = 0
 
@@ -91,9 +92,43 @@ _SWAP = {
 _QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 
 
+def _adapter_classes() -> Tuple[type, ...]:
+    """mlx-lm's LoRA / DoRA linear wrappers (``mlx_lm.load(adapter_path=...)``): their
+    ``x @ lora_a @ lora_b`` is a multi-row product of its own, beside the wrapped layer's."""
+    from mlx_lm.tuner.dora import DoRALinear
+    from mlx_lm.tuner.lora import LoRALinear
+
+    return (LoRALinear, DoRALinear)
+
+
+_ROW_EXACT_ADAPTERS: Dict[type, type] = {}
+
+
+def _row_exact_adapter(cls: type) -> type:
+    if cls not in _ROW_EXACT_ADAPTERS:
+        _ROW_EXACT_ADAPTERS[cls] = type(f"RowExact{cls.__name__}", (_RowExact, cls), {})
+    return _ROW_EXACT_ADAPTERS[cls]
+
+
 def _signature(base, layer) -> Tuple:
     return (base.__name__,) + tuple(
-        (k, tuple(v.shape), str(v.dtype)) for k, v in sorted(layer.parameters().items()))
+        (k, tuple(v.shape), str(v.dtype)) for k, v in sorted(tree_flatten(layer.parameters())))
+
+
+def _install_adapter(layer, base, max_width: int, measured: Dict[Tuple, int]) -> int:
+    """An adapter layer: the same measurement, its input the wrapped layer's."""
+    sig = _signature(base, layer) + (max_width,)
+    if sig not in measured:
+        inner = layer.linear
+        dtype = inner.scales.dtype if hasattr(inner, "scales") else inner.weight.dtype
+        measured[sig] = first_divergent_width(layer, max_width, layer.lora_a.shape[0], dtype)
+    width = measured[sig]
+    if width:
+        layer.__class__ = _row_exact_adapter(base)
+        layer.exact_from = width
+    elif type(layer) is not base:
+        layer.__class__ = base
+    return width
 
 
 def first_divergent_width(fn, max_width: int, in_dims: int, dtype) -> int:
@@ -119,7 +154,14 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
     if max_width < 2:
         return switched
     measured: Dict[Tuple, int] = {}
+    adapters = _adapter_classes()
     for path, layer in model.named_modules():
+        adapter = next((b for b in type(layer).__mro__ if b in adapters), None)
+        if adapter is not None:
+            width = _install_adapter(layer, adapter, max_width, measured)
+            if width:
+                switched[path] = width
+            continue
         base = next((b for b in type(layer).__mro__ if b in _SWAP), None)
         if base is None:
             continue

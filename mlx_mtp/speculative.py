@@ -15,18 +15,23 @@ a drafter that can sample (``draft_sampled``), the walk is speculative sampling 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from typing import Callable, Generator, List, Optional, Tuple, Union
 
 import mlx.core as mx
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
 from . import draft_profile, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
+from .kv_cache import KVSettings, note_max_kv_size
 from .model import MTPModel
 from .plain import plain_generate_step
+from .prompt_cache import PromptCache, Turn, check_prompt_cache, forget_drafter, make_prompt_cache
 
 MAX_BLOCK_SIZE = 16
 
@@ -69,19 +74,32 @@ def _logprobs(logits: mx.array) -> mx.array:
 def generate_step(
     prompt: mx.array,
     model: MTPModel,
+    stream=None,
     *,
     max_tokens: int = 256,
-    block_size: Union[int, str, BlockChooser] = AUTO,
-    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     sampler: Optional[Callable[[mx.array], mx.array]] = None,
     logits_processors: Optional[List[Callable[[mx.array, mx.array], mx.array]]] = None,
+    max_kv_size: Optional[int] = None,
+    prompt_cache: Optional[PromptCache] = None,
+    prefill_step_size: int = 2048,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    input_embeddings: Optional[mx.array] = None,
+    block_size: Union[int, str, BlockChooser] = AUTO,
+    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     seed: Optional[int] = None,
     acceptance: str = "auto",
-    prefill_step_size: int = 2048,
     stats: Optional[RunStats] = None,
 ) -> Generator[Tuple[int, mx.array, bool], None, None]:
     """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
 
+    Takes mlx-lm ``generate_step``'s arguments with their meaning and defaults (``stream``,
+    ``max_tokens`` (-1: no limit), ``sampler``, ``logits_processors``, ``max_kv_size``,
+    ``prompt_cache`` (from ``mlx_mtp.make_prompt_cache``; updated in place to hold the prompt and
+    every token yielded, as mlx-lm's), ``prefill_step_size``, ``kv_bits``, ``kv_group_size``,
+    ``quantized_kv_start``, ``prompt_progress_callback``, ``input_embeddings``), plus ours:
     ``model`` is an ``MTPModel``. ``block_size`` is tokens verified per round (drafts + 1);
     1 is plain decode through the same loop. ``"auto"`` (the default) chooses the drafts of every
     round, up to ``max_block_size - 1``, from the acceptance and round costs measured so far
@@ -93,17 +111,58 @@ def generate_step(
     ``seed`` seeds the key streams of speculative sampling, or under ``auto`` the per-position
     keys (default: drawn from mlx's global random state).
     """
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or \
+            not (max_tokens >= 1 or max_tokens == -1):
+        raise MTPError(f"max_tokens must be a positive integer or -1 (no limit), got "
+                       f"{max_tokens!r}")
+    max_tokens = sys.maxsize if max_tokens == -1 else max_tokens
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise MTPError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
-        raise MTPError("the prompt must be a non-empty 1-D array of token ids")
-    target = model.target
+        raise MTPError("the prompt must be a non-empty 1-D array of token ids (with "
+                       "input_embeddings too: the MTP head drafts from token ids)")
+    if input_embeddings is not None and (input_embeddings.ndim != 2 or
+                                         input_embeddings.shape[0] != prompt.size):
+        raise MTPError(f"input_embeddings must be [prompt length, hidden size] = "
+                       f"[{prompt.size}, ...], got shape {tuple(input_embeddings.shape)}")
+    kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start).check(model.target)
+    if prompt_cache is None:  # as in mlx-lm, max_kv_size only matters when making the cache
+        note_max_kv_size(model, max_kv_size)
+        cache = make_prompt_cache(model)
+    else:
+        cache = check_prompt_cache(model, prompt_cache)
     drafter = model.drafter if block_size > 1 else None
     if block_size > 1 and drafter is None:
         raise MTPError("this model has no MTP head: load one with drafter= (--drafter), "
                        "or use block_size=1")
+    # The caller's cache must end holding exactly the tokens yielded (``Turn.settle``).
+    turn = Turn(model, cache, kv, drafter) if prompt_cache is not None else None
+    args = dict(max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+                prefill_step_size=prefill_step_size, progress=prompt_progress_callback,
+                input_embeddings=input_embeddings, block_size=block_size, chooser=chooser, seed=seed,
+                acceptance=acceptance, stats=stats)
+    context = mx.stream(stream) if stream is not None else contextlib.nullcontext()
+    with context:
+        tokens = _rounds(prompt, model, cache, kv, turn, drafter, **args)
+        yielded = 0
+        settle = turn is not None
+        try:
+            for item in tokens:
+                yielded += 1
+                yield item
+        except BaseException as e:
+            settle = settle and isinstance(e, GeneratorExit)  # an error leaves it as mlx-lm would
+            raise
+        finally:
+            tokens.close()
+            if settle:
+                turn.settle(yielded)
+
+
+def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, logits_processors,
+            prefill_step_size, progress, input_embeddings, block_size, chooser, seed, acceptance,
+            stats):
+    target = model.target
     rule = (sampling.choose_rule if chooser is None else keyed_sampling.choose_rule)(
         sampler, drafter, acceptance)
     if isinstance(sampler, sampling.Sampler):
@@ -125,33 +184,51 @@ def generate_step(
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # Exact or not at all: where a verify block is not byte-identical to single-token decode on
     # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
-    if not gate.apply(model, block_size, stats).mtp_enabled:
+    if not gate.apply(model, block_size, stats, kv=kv if kv.enabled else None).mtp_enabled:
         stats.acceptance_rule = None
+        if turn is not None:
+            forget_drafter(cache)
+            turn.last = None  # mlx-lm's own generate_step keeps the cache as mlx-lm does
         yield from plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
                                        logits_processors=processors,
-                                       prefill_step_size=prefill_step_size, stats=stats)
+                                       prefill_step_size=prefill_step_size, stats=stats,
+                                       prompt_cache=cache, kv=kv, progress=progress,
+                                       input_embeddings=input_embeddings)
         return
     stats.draft_profiler = profiler
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
+    progress = progress or (lambda *_: None)
 
-    # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last token.
+    def embeddings(lo, hi):
+        return None if input_embeddings is None else input_embeddings[None, lo:hi]
+
+    # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last
+    # token; KV quantization (kv_bits) after each model call, as there.
     t0 = time.perf_counter()
     target.prepare(block_size)
-    cache = target.make_cache()
-    if drafter is not None:
+    if turn is not None:
+        if drafter is not None:
+            turn.start_drafter()
+            turn.pair_previous(prompt[:1])
+        else:
+            forget_drafter(cache)
+    elif drafter is not None:
         drafter.reset()
         drafter.bind_cache(cache)  # the Gemma 4 assistant reads the target's K/V
+    progress(0, L)
     s = 0
     while L - s > 1:
         e = min(s + prefill_step_size, L - 1)
-        h = target.hidden(prompt[None, s:e], cache)
+        h = target.hidden(prompt[None, s:e], cache, embeddings(s, e))
         if drafter is not None:
             drafter.prefill(h, prompt[s + 1 : e + 1])
+        kv.quantize(cache)
         mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
         s = e
-    h = target.hidden(prompt[None, L - 1 :], cache)
+        progress(s, L)
+    h = target.hidden(prompt[None, L - 1 :], cache, embeddings(L - 1, L))
     history = prompt if processors else None  # mlx-lm feeds processors the whole token history
     logits = target.logits(h[:, -1])
     for proc in processors:
@@ -164,10 +241,14 @@ def generate_step(
     history = sampling.append_history(history, bonus)
     if drafter is not None:
         drafter.prefill(h, bonus)
+    replaced = kv.quantize(cache)
     mx.eval(bonus, logprobs, drafter.state_arrays() if drafter else [])
+    progress(L, L)
     token = bonus.item()
     stats.prompt_tokens = L
     stats.prompt_s = time.perf_counter() - t0
+    if turn is not None:  # the first token: like a round's bonus, yielded before it is fed
+        turn.round_done(0, h[:, -1:], 0, bonus, replaced)
 
     t_gen = time.perf_counter()
     emitted = 1
@@ -177,6 +258,7 @@ def generate_step(
 
     while emitted < max_tokens:
         k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
+        k = kv.max_drafts(cache, k)  # kv_bits: no verify row across the switch to quantized
         t_round = time.perf_counter()
         if chooser is not None:
             k = chooser.choose(k)
@@ -233,15 +315,19 @@ def generate_step(
         new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
         with stats.phase("finalize"):
             target.rollback(cache, fed=k + 1, keep=a + 1)
+            replaced = kv.quantize(cache)
             mx.eval(target.cache_state(cache))
         bonus = toks[a : a + 1]
         history = sampling.append_history(history, new_ids)
-        if drafter is not None and chooser is not None and k == 0:
+        if drafter is not None and chooser is not None and k == 0 and turn is None:
+            # (a prompt cache's turn needs the drafter current at every round: no deferral)
             deferred.append((h[:, :1], new_ids))  # no draft next round, maybe: feed it later
         elif drafter is not None:
             with stats.phase("accept"):
                 drafter.accept(h[:, : a + 1], new_ids)
                 mx.eval(drafter.state_arrays())
+        if turn is not None:
+            turn.round_done(emitted, h[:, : a + 1], a, bonus, replaced)
         t_end = time.perf_counter()
         stats.record_round(k, a, t_end - t_round)
         if chooser is not None:

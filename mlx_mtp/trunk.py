@@ -38,8 +38,11 @@ class TrunkTarget:
     def dtype(self):
         return self.trunk.norm.weight.dtype
 
-    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
+    def hidden(self, ids: mx.array, cache: List[Any], input_embeddings=None) -> mx.array:
+        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]`` (or ``input_embeddings
+        [1, T, H]`` in their place, as mlx-lm's models take them); advances the cache by T."""
+        if input_embeddings is not None:
+            return self.trunk(ids, cache, input_embeddings=input_embeddings)
         return self.trunk(ids, cache)
 
     @property

@@ -16,7 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from .. import row_exact
@@ -28,10 +29,12 @@ QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 class SpecArraysCache(ArraysCache):
     """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""
 
+    capture = False
+    stash = None
+    keep_stash = False  # a prompt-cache turn keeps the last verify's stash for ``rewind``
+
     def __init__(self):
         super().__init__(size=2)
-        self.capture = False
-        self.stash = None
 
 
 class _CapturingGDN:
@@ -111,7 +114,7 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         B, L, D = x.shape
-        if not row_exact.active() or L == 1 or cache is None or hasattr(cache, "bits"):
+        if not row_exact.active() or L == 1 or cache is None:
             return super().__call__(x, mask, cache)
         # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA.
         queries, gate = mx.split(self.q_proj(x).reshape(B, L, self.num_attention_heads, -1), 2, axis=-1)
@@ -123,15 +126,22 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         start = cache.offset
         queries = self.rope(queries, offset=start)
         keys = self.rope(keys, offset=start)
-        keys, values = cache.update_and_fetch(keys, values)
+        keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
         rows = [
-            mx.fast.scaled_dot_product_attention(
-                queries[:, :, i : i + 1], keys[..., : start + i + 1, :],
-                values[..., : start + i + 1, :], scale=self.scale, mask=None)
+            scaled_dot_product_attention(
+                queries[:, :, i : i + 1], _first(keys, start + i + 1),
+                _first(values, start + i + 1), cache=cache, scale=self.scale, mask=None)
             for i in range(L)
         ]
         output = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output * mx.sigmoid(gate))
+
+
+def _first(kv, n: int):
+    """Positions ``0..n-1`` of a cache's keys or values (an array, or a quantized tuple)."""
+    if isinstance(kv, (tuple, list)):  # (packed, scales, biases)
+        return tuple(x[..., :n, :] for x in kv)
+    return kv[..., :n, :]
 
 
 _SPEC_GDN = {
@@ -145,6 +155,8 @@ class Qwen3_5Target(TrunkTarget):
 
     ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
     """
+
+    family = "qwen3_5"
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -178,9 +190,22 @@ class Qwen3_5Target(TrunkTarget):
             if isinstance(c, SpecArraysCache):
                 if keep < fed:
                     layer.linear_attn.replay(c, keep)
-                c.stash = None
+                if not c.keep_stash:
+                    c.stash = None
             elif keep < fed:
                 c.trim(fed - keep)
+
+    def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
+        """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first ``keep``
+        (the caller stopped reading mid-round). Replays from the stash ``keep_stash`` retained."""
+        for layer, c in zip(self.layers, cache):
+            if isinstance(c, SpecArraysCache):
+                if c.stash is None:
+                    raise RuntimeError("rewind needs the last verify's stash (keep_stash)")
+                layer.linear_attn.replay(c, keep)
+                c.stash = None
+            else:
+                c.trim(kept - keep)
 
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
         """The arrays that hold the committed state (for eval and for bitwise comparisons)."""
@@ -189,6 +214,9 @@ class Qwen3_5Target(TrunkTarget):
             if isinstance(c, KVCache):
                 if c.keys is not None:
                     out += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+            elif isinstance(c, QuantizedKVCache):  # kv_bits: (packed, scales, biases) each
+                if c.keys is not None:
+                    out += [x[..., : c.offset, :] for x in (*c.keys, *c.values)]
             else:
                 out += [x for x in c.cache if x is not None]
         return out

@@ -250,7 +250,7 @@ def test_stream_generate_declines_too(dense_dir):
 
 
 def _cli_in_process(argv, capsys):
-    from mlx_mtp import generate
+    import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
 
     rc = generate.main(argv)
     out = capsys.readouterr()
@@ -323,7 +323,8 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
 DECLINING_CLI = """
 import sys
 sys.path.insert(0, {tests!r})
-from mlx_mtp import generate, loading  # first: mlx_mtp may bind a BLAS before mlx.core loads
+import mlx_mtp.generate as generate  # first: mlx_mtp may bind a BLAS before mlx.core loads
+from mlx_mtp import loading
 from perturbed import PerturbedVerify
 from mlx_mtp.model import MTPModel
 
