@@ -21,7 +21,7 @@ from typing import Callable, Generator, List, Optional, Tuple
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import draft_profile, gate, sampling
+from . import cpu_blas, draft_profile, gate, sampling
 from .diagnostics import RunStats
 from .errors import MTPError
 from .plain import plain_generate_step
@@ -92,7 +92,8 @@ def generate_step(
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # Exact or not at all: where a verify block is not byte-identical to single-token decode on
     # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
-    if not gate.apply(model, block_size, stats).mtp_enabled:
+    decision = gate.apply(model, block_size, stats)
+    if not decision.mtp_enabled:
         stats.acceptance_rule = None
         yield from plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
                                        logits_processors=processors,
@@ -105,7 +106,11 @@ def generate_step(
 
     # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last token.
     t0 = time.perf_counter()
-    target.prepare(block_size)
+    # Overridden gate: the exactness-only fallbacks buy nothing, so they are skipped.
+    if decision.override:
+        target.prepare(block_size, exact=False)
+    else:
+        target.prepare(block_size)
     cache = target.make_cache()
     if drafter is not None:
         drafter.reset()
@@ -138,57 +143,16 @@ def generate_step(
     emitted = 1
     stats.generation_tokens = 1
     yield token, logprobs[0], False
+    if drafter is None:  # block size 1: no verify block, so decode as mlx-lm does
+        yield from _one_token_steps(target, cache, bonus, logprobs, max_tokens, sampler,
+                                    processors, history, stats, t_gen)
+        return
 
     while emitted < max_tokens:
-        t_round = time.perf_counter()
-        k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
-        drafts = q = q_ids = None
-        if k > 0:
-            with stats.phase("draft"):
-                syncs = getattr(drafter, "syncs", 0)
-                if streams is None:
-                    drafts = drafter.draft(k)
-                else:
-                    ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
-                                               processors, history)
-                    drafter.draft_sampled(k, ds)
-                    drafts, q, q_ids = ds.result()
-                mx.eval(drafts, q if q is not None else [])  # the block's one sync
-                stats.draft_syncs += 1 + getattr(drafter, "syncs", 0) - syncs
-        with stats.phase("verify"):
-            block = bonus if drafts is None else mx.concatenate([bonus, drafts])
-            h = target.verify(block[None], cache)
-            logits = target.logits(h[0])
-            if processors:
-                logits = sampling.process_rows(logits, history, block, processors)
-            logprobs = _logprobs(logits)
-            parts = [] if drafts is None else [drafts]
-            if streams is None:
-                toks = sampler(logprobs)
-            else:
-                accepted, toks = sampling.speculative_verify(
-                    sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
-                parts.append(accepted.astype(mx.uint32))
-            # The round's one host read: the target's picks, the drafts and any verdicts.
-            host = mx.concatenate([toks, *parts]).tolist()
-            stats.host_syncs += 1
-        t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
-        if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
-            a = sampling.first_rejection([d == t for d, t in zip(d_ids, t_ids)])
-        else:
-            a = sampling.first_rejection(host[2 * k + 1 :])
-        out_ids = d_ids[:a] + t_ids[a : a + 1]
-        new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
-        with stats.phase("finalize"):
-            target.rollback(cache, fed=k + 1, keep=a + 1)
-            mx.eval(target.cache_state(cache))
-        bonus = toks[a : a + 1]
-        history = sampling.append_history(history, new_ids)
-        if drafter is not None:
-            with stats.phase("accept"):
-                drafter.accept(h[:, : a + 1], new_ids)
-                mx.eval(drafter.state_arrays())
-        stats.record_round(k, a, time.perf_counter() - t_round)
+        with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
+            rnd = _round(target, drafter, cache, bonus, history, K, max_tokens - emitted,
+                         sampler, processors, streams, stats)
+        bonus, history, out_ids, logprobs, a = rnd
         n_out = min(a + 1, max_tokens - emitted)
         emitted += n_out
         stats.generation_tokens = emitted
@@ -196,5 +160,101 @@ def generate_step(
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9
         for i in range(n_out):
             yield out_ids[i], logprobs[i], i < a
+    stats.generation_s = time.perf_counter() - t_gen
+    stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+
+def _round(target, drafter, cache, bonus, history, K, budget, sampler, processors, streams,
+           stats):
+    """One round (draft, verify, walk, finalize, accept); returns the next bonus and history,
+    the ids to emit, the verify's logprobs and the number of drafts accepted."""
+    t_round = time.perf_counter()
+    k = min(K, budget - 1)  # never draft past the token budget
+    drafts = q = q_ids = None
+    if k > 0:
+        with stats.phase("draft"):
+            syncs = getattr(drafter, "syncs", 0)
+            if streams is None:
+                drafts = drafter.draft(k)
+            else:
+                ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
+                                           processors, history)
+                drafter.draft_sampled(k, ds)
+                drafts, q, q_ids = ds.result()
+            mx.eval(drafts, q if q is not None else [])  # the block's one sync
+            stats.draft_syncs += 1 + getattr(drafter, "syncs", 0) - syncs
+    t_verify = time.perf_counter()
+    with stats.phase("verify"):
+        block = bonus if drafts is None else mx.concatenate([bonus, drafts])
+        # One token (the budget's last rounds) needs no rollback: a plain step.
+        h = target.verify(block[None], cache) if k > 0 else target.hidden(block[None], cache)
+        logits = target.logits(h[0])
+        if processors:
+            logits = sampling.process_rows(logits, history, block, processors)
+        logprobs = _logprobs(logits)
+        parts = [] if drafts is None else [drafts]
+        if streams is None:
+            toks = sampler(logprobs)
+        else:
+            accepted, toks = sampling.speculative_verify(
+                sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
+            parts.append(accepted.astype(mx.uint32))
+        # The round's one host read: the target's picks, the drafts and any verdicts.
+        host = mx.concatenate([toks, *parts]).tolist()
+        stats.host_syncs += 1
+    stats.record_verify(k + 1, time.perf_counter() - t_verify)
+    t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
+    if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
+        a = sampling.first_rejection([d == t for d, t in zip(d_ids, t_ids)])
+    else:
+        a = sampling.first_rejection(host[2 * k + 1 :])
+    out_ids = d_ids[:a] + t_ids[a : a + 1]
+    new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
+    if k > 0:
+        # Selecting the kept states is graph work only: it is evaluated with the next round.
+        with stats.phase("finalize"):
+            target.rollback(cache, fed=k + 1, keep=a + 1)
+    history = sampling.append_history(history, new_ids)
+    with stats.phase("accept"):
+        drafter.accept(h[:, : a + 1], new_ids)
+        mx.eval(drafter.state_arrays())
+    stats.record_round(k, a, time.perf_counter() - t_round)
+    return toks[a : a + 1], history, out_ids, logprobs, a
+
+
+def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors, history,
+                     stats, t_gen):
+    """Block size 1: one token per step, pipelined like mlx-lm's ``generate_step``: step n + 1 is
+    queued (``mx.async_eval``) before step n's token is read, so building the graph overlaps the
+    compute. No capture, no rollback, one host read per token."""
+
+    def step(y, history):
+        h = target.hidden(y[None], cache)
+        logits = target.logits(h[:, -1])
+        for proc in processors:
+            logits = proc(history, logits)
+        logprobs = _logprobs(logits)
+        return sampler(logprobs), logprobs
+
+    emitted = 1
+    nxt = step(y, history)
+    mx.async_eval(*nxt)
+    while emitted < max_tokens:
+        t_round = time.perf_counter()
+        y, logprobs = nxt
+        history = sampling.append_history(history, y)
+        if emitted + 1 < max_tokens:
+            nxt = step(y, history)
+            mx.async_eval(*nxt)
+        token = y.item()
+        stats.host_syncs += 1
+        if emitted % 256 == 0:  # as mlx-lm does
+            mx.clear_cache()
+        stats.record_round(0, 0, time.perf_counter() - t_round)
+        emitted += 1
+        stats.generation_tokens = emitted
+        stats.generation_s = time.perf_counter() - t_gen
+        stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+        yield token, logprobs[0], False
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9

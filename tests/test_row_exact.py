@@ -58,3 +58,49 @@ def test_first_divergent_width_sees_a_row_dependent_function():
 
     assert row_exact.first_divergent_width(leaky, 4, 16, mx.float32) == 2
     assert row_exact.first_divergent_width(lambda x: x * 2.0, 4, 16, mx.float32) == 0
+
+
+def test_one_row_products_equal_one_row_calls_per_block_size():
+    """The column-blocked batched formulation equals the one-row product of the whole matrix,
+    bitwise, with this BLAS, for shapes where a plain multi-row product differs (BLIS: K > 512,
+    outputs not a multiple of 8) and for every block size tried, ragged last block included."""
+    for K, N in ((1024, 640), (768, 36), (256, 512)):
+        w = mx.random.normal((N, K), key=mx.random.key(K + N))
+        x = mx.random.normal((1, 4, K), key=mx.random.key(5))
+        rows = [x[:, i : i + 1] @ w.T for i in range(4)]
+        for cols in (N, 256, 96, 16):
+            got = row_exact.one_row_products(x, w, cols)
+            mx.eval(got, rows)
+            assert got.shape == (1, 4, N)
+            assert all(bitwise(got[:, i : i + 1], rows[i]) for i in range(4)), (K, N, cols)
+
+
+def test_block_columns_keeps_a_block_about_block_bytes():
+    assert row_exact.block_columns(mx.zeros((512, 256))) == 256 * 1024 // (256 * 4)
+    assert row_exact.block_columns(mx.zeros((8192, 1024))) == 64
+    assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # smaller than a block: whole
+
+
+def test_install_uses_blocked_one_row_products_for_float_layers():
+    layer = nn.Linear(1024, 8192, bias=False)
+    mx.eval(layer.parameters())
+    calls = []
+    original = row_exact.one_row_products
+
+    def spy(x, w, cols):
+        calls.append(cols)
+        return original(x, w, cols)
+
+    divergent = row_exact.first_divergent_width(layer, 3, 1024, mx.float32)
+    switched = row_exact.install(layer, 3)
+    assert switched == ({"": divergent} if divergent else {})
+    if not divergent:  # this BLAS (bundled) reduces 3 rows like 1 here: the layer stays plain
+        assert type(layer) is nn.Linear
+        return
+    assert layer.block_cols == 64
+    row_exact.one_row_products = spy
+    try:
+        assert check_rows(layer, 1024, 3)
+    finally:
+        row_exact.one_row_products = original
+    assert calls == [64]
