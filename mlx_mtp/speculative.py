@@ -66,6 +66,7 @@ def generate_step(
     (default: drawn from mlx's global random state).
     """
     block_size = check_block_size(block_size)
+    cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise MTPError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt

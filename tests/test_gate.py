@@ -192,6 +192,7 @@ def test_the_override_runs_mtp_with_a_loud_warning_recorded_in_stats(dense_dir, 
     block_rounds = sum(n for w, (_, n) in stats.verify_by_width.items() if w > 1)
     assert stats.mtp_enabled and block_rounds > 0 and wrapped.verify_calls == 2 + block_rounds
     assert (stats.exactness["verdict"], stats.exactness["override"]) == (DIVERGES, True)
+    assert model.target.exact is False  # the session verified without the exactness fallbacks
     assert stats.gate_reason.startswith("MLX_MTP_ALLOW_INEXACT=1: running MTP although the "
                                         "exactness probe on cpu (x86_64): width 2: verify block "
                                         "position 0 differs")

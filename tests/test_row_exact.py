@@ -104,3 +104,40 @@ def test_install_uses_blocked_one_row_products_for_float_layers():
     finally:
         row_exact.one_row_products = original
     assert calls == [64]
+
+
+def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeypatch):
+    """prepare(exact=False) (the gate overridden): a verify is the plain multi-row forward, with
+    no row-exact products and no per-row attention; prepare() turns them back on."""
+    from mlx_mtp.targets import qwen3_5
+
+    model = mlx_mtp.load_model(dense_dir, require_head=False)
+    target = model.target
+    calls = []
+    for name in ("one_row_products", "_by_rows"):
+        original = getattr(row_exact, name)
+        monkeypatch.setattr(row_exact, name,
+                            lambda *a, _o=original, _n=name: calls.append(_n) or _o(*a))
+    per_row = []
+    sdpa = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(qwen3_5.mx.fast, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: per_row.append(q.shape[2]) or sdpa(q, *a, **kw))
+    ids = mx.array([[3, 1, 4, 1]])
+
+    def run(fn):
+        cache = target.make_cache()
+        mx.eval(target.hidden(mx.array([[2, 7, 1, 8, 2]]), cache))
+        calls.clear(), per_row.clear()
+        out = target.logits(fn(ids, cache)[0])
+        mx.eval(out)
+        return out
+
+    target.prepare(4, exact=False)
+    waived = run(target.verify)
+    assert calls == [] and set(per_row) == {4}  # whole-block products and attention
+    plain = run(target.hidden)
+    assert bitwise(waived, plain)
+    target.prepare(4)
+    run(target.verify)
+    assert set(per_row) == {1}  # each query row on its own again
+    assert bool(calls) == bool(target.row_exact_layers)
