@@ -68,17 +68,18 @@ def test_one_row_products_equal_one_row_calls_per_block_size():
         w = mx.random.normal((N, K), key=mx.random.key(K + N))
         x = mx.random.normal((1, 4, K), key=mx.random.key(5))
         rows = [x[:, i : i + 1] @ w.T for i in range(4)]
-        for cols in (N, 256, 96, 16):
+        for cols in (N, 256, 96, 64, 16):
             got = row_exact.one_row_products(x, w, cols)
             mx.eval(got, rows)
             assert got.shape == (1, 4, N)
             assert all(bitwise(got[:, i : i + 1], rows[i]) for i in range(4)), (K, N, cols)
 
 
-def test_block_columns_keeps_a_block_about_block_bytes():
-    assert row_exact.block_columns(mx.zeros((512, 256))) == 256 * 1024 // (256 * 4)
+def test_block_columns_keeps_a_block_within_block_bytes():
     assert row_exact.block_columns(mx.zeros((8192, 1024))) == 64
-    assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # smaller than a block: whole
+    assert row_exact.block_columns(mx.zeros((1024, 8192))) == 32  # 64 x 8192 x 4 > 1 MiB
+    assert row_exact.block_columns(mx.zeros((1024, 65536))) == 16  # the floor
+    assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # narrower than a block: whole
 
 
 def test_install_uses_blocked_one_row_products_for_float_layers():
@@ -141,3 +142,19 @@ def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeyp
     run(target.verify)
     assert set(per_row) == {1}  # each query row on its own again
     assert bool(calls) == bool(target.row_exact_layers)
+
+
+def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch):
+    """Column blocks 7 wide: BLIS reduces a one-row product narrower than its 8-column kernel
+    differently, so the blocked formulation differs there and install must not use it."""
+    layer = nn.Linear(1024, 640, bias=False)
+    mx.eval(layer.parameters())
+    blocked_ok = row_exact.products_equal_rows(layer, layer.weight, 7, 3, mx.float32)
+    if cpu_blas.STATE.name == "BLIS":
+        assert not blocked_ok
+    monkeypatch.setattr(row_exact, "block_columns", lambda w: 7)
+    if row_exact.install(layer, 3):
+        assert layer.block_cols == (7 if blocked_ok else 640)
+        assert check_rows(layer, 1024, 3)
+    else:  # a BLAS that reduces 3 rows like 1 here (bundled): nothing switched
+        assert cpu_blas.STATE.name != "BLIS" and type(layer) is nn.Linear
