@@ -11,8 +11,8 @@ that library. This module must not import mlx.
 
 ``verify_threads()``: the multi-row products of a speculative round (verify, accept hook) are a
 few rows against small matrices, where a second BLAS thread costs more in hand-off than it saves
-(measured with BLIS on the demo pair: a 3-token verify 3.2x a decode step with 2 threads, 1.3x
-with 1). One-row products (decode) do not depend on the thread count, so the round loop runs with
+(measured with BLIS on the demo pair, on a contended 2-core machine: a 3-token verify 3.2x a
+decode step with 2 threads, 1.3x with 1). One-row products (decode) do not depend on the thread count, so the round loop runs with
 ``MLX_MTP_VERIFY_THREADS`` threads (default 1; ``0`` = leave the count alone), and everything that
 measures a verify's exactness (``row_exact.install``, the probe's block arm) does so too.
 """
