@@ -9,16 +9,9 @@ from .errors import MTPError  # noqa: E402
 from .loading import load, load_model  # noqa: E402
 from .sampling import make_sampler  # noqa: E402
 from .speculative import generate_step  # noqa: E402
+from .stream import stream_generate  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["MTPError", "load", "load_model", "generate_step", "stream_generate", "make_sampler",
            "__version__"]
-
-
-def __getattr__(name):
-    if name == "stream_generate":  # lazy: generate.py is also the CLI entry point
-        from .generate import stream_generate
-
-        return stream_generate
-    raise AttributeError(name)

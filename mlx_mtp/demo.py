@@ -22,3 +22,12 @@ def demo_path() -> Path:
         raise MTPError(f"{DEMO_DIR}: the embedded demo pair is incomplete (missing "
                        f"{', '.join(missing)}); reinstall mlx-mtp or pass --model")
     return DEMO_DIR
+
+
+def model_or_demo(model, drafter=None) -> str:
+    """The ``--model`` a CLI runs: the one given, or the embedded demo pair when none is."""
+    if model is not None:
+        return str(model)
+    if drafter is not None:
+        raise MTPError("--drafter needs --model: the embedded demo pair has its own head")
+    return str(demo_path())

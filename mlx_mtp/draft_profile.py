@@ -103,9 +103,9 @@ def _split(b: _Bucket, stages, synchronized: bool, phase_s: float) -> dict:
 
 def attach(drafter) -> DraftProfiler:
     """A profiler for this run, installed on ``drafter`` when it can be profiled (it has a
-    ``profiler`` attribute). ``MLX_MTP_DRAFT_PROFILE`` decides whether stages are forced."""
+    ``profiler``). ``MLX_MTP_DRAFT_PROFILE`` decides whether stages are forced."""
     wanted = env.flag(PROFILE_ENV)
-    can = drafter is not None and hasattr(drafter, "profiler")
+    can = drafter is not None and drafter.profiler is not None
     profiler = DraftProfiler(synchronized=wanted and can)
     if can:
         drafter.profiler = profiler

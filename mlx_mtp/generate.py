@@ -1,4 +1,4 @@
-"""``stream_generate`` and the CLI: ``python -m mlx_mtp.generate``.
+"""The CLI: ``python -m mlx_mtp.generate`` (the library call is ``mlx_mtp.stream_generate``).
 
 Mirrors ``mlx_lm.generate``: the text first, then one table of the run's statistics
 (or one JSON object with ``--json``). ``--no-mtp`` runs mlx-lm's own plain decode of the same
@@ -8,169 +8,46 @@ target, for comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from dataclasses import dataclass
-from typing import Generator, List, Optional, Union
 
 import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors
+from tabulate import tabulate
 
-from . import cpu_blas
+from . import cpu_blas, loading
+from .cli import (Parser, block_size, cli_main, non_negative_float, non_negative_int, positive_int,
+                  temperature, unit_interval)
+from .demo import model_or_demo
 from .diagnostics import RunStats
-from .drafters.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 from .draft_profile import table_rows as draft_profile_rows
-from .errors import MTPError
-from .sampling import REQUESTABLE_RULES, make_sampler
 from .gate import table_rows as gate_table_rows
-from .speculative import MAX_BLOCK_SIZE, generate_step
-
-DEFAULT_MAX_TOKENS = 256
-DEFAULT_BLOCK_SIZE = 3
-
-
-def _response_class():
-    from mlx_lm.generate import GenerationResponse
-
-    @dataclass
-    class MTPGenerationResponse(GenerationResponse):
-        """mlx-lm's response; the last one of a run also carries ``stats``."""
-
-        stats: Optional[RunStats] = None
-
-    return MTPGenerationResponse
-
-
-def encode_prompt(tokenizer, prompt: Union[str, List[int], mx.array]) -> mx.array:
-    if isinstance(prompt, mx.array):
-        return prompt
-    if isinstance(prompt, str):
-        add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
-        prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
-    return mx.array(prompt)
-
-
-def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                    block_size: int = DEFAULT_BLOCK_SIZE, sampler=None,
-                    stats: Optional[RunStats] = None, **kwargs) -> Generator:
-    """Yield mlx-lm-style responses; the last one carries the run's ``stats`` (``RunStats``).
-
-    Stops at an EOS token like mlx-lm's ``stream_generate``.
-    """
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    Response = _response_class()
-    if not isinstance(tokenizer, TokenizerWrapper):
-        tokenizer = TokenizerWrapper(tokenizer)
-    prompt = encode_prompt(tokenizer, prompt)
-    stats = stats if stats is not None else RunStats()
-    detokenizer = tokenizer.detokenizer
-    detokenizer.reset()
-    tokens = generate_step(prompt, model, max_tokens=max_tokens, block_size=block_size,
-                           sampler=sampler, stats=stats, **kwargs)
-    token, logprobs, from_draft, n = None, None, False, 0
-    for n, (token, logprobs, from_draft) in enumerate(tokens, 1):
-        if token in tokenizer.eos_token_ids:
-            break
-        detokenizer.add_token(token)
-        if n == max_tokens:
-            break
-        yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
-                       from_draft=from_draft, prompt_tokens=prompt.size,
-                       prompt_tps=stats.prompt_tps, generation_tokens=n,
-                       generation_tps=stats.generation_tps,
-                       peak_memory=mx.get_peak_memory() / 1e9)
-    tokens.close()
-    detokenizer.finalize()
-    yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
-                   from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=stats.prompt_tps,
-                   generation_tokens=n, generation_tps=stats.generation_tps,
-                   peak_memory=stats.peak_memory_gb,
-                   finish_reason="stop" if token in tokenizer.eos_token_ids else "length",
-                   stats=stats)
-
-
-# ---------------------------------------------------------------------------------------- CLI
-
-
-def _int(s) -> int:
-    try:
-        return int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
-
-
-def _positive_int(s):
-    v = _int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _block_size(s):
-    v = _int(s)
-    if not 1 <= v <= MAX_BLOCK_SIZE:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_BLOCK_SIZE}, got {v}")
-    return v
-
-
-def _temperature(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not v >= 0.0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {s}")
-    return v
-
-
-_non_negative_float = _temperature  # the same check, for flags that are not temperatures
-
-
-def _checked(parse, what: str, ok, bound: str):
-    """An argparse type: ``parse`` the text (else "expected <what>"), then require ``ok``."""
-    def check(s):
-        try:
-            v = parse(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {s}")
-        return v
-    return check
-
-
-_unit_interval = _checked(float, "a number", lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
-_non_negative_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, like argparse, without the usage dump
-        sys.stderr.write(f"error: {message}\n")
-        sys.exit(2)
+from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
+from .sampling import REQUESTABLE_RULES, make_sampler
+from .speculative import MAX_BLOCK_SIZE
+from .stream import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_TOKENS, plain_stream_generate, stream_generate
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m mlx_mtp.generate",
-                description="Generate text with MTP speculative decoding (exact at --temp 0).")
+    p = Parser(prog="python -m mlx_mtp.generate",
+               description="Generate text with MTP speculative decoding (exact at --temp 0).")
     p.add_argument("--model", help="local folder or Hugging Face repo id of the target "
                    "(default: the embedded demo pair, mlx_mtp/demo_pair)")
     p.add_argument("--drafter", help="folder or repo id of a separate MTP head (qwen3_5_mtp), "
                    "or the Gemma 4 assistant (gemma4_assistant; required for Gemma 4)")
     p.add_argument("--prompt", default=None, help="prompt text (default: a short code prompt)")
-    p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--block-size", type=_block_size, default=DEFAULT_BLOCK_SIZE,
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--block-size", type=block_size, default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
                         f"decode through the MTP loop)")
-    p.add_argument("--temp", type=_temperature, default=0.0, help="sampling temperature")
-    p.add_argument("--top-p", type=_unit_interval, default=0.0, help="sampling top-p (0: off)")
-    p.add_argument("--min-p", type=_unit_interval, default=0.0, help="sampling min-p (0: off)")
-    p.add_argument("--top-k", type=_non_negative_int, default=0, help="sampling top-k (0: off)")
-    p.add_argument("--min-tokens-to-keep", type=_positive_int, default=1,
+    p.add_argument("--temp", type=temperature, default=0.0, help="sampling temperature")
+    p.add_argument("--top-p", type=unit_interval, default=0.0, help="sampling top-p (0: off)")
+    p.add_argument("--min-p", type=unit_interval, default=0.0, help="sampling min-p (0: off)")
+    p.add_argument("--top-k", type=non_negative_int, default=0, help="sampling top-k (0: off)")
+    p.add_argument("--min-tokens-to-keep", type=positive_int, default=1,
                    help="tokens min-p always keeps")
-    p.add_argument("--repetition-penalty", type=_non_negative_float, default=None,
+    p.add_argument("--repetition-penalty", type=non_negative_float, default=None,
                    help="mlx-lm's repetition penalty (e.g. 1.1; default: none)")
-    p.add_argument("--repetition-context-size", type=_positive_int, default=20,
+    p.add_argument("--repetition-context-size", type=positive_int, default=20,
                    help="tokens of history the repetition penalty looks at")
     p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
                    help="acceptance rule at temperature > 0 (auto: speculative-sampling when the "
@@ -204,45 +81,16 @@ def _prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
     return text
 
 
-def _run_plain(model, tokenizer, prompt, args, sampler, processors):
-    """mlx-lm's own plain decode of the target (``--no-mtp``)."""
-    from mlx_lm.generate import stream_generate as mlx_stream_generate
-
-    stats = RunStats(block_size=1, mtp_enabled=False, gate_reason="--no-mtp: mlx-lm plain decode")
-    text, tokens, last = [], [], None
-    t0 = time.perf_counter()
-    for last in mlx_stream_generate(model.mlx_model, tokenizer, prompt,
-                                    max_tokens=args.max_tokens, sampler=sampler,
-                                    logits_processors=processors):
-        text.append(last.text)
-        tokens.append(last.token)
-    stats.prompt_tokens = last.prompt_tokens
-    stats.prompt_s = last.prompt_tokens / last.prompt_tps if last.prompt_tps else 0.0
-    stats.generation_tokens = last.generation_tokens
-    stats.generation_s = (last.generation_tokens / last.generation_tps if last.generation_tps
-                          else time.perf_counter() - t0)
-    stats.peak_memory_gb = last.peak_memory
-    return "".join(text), _without_eos(tokens, tokenizer), stats
-
-
 def _without_eos(tokens, tokenizer):
     return tokens[:-1] if tokens and tokens[-1] in tokenizer.eos_token_ids else tokens
 
 
 def run(args) -> dict:
-    from mlx_lm.sample_utils import make_logits_processors
-
-    from .demo import demo_path
-    from .loading import load
-
-    if args.model is None:
-        if args.drafter is not None:
-            raise MTPError("--drafter needs --model: the embedded demo pair has its own head")
-        args.model = str(demo_path())
+    args.model = model_or_demo(args.model, args.drafter)
     need_head = not args.no_mtp and args.block_size > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
-    model, tokenizer = load(args.model, drafter=args.drafter, require_head=need_head,
+    model, tokenizer = loading.load(args.model, drafter=args.drafter, require_head=need_head,
                             draft_options=options)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
                              args.ignore_chat_template)
@@ -253,19 +101,23 @@ def run(args) -> dict:
                                         repetition_context_size=args.repetition_context_size)
     if args.seed is not None:  # after loading: building the model draws from the global stream
         mx.random.seed(args.seed)
-    if args.no_mtp:
-        text, tokens, stats = _run_plain(model, tokenizer, prompt, args, sampler, processors)
+    if args.no_mtp:  # mlx-lm's own plain decode of the target, for comparison
+        stats = RunStats(block_size=1, mtp_enabled=False,
+                         gate_reason="--no-mtp: mlx-lm plain decode")
+        responses = list(plain_stream_generate(model, tokenizer, prompt,
+                                               max_tokens=args.max_tokens, sampler=sampler,
+                                               logits_processors=processors, stats=stats))
     else:
         stats = RunStats()
         responses = list(stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
                                          block_size=args.block_size, sampler=sampler, stats=stats,
                                          logits_processors=processors, seed=args.seed,
                                          acceptance=args.acceptance))
-        text = "".join(r.text for r in responses)
-        tokens = _without_eos([r.token for r in responses], tokenizer)
+    text = "".join(r.text for r in responses)
+    tokens = _without_eos([r.token for r in responses], tokenizer)
     out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(), "model": str(args.model), "drafter": args.drafter,
            "mtp_enabled": not args.no_mtp, "temperature": args.temp,
-           "draft": model.drafter.describe() if hasattr(model.drafter, "describe") else None}
+           "draft": model.drafter.describe() if model.drafter is not None else None}
     out.update(sampler.describe(), seed=args.seed, repetition_penalty=args.repetition_penalty,
                repetition_context_size=args.repetition_context_size)
     out.update(stats.to_dict())
@@ -273,27 +125,9 @@ def run(args) -> dict:
 
 
 def print_report(result: dict, stats_rows) -> None:
-    from tabulate import tabulate
-
     print(result["text"])
     print("=" * 40)
     print(tabulate(stats_rows, headers=["statistic", "value"], tablefmt="simple"))
-
-
-def cli_main(parser, run_fn, show, argv=None) -> int:
-    """Parse, run, print (``--json``: one JSON object, else ``show(result)``); bad input is one
-    ``error: ...`` line on stderr and a non-zero exit, never a traceback."""
-    args = parser.parse_args(argv)
-    try:
-        result = run_fn(args)
-    except MTPError as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 1
-    if args.json:
-        print(json.dumps(result))
-    else:
-        show(result)
-    return 0
 
 
 def main(argv=None) -> int:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import mlx.nn as nn
+
+from .interfaces import Drafter, Target
 
 
 @dataclass
 class MTPModel:
     mlx_model: nn.Module  # mlx-lm's own model: plain decode runs on this unchanged
-    target: Any  # family adapter (``mlx_mtp.targets``)
-    drafter: Optional[Any]  # ``mlx_mtp.drafters.base.Drafter``; None when no head was loaded
+    target: Target  # the family's adapter (``mlx_mtp.qwen3_5.target``, ``mlx_mtp.gemma4.target``)
+    drafter: Optional[Drafter]  # None when no head was loaded
     config: dict = field(default_factory=dict)
     path: Optional[Path] = None

@@ -9,11 +9,14 @@ import sys
 import time
 
 import mlx.core as mx
+from tabulate import tabulate
 
+from . import loading
+from .cli import Parser, cli_main
+from .demo import model_or_demo
 from .exactness import DIVERGES, PROBE_DRAWS, aggregate_verdict, probe_exactness
-from .generate import _Parser, cli_main
 from .gpu_generation import DeviceFacts, current_device_facts
-from .speculative import MAX_BLOCK_SIZE
+from .speculative import MAX_BLOCK_SIZE, block_size_problem
 
 DEFAULT_WIDTHS = "2,3,4"
 
@@ -23,7 +26,7 @@ def _widths(s: str):
         widths = sorted({int(x) for x in s.split(",")})
     except ValueError:
         widths = []
-    if not widths or not all(2 <= w <= MAX_BLOCK_SIZE for w in widths):
+    if not widths or not all(w >= 2 and block_size_problem(w) is None for w in widths):
         raise argparse.ArgumentTypeError(
             f"expected comma-separated block sizes between 2 and {MAX_BLOCK_SIZE} (block size 1 "
             f"has no verify block), got {s!r}")
@@ -31,9 +34,10 @@ def _widths(s: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m mlx_mtp.probe",
-                description="Check that verify blocks equal single-token decode, byte for byte.")
-    p.add_argument("--model", required=True, help="local folder or Hugging Face repo id")
+    p = Parser(prog="python -m mlx_mtp.probe",
+               description="Check that verify blocks equal single-token decode, byte for byte.")
+    p.add_argument("--model", help="local folder or Hugging Face repo id of the target "
+                   "(default: the embedded demo pair, mlx_mtp/demo_pair)")
     p.add_argument("--drafter", help="the MTP head the session would use (loaded as it would be)")
     p.add_argument("--block-sizes", type=_widths, default=_widths(DEFAULT_WIDTHS),
                    help=f"verify widths to probe, comma-separated (default {DEFAULT_WIDTHS})")
@@ -42,10 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> dict:
-    from .loading import load_model
-
+    args.model = model_or_demo(args.model, args.drafter)
     t0 = time.perf_counter()
-    model = load_model(args.model, drafter=args.drafter, require_head=False)
+    model = loading.load_model(args.model, drafter=args.drafter, require_head=False)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     results = probe_exactness(model.target, args.block_sizes)
@@ -64,8 +67,6 @@ def run(args) -> dict:
 
 
 def print_report(report: dict) -> None:
-    from tabulate import tabulate
-
     rows = []
     for w in report["widths"]:
         diverged = w["verdict"] == DIVERGES

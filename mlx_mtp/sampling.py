@@ -67,14 +67,14 @@ class Sampler:
             self._filters.append(lambda x: apply_top_k(x, top_k))
 
     @property
-    def greedy(self) -> bool:
+    def is_argmax(self) -> bool:
         return self.temp == 0
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         return self._mlx_sampler(logprobs)
 
     def check_vocab(self, vocab_size: int) -> None:
-        if self.top_k >= vocab_size and not self.greedy:
+        if self.top_k >= vocab_size and not self.is_argmax:
             raise MTPError(f"top_k (--top-k) must be below the vocabulary size {vocab_size}, "
                            f"got {self.top_k}")
 
@@ -104,9 +104,9 @@ def make_sampler(temp: float = 0.0, top_p: float = 0.0, min_p: float = 0.0,
                    top_k=top_k)
 
 
-def is_greedy(sampler) -> bool:
+def is_argmax(sampler) -> bool:
     if isinstance(sampler, Sampler):
-        return sampler.greedy
+        return sampler.is_argmax
     return sampler is None or sampler is greedy_sampler
 
 
@@ -116,7 +116,7 @@ def choose_rule(sampler, drafter, requested: str = "auto") -> str:
     if requested not in REQUESTABLE_RULES:
         raise MTPError(f"acceptance must be one of {', '.join(REQUESTABLE_RULES)}, "
                        f"got {requested!r}")
-    if is_greedy(sampler):
+    if is_argmax(sampler):
         if requested == SPECULATIVE:
             raise MTPError("acceptance speculative-sampling needs a temperature above 0")
         return GREEDY
@@ -135,7 +135,7 @@ def choose_rule(sampler, drafter, requested: str = "auto") -> str:
     return SPECULATIVE if knows_p and drafts_q else POINT_MASS
 
 
-def first_rejection(accepted: Sequence) -> int:
+def accepted_length(accepted: Sequence) -> int:
     """Number of leading accepted drafts."""
     a = 0
     while a < len(accepted) and accepted[a]:
@@ -264,7 +264,7 @@ def accept_drafts(p_d: mx.array, q_d: mx.array, u: mx.array) -> mx.array:
     return u * q_d < p_d
 
 
-def speculative_verify(p: mx.array, q: mx.array, drafts: mx.array, key: mx.array,
+def rejection_sample(p: mx.array, q: mx.array, drafts: mx.array, key: mx.array,
                        q_ids: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
     """One chain round of speculative sampling, all on device.
 

@@ -6,7 +6,7 @@ One round, with the bonus ``b`` sampled but not yet fed to the target:
   walk    a = the longest prefix with d_{i+1} == t_i; emit d_1..d_a, t_a (the one host read);
   finalize roll the target caches back to the a + 1 kept tokens;
   accept  the drafter consumes the verified pairs and prepares the next round.
-With a deterministic (greedy) drafter this keeps exactly the target's distribution: t_i is drawn
+With a deterministic (argmax) drafter this keeps exactly the target's distribution: t_i is drawn
 from the target's own p_i and a draft is kept only when it equals that draw. At temperature 0 the
 emitted ids equal mlx-lm's plain greedy decode. With a sampler from ``mlx_mtp.make_sampler`` and
 a drafter that can sample (``draft_sampled``), the walk is speculative sampling instead
@@ -24,18 +24,26 @@ from mlx_lm.sample_utils import greedy_sampler
 from . import cpu_blas, draft_profile, gate, sampling
 from .diagnostics import RunStats
 from .errors import MTPError
+from .model import MTPModel
 from .plain import plain_generate_step
 
 MAX_BLOCK_SIZE = 16
 
-greedy = greedy_sampler  # argmax over the last axis
+
+def block_size_problem(block_size: int) -> Optional[str]:
+    """What is wrong with an integer ``block_size`` ("must be ..."), or None: the one place the
+    bounds are checked (the API and the CLIs word their errors around it)."""
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        return f"must be between 1 and {MAX_BLOCK_SIZE}, got {block_size}"
+    return None
 
 
 def check_block_size(block_size, name: str = "block_size") -> int:
     if not isinstance(block_size, int) or isinstance(block_size, bool):
         raise MTPError(f"{name} must be an integer, got {block_size!r}")
-    if not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise MTPError(f"{name} must be between 1 and {MAX_BLOCK_SIZE}, got {block_size}")
+    problem = block_size_problem(block_size)
+    if problem:
+        raise MTPError(f"{name} {problem}")
     return block_size
 
 
@@ -45,7 +53,7 @@ def _logprobs(logits: mx.array) -> mx.array:
 
 def generate_step(
     prompt: mx.array,
-    model,
+    model: MTPModel,
     *,
     max_tokens: int = 256,
     block_size: int = 3,
@@ -80,7 +88,7 @@ def generate_step(
     rule = sampling.choose_rule(sampler, drafter, acceptance)
     if isinstance(sampler, sampling.Sampler):
         sampler.check_vocab(target.vocab_size)
-    sampler = sampler or greedy
+    sampler = sampler or greedy_sampler  # argmax over the last axis
     processors = list(logits_processors or [])
     streams = None
     if rule == sampling.SPECULATIVE:
@@ -115,8 +123,7 @@ def generate_step(
     cache = target.make_cache()
     if drafter is not None:
         drafter.reset()
-        if hasattr(drafter, "bind_cache"):  # drafters that read the target's K/V (Gemma 4)
-            drafter.bind_cache(cache)
+        drafter.bind_cache(cache)  # the Gemma 4 assistant reads the target's K/V
     s = 0
     while L - s > 1:
         e = min(s + prefill_step_size, L - 1)
@@ -174,7 +181,7 @@ def _round(target, drafter, cache, bonus, history, K, budget, sampler, processor
     drafts = q = q_ids = None
     if k > 0:
         with stats.phase("draft"):
-            syncs = getattr(drafter, "syncs", 0)
+            syncs = drafter.syncs
             if streams is None:
                 drafts = drafter.draft(k)
             else:
@@ -183,7 +190,7 @@ def _round(target, drafter, cache, bonus, history, K, budget, sampler, processor
                 drafter.draft_sampled(k, ds)
                 drafts, q, q_ids = ds.result()
             mx.eval(drafts, q if q is not None else [])  # the block's one sync
-            stats.draft_syncs += 1 + getattr(drafter, "syncs", 0) - syncs
+            stats.draft_syncs += 1 + drafter.syncs - syncs
     t_verify = time.perf_counter()
     with stats.phase("verify"):
         block = bonus if drafts is None else mx.concatenate([bonus, drafts])
@@ -197,7 +204,7 @@ def _round(target, drafter, cache, bonus, history, K, budget, sampler, processor
         if streams is None:
             toks = sampler(logprobs)
         else:
-            accepted, toks = sampling.speculative_verify(
+            accepted, toks = sampling.rejection_sample(
                 sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
             parts.append(accepted.astype(mx.uint32))
         # The round's one host read: the target's picks, the drafts and any verdicts.
@@ -206,9 +213,9 @@ def _round(target, drafter, cache, bonus, history, K, budget, sampler, processor
     stats.record_verify(k + 1, time.perf_counter() - t_verify)
     t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
     if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
-        a = sampling.first_rejection([d == t for d, t in zip(d_ids, t_ids)])
+        a = sampling.accepted_length([d == t for d, t in zip(d_ids, t_ids)])
     else:
-        a = sampling.first_rejection(host[2 * k + 1 :])
+        a = sampling.accepted_length(host[2 * k + 1 :])
     out_ids = d_ids[:a] + t_ids[a : a + 1]
     new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
     if k > 0:

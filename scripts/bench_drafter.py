@@ -20,7 +20,11 @@ pair the same command reports the acceptance of each arm, which is the A/B phase
 
     python scripts/bench_drafter.py                                   # random pair, built here
     python scripts/bench_drafter.py --model PAIR --corpus FILES       # a trained pair
-    python scripts/bench_drafter.py --render RECORD.json --summary "..."   # rewrite the .md
+    python scripts/bench_drafter.py --render RECORD.json              # redraw the pictures
+    python scripts/bench_drafter.py --render RECORD.json --summary "..."   # and rewrite the .md
+
+Beside the record's .md and .json it draws (``scripts/record_plots.py``, needs the ``bench`` extra)
+the drafter step and accept hook per arm against their floor, and the round split per arm.
 """
 
 from __future__ import annotations
@@ -41,13 +45,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
-from mlx_mtp import draft_vocab  # noqa: E402
+from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
-from mlx_mtp.drafters.options import DraftOptions  # noqa: E402
-from mlx_mtp.drafters.qwen3_5_mtp import MTPHead, QwenMTPDrafter  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
+from mlx_mtp.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
+from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.model import MTPModel  # noqa: E402
-from mlx_mtp.quantize_drafter import quantize_head  # noqa: E402
+from mlx_mtp.qwen3_5.quantize import quantize_head  # noqa: E402
 
 PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
     "p1": ("device_ids", True, False),
@@ -441,16 +445,12 @@ def main(argv=None):
     p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: bench_mtp's)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
     p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
-    p.add_argument("--render", type=Path, help="re-render this record's .json (with --summary)")
+    p.add_argument("--render", type=Path, metavar="RECORD.json",
+                   help="no run: redraw this record's pictures and link them from its .md "
+                        "(with --summary: also store it and rewrite the .md from the JSON)")
     args = p.parse_args(argv)
     if args.render:
-        result = json.loads(args.render.read_text())
-        if args.summary:
-            result["summary"] = args.summary
-        args.render.write_text(json.dumps(result, indent=1))
-        args.render.with_suffix(".md").write_text(render(result))
-        print(f"rewrote {args.render.with_suffix('.md')}")
-        return result
+        return bench_mtp.rerender_record(args.render, render, "drafter", args.summary)
     args.prompts = (json.loads(Path(args.prompts_json).read_text()) if args.prompts_json
                     else bench_mtp.DEFAULT_PROMPTS)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -461,7 +461,7 @@ def main(argv=None):
     result = run(args)
     if args.summary:
         result["summary"] = args.summary
-    bench_mtp.write_record(args.out, result, render)
+    bench_mtp.write_record(args.out, result, render, "drafter")
     return result
 
 

@@ -4,9 +4,12 @@ Protocol (shared/design/benchmarks.md): paired and alternating arms in one proce
 up once, a fixed token budget with EOS ignored, several prompts, temperature 0; medians of the
 per-pair tok/s and the min-max of the per-pair ratios; the machine's memory bandwidth measured in
 the same run, and each decode step reported as a multiple of its floor (bytes it must read /
-bandwidth). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+bandwidth). Writes benchmark_results/<topic>-<host>-<date>.md and .json, and beside them the
+record's pictures (``scripts/record_plots.py``; needs the ``bench`` extra, else they are skipped
+with one line): tok/s per block size, per-position acceptance, the round split.
 
     python scripts/bench_mtp.py --model PATH [--drafter D] --block-sizes 1,2,3,4,5 --pairs 5
+    python scripts/bench_mtp.py --render RECORD.json    # redraw a record's pictures, no run
 
 With ``--temp > 0`` both arms sample (mlx_mtp's ``make_sampler``, mlx-lm semantics; the plain arm is
 still mlx-lm's own ``generate_step``), each run seeded with ``--seed`` + run index, and the record
@@ -36,8 +39,11 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_mtp import cpu_blas  # noqa: E402
 from mlx_mtp.diagnostics import RunStats  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record_plots  # noqa: E402  (matplotlib only inside, lazily)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = {
@@ -378,7 +384,7 @@ def _identical_text(v) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="MTP vs mlx-lm plain decode, paired and alternating")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", help="the target (required unless --render)")
     p.add_argument("--drafter")
     p.add_argument("--topic", default="mtp")
     p.add_argument("--block-sizes", default="1,2,3,4,5")
@@ -393,7 +399,14 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="base seed; run i uses seed + i")
     p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
                    help="acceptance rule at temperature > 0")
+    p.add_argument("--render", type=Path, metavar="RECORD.json",
+                   help="no run: redraw this record's pictures and link them from its .md "
+                        "(with --summary: also store it and rewrite the .md from the JSON)")
     args = p.parse_args(argv)
+    if args.render:
+        return rerender_record(args.render, render, "mtp", args.summary)
+    if not args.model:
+        p.error("--model is required (or --render RECORD.json)")
     args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
     args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
     if args.pairs < 1 or args.max_tokens < 2 or any(b < 1 for b in args.block_sizes):
@@ -405,13 +418,44 @@ def main(argv=None):
     return result
 
 
-def write_record(out: Path, result: dict, render_fn) -> None:
-    """``<topic>-<host>-<date>.json`` and the ``.md`` that ``render_fn`` makes of it."""
+def write_record(out: Path, result: dict, render_fn, kind: str = "mtp") -> None:
+    """``<topic>-<host>-<date>.json``, the ``.md`` that ``render_fn`` makes of it, and the
+    record's pictures (``record_plots``, ``kind`` "mtp" or "drafter") linked from the ``.md``."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(render_fn(result))
-    print(f"wrote {out / stem}.md and .json")
+    try:
+        pictures = record_plots.draw(result, out / stem, kind)
+    except ImportError as e:  # matplotlib is an optional extra: the record stands without it
+        print(e)
+        pictures = []
+    (out / f"{stem}.md").write_text(record_plots.embed(render_fn(result), pictures, out))
+    print(f"wrote {out / stem}.md and .json" + (f" and {len(pictures)} pictures" if pictures else ""))
+
+
+def rerender_record(path: Path, render_fn, kind: str = "mtp", summary: str = None) -> dict:
+    """``--render RECORD.json``: draw the record's pictures again from its JSON (no run) and link
+    them from its ``.md`` (which is otherwise kept; written from the JSON if absent). With
+    ``summary``: also store it in the JSON and rewrite the whole ``.md`` from the JSON."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --render {path}: expected a record's .json ({e})")
+    problem = record_plots.check(result, kind)
+    if problem:
+        raise SystemExit(f"error: --render {path}: {problem}")
+    if not record_plots.available():
+        raise SystemExit(f"error: --render needs matplotlib: {record_plots.INSTALL}")
+    path = Path(path)
+    md_path = path.with_suffix(".md")
+    pictures = record_plots.draw(result, path.with_suffix(""), kind)
+    if summary is not None:
+        result["summary"] = summary
+        path.write_text(json.dumps(result, indent=1))
+    md = md_path.read_text() if summary is None and md_path.exists() else render_fn(result)
+    md_path.write_text(record_plots.embed(md, pictures, md_path.parent))
+    print(f"rewrote {md_path} and {len(pictures)} pictures")
+    return result
 
 
 if __name__ == "__main__":

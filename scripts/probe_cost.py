@@ -31,7 +31,7 @@ import tiny_checkpoints as tc  # noqa: E402
 from mlx_mtp.gate import session_widths  # noqa: E402
 from mlx_mtp.loading import load_model  # noqa: E402
 from mlx_mtp.demo import demo_path  # noqa: E402
-from mlx_mtp.targets.qwen3_5 import Qwen3_5Target  # noqa: E402
+from mlx_mtp.qwen3_5.target import Qwen3_5Target  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_mtp  # noqa: E402

@@ -6,8 +6,10 @@ from typing import List, Sequence
 
 import mlx.core as mx
 
+from mlx_mtp.interfaces import DrafterDefaults
 
-class OracleDrafter:
+
+class OracleDrafter(DrafterDefaults):
     """Replays the known greedy continuation ``full`` (prompt + reference output), with a planted
     mistake so that round r accepts exactly ``schedule[r % len(schedule)]`` drafts (or all k if
     that is >= k)."""

@@ -1,0 +1,174 @@
+"""Checkpoint files, checked: a path or Hugging Face repo id -> a folder, its config.json, its
+safetensors (headers checked before loading), mlx-lm's target model, and one loader that puts
+drafter weights into a module after checking every name and shape. Family-independent."""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import huggingface_hub
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm import utils as mlx_lm_utils
+
+from .errors import MTPError
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one line for a user-facing error (its first line, or its type)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def resolve_path(path_or_repo, what: str = "model") -> Path:
+    """A local folder as is; anything else shaped like ``owner/name`` via the Hugging Face Hub."""
+    s = str(path_or_repo)
+    p = Path(s).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise MTPError(f"{what} path {s} is a file: expected a model folder")
+        return p
+    if _REPO_ID.match(s) and not s.startswith("."):
+        try:
+            return Path(huggingface_hub.snapshot_download(repo_id=s,
+                                                          allow_patterns=_DOWNLOAD_PATTERNS))
+        except Exception as e:  # network, auth, missing repo: all one user-facing line
+            msg = first_line(e)
+            raise MTPError(f"{what} {s} is not a local folder and could not be fetched from "
+                           f"the Hugging Face Hub: {msg}") from None
+    raise MTPError(f"{what} path {s} does not exist")
+
+
+def read_config(path: Path) -> dict:
+    f = path / "config.json"
+    if not f.is_file():
+        raise MTPError(f"{f} not found: expected a Hugging Face or MLX model folder with a config.json")
+    try:
+        config = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MTPError(f"{f} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise MTPError(f"{f} must hold a JSON object")
+    return config
+
+
+def safetensors_header(f: Path) -> dict:
+    """Parse and sanity-check a safetensors header; a corrupt file gets a one-line error."""
+    size = f.stat().st_size
+    try:
+        with open(f, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise ValueError("shorter than its 8-byte header length")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8:
+                raise ValueError(f"header length {n} exceeds the file size {size}")
+            header = json.loads(fh.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+        data = size - 8 - n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            if not 0 <= start <= end <= data:
+                raise ValueError(f"tensor {name} lies outside the file (truncated?)")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise MTPError(f"{f}: corrupted safetensors file ({e})") from None
+    return header
+
+
+def weight_files(path: Path, pattern: str = "*.safetensors") -> list:
+    return sorted(Path(p) for p in glob.glob(str(path / pattern)))
+
+
+def load_safetensors(f: Path) -> Dict[str, mx.array]:
+    try:
+        return mx.load(str(f))
+    except Exception as e:
+        raise MTPError(f"{f}: corrupted safetensors file ({e})") from None
+
+
+
+def text_config(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def default_dtype() -> Optional[mx.Dtype]:
+    """float32 on the CPU backend (its bf16/f16/quantized matmuls are scalar loops on x86)."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+def cast_floats(params, dtype, predicate: Callable[[str], bool] = lambda _: True):
+    """Cast floating parameters (not packed quantized ints) to ``dtype`` where ``predicate``
+    (of the parameter's dotted path); the one place a weight's dtype changes."""
+    def cast(path, v):
+        if mx.issubdtype(v.dtype, mx.floating) and predicate(path):
+            return v.astype(dtype)
+        return v
+
+    return tree_map_with_path(cast, params)
+
+
+def load_target(path: Path, dtype: Optional[mx.Dtype] = None) -> nn.Module:
+    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``)."""
+    files = weight_files(path, "model*.safetensors")
+    if not files:
+        raise MTPError(f"{path}: no model*.safetensors weight files found")
+    for f in files:
+        safetensors_header(f)
+    try:
+        model, _ = mlx_lm_utils.load_model(path)
+    except MTPError:
+        raise
+    except Exception as e:
+        msg = first_line(e)
+        raise MTPError(f"{path}: weights do not match config.json ({msg})") from None
+    if dtype is not None:
+        predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
+        model.update(cast_floats(model.parameters(), dtype, predicate))
+    return model
+
+
+def load_checked(module: nn.Module, weights: Dict[str, mx.array], source: str, *, dtype,
+                 quantization: Optional[dict] = None, noun: str = "tensor",
+                 shape_note: str = "from its config.json") -> nn.Module:
+    """Load ``weights`` into ``module`` (quantized first as an MLX-quantized folder says) after
+    checking that the names are exactly the module's and every shape matches; floats cast to
+    ``dtype``. Any mismatch is one line naming ``source``, the tensor and what was expected."""
+    if quantization is not None:  # only the layers the folder holds scales for
+        q = quantization
+        nn.quantize(module, group_size=q.get("group_size", 64), bits=q.get("bits", 4),
+                    mode=q.get("mode", "affine"),
+                    class_predicate=lambda p, m: (hasattr(m, "to_quantized")
+                                                  and f"{p}.scales" in weights))
+    expected = dict(tree_flatten(module.parameters()))
+    for names, what in ((sorted(set(expected) - set(weights)), "missing"),
+                        (sorted(set(weights) - set(expected)), "unexpected")):
+        if names:
+            raise MTPError(f"{source}: {what} {noun} {names[0]} ({len(names)} {what} in all)")
+    for k, v in expected.items():
+        if tuple(weights[k].shape) != tuple(v.shape):
+            raise MTPError(f"{source}: {noun} {k} has shape {tuple(weights[k].shape)}, expected "
+                           f"{tuple(v.shape)} {shape_note}")
+    module.load_weights(list(cast_floats(weights, dtype).items()), strict=True)
+    module.eval()
+    mx.eval(module.parameters())
+    return module
+
+
+def load_tokenizer(path: Path):
+    try:
+        return mlx_lm_utils.load_tokenizer(path)
+    except Exception as e:
+        msg = first_line(e)
+        raise MTPError(f"{path}: could not load the tokenizer ({msg})") from None

@@ -1,1 +1,0 @@
-"""Drafters: one per family, behind the protocol in ``base``."""

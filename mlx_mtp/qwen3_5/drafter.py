@@ -1,0 +1,170 @@
+"""The Qwen3.5 / Qwen3.6 / Qwen3-Next MTP head (spec ``qwen3_5-mtp.md`` §1-2) and its drafter.
+
+The head is one full-attention decoder layer of the target's own family, an ``fc`` (2H -> H) over
+``[norm(embed(x_{p+1})), norm(h_p)]`` (embedding first), and a final norm. It borrows the target's
+embedding and LM head and keeps its own KV cache, whose offset always equals the target's.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3_5 as _qwen3_5
+from mlx_lm.models import qwen3_next as _qwen3_next
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+from ..draft_profile import DraftProfiler
+from ..interfaces import DrafterDefaults
+from .lm_head import DraftLMHead
+from .options import DraftOptions
+
+# Norm-weight suffixes that use the zero-centred (1 + w) convention in raw HF checkpoints.
+ZERO_CENTRED_NORMS = (
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+
+
+def is_zero_centred_norm(key: str) -> bool:
+    """``key`` relative to the head (``fc.weight``, ``layers.0...``, ``norm.weight``)."""
+    return key == "norm.weight" or key.endswith(ZERO_CENTRED_NORMS)
+
+
+class MTPHead(nn.Module):
+    def __init__(self, args, num_layers: int = 1):
+        super().__init__()
+        H = args.hidden_size
+        layer_cls = (
+            _qwen3_next.Qwen3NextDecoderLayer
+            if isinstance(args, _qwen3_next.ModelArgs)
+            else _qwen3_5.DecoderLayer
+        )
+        full_attn_idx = args.full_attention_interval - 1  # any such index builds full attention
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.layers = [layer_cls(args, layer_idx=full_attn_idx) for _ in range(num_layers)]
+        self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+
+    def __call__(self, embeds: mx.array, hidden: mx.array, cache: List[KVCache]) -> mx.array:
+        """Post-norm head output ``g [1, S, H]``; ``lm_head(g[:, i])`` predicts x_{p_i + 2}."""
+        x = mx.concatenate(
+            [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], axis=-1
+        )
+        x = self.fc(x)
+        for layer, c in zip(self.layers, cache):
+            x = layer(x, mask=create_attention_mask(x, c), cache=c)
+        return self.norm(x)
+
+
+class QwenMTPDrafter(DrafterDefaults):
+    """Drafts with the MTP head, recurrently: draft j > 1 feeds the head its own output.
+
+    Accept hook (exact variant, spec §2.4): trim this round's approximate entries, then run the
+    head over the accepted pairs with the target's true hidden states; that forward also yields
+    the next round's first draft (``first_draft``). ``options`` and ``vocab_ids`` (a reduced draft
+    vocabulary, sorted target ids) select the optimizations of ``mlx_mtp.qwen3_5.options``.
+    """
+
+    def __init__(self, head: MTPHead, target, options: DraftOptions = DraftOptions(),
+                 vocab_ids: Optional[mx.array] = None):
+        self.head = head
+        self.target = target
+        self.options = options
+        self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
+                              chunk=options.fused_chunk)
+        self.profiler = DraftProfiler()  # a run installs its own (mlx_mtp.draft_profile.attach)
+        self.syncs = 0  # host reads made while drafting (only with device_ids off)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = [KVCache() for _ in self.head.layers]
+        self.first_draft = None  # [1] id of x_{N+1}, on device
+        self.first_draft_hidden = None  # [1, 1, H] head output that produced it
+        self.first_draft_logits = None  # [1, Vd] its logits (None when fused: computed if sampling)
+        self.in_round = 0  # approximate cache entries appended by the current draft
+
+    @property
+    def offset(self) -> int:
+        return self.cache[0].offset
+
+    def prefill(self, hidden: mx.array, next_ids: mx.array) -> None:
+        prof = self.profiler
+        embeds = self.target.embed(next_ids[None])
+        prof.stage("ids", embeds)
+        g = self.head(embeds, hidden, self.cache)
+        prof.stage("layers", g)
+        self.first_draft_hidden = g[:, -1:]
+        self.first_draft, self.first_draft_logits = self.lm.argmax(g[:, -1], prof)
+
+    def _via_host(self, tok: mx.array) -> mx.array:
+        """Phase 1 off (kept to measure it): the id makes a host round trip, as it would if the
+        loop read every draft."""
+        value = tok.item()
+        self.syncs += 1
+        self.profiler.stage("readback")
+        return mx.array([value], dtype=tok.dtype)
+
+    def _draft(self, k: int, first: mx.array, pick) -> mx.array:
+        # With device_ids (the default) each id feeds the next embedding lookup as an array.
+        prof = self.profiler
+        ids = [first]
+        g = self.first_draft_hidden
+        for _ in range(k - 1):
+            with prof.step("draft"):
+                prev = ids[-1] if self.options.device_ids else self._via_host(ids[-1])
+                embeds = self.target.embed(prev[None])
+                prof.stage("ids", embeds)
+                g = self.head(embeds, g, self.cache)
+                prof.stage("layers", g)
+                ids.append(pick(g[:, -1]))
+        self.in_round = k - 1
+        return mx.concatenate(ids)
+
+    def draft(self, k: int) -> mx.array:
+        return self._draft(k, self.first_draft, lambda x: self.lm.argmax(x, self.profiler)[0])
+
+    def _sample(self, logits: mx.array, sample) -> mx.array:
+        self.profiler.stage("lm_head", logits)
+        tok = sample(logits, ids=self.lm.ids)
+        self.profiler.stage("sample", tok)
+        return tok
+
+    def draft_sampled(self, k: int, sample) -> mx.array:
+        """Like ``draft``, but every id is drawn by ``sample`` (``mlx_mtp.sampling.DraftSampler``),
+        which records the distribution q it was drawn from (on the draft vocabulary, if any)."""
+        first_logits = self.first_draft_logits
+        if first_logits is None:
+            first_logits = self.lm.project(self.first_draft_hidden[:, -1])
+        return self._draft(k, sample(first_logits, ids=self.lm.ids),
+                           lambda x: self._sample(self.lm.project(x), sample))
+
+    def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
+        with self.profiler.step("accept"):
+            for c in self.cache:
+                c.trim(self.in_round)
+            self.in_round = 0
+            self.prefill(hidden, next_ids)
+
+    def state_arrays(self) -> list:
+        out = [self.first_draft, self.first_draft_hidden]
+        for c in self.cache:
+            if c.keys is not None:
+                out += [c.keys, c.values]
+        return out
+
+    def describe(self) -> dict:
+        """What this drafter runs with (for ``--json`` and benchmark records)."""
+        quantized = [m for _, m in self.head.named_modules() if hasattr(m, "bits")]
+        return {"device_ids": self.options.device_ids, "fused_argmax": self.lm.fused,
+                "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
+                "quantized_layers": len(quantized),
+                "bits": sorted({m.bits for m in quantized}),
+                "fc_quantized": hasattr(self.head.fc, "bits")}

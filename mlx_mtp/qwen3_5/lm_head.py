@@ -1,0 +1,123 @@
+"""The drafter's LM head: the target's borrowed projection, on all of the vocabulary or on a
+reduced draft vocabulary (phase 2b), with an optional fused projection + argmax (phase 2a).
+
+Draft numerics never reach the output (every draft is verified by the target), but the fused
+path must still pick the ids the unfused one picks: it multiplies the same weight rows with the
+same kernel, chunk by chunk, and keeps the first maximum like ``mx.argmax``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+@dataclass
+class HeadTensors:
+    """The weights of an LM head (``nn.Linear`` / ``QuantizedLinear``, or a tied
+    ``Embedding`` / ``QuantizedEmbedding`` used as a linear), rows = vocabulary ids."""
+
+    weight: mx.array
+    scales: Optional[mx.array] = None
+    biases: Optional[mx.array] = None
+    bias: Optional[mx.array] = None
+    group_size: int = 0
+    bits: int = 0
+    mode: str = "affine"
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "HeadTensors":
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            return cls(module["weight"], module["scales"], module.get("biases"),
+                       module.get("bias"), module.group_size, module.bits, module.mode)
+        return cls(module["weight"], bias=module.get("bias") if isinstance(module, nn.Linear)
+                   else None)
+
+    @property
+    def rows(self) -> int:
+        return self.weight.shape[0]
+
+    def take(self, ids: mx.array) -> "HeadTensors":
+        """A contiguous copy of rows ``ids``."""
+        pick = (lambda a: None if a is None else mx.contiguous(a[ids]))
+        return HeadTensors(pick(self.weight), pick(self.scales), pick(self.biases),
+                           pick(self.bias), self.group_size, self.bits, self.mode)
+
+    def matmul(self, x: mx.array, start: int = 0, stop: Optional[int] = None) -> mx.array:
+        """``x @ rows[start:stop].T`` (+ bias): the same op the module itself runs."""
+        s = slice(start, stop)
+        if self.scales is not None:
+            out = mx.quantized_matmul(
+                x, self.weight[s], scales=self.scales[s],
+                biases=None if self.biases is None else self.biases[s], transpose=True,
+                group_size=self.group_size, bits=self.bits, mode=self.mode)
+        else:
+            out = x @ self.weight[s].T
+        return out if self.bias is None else out + self.bias[s]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.weight, self.scales, self.biases, self.bias)
+                   if a is not None)
+
+
+def chunked_argmax(x: mx.array, head: HeadTensors, chunk: int) -> mx.array:
+    """``argmax(x @ head.T, axis=-1)`` for ``x [B, H]`` without the full logits row: project
+    ``chunk`` rows at a time, keep each chunk's max and first argmax, then take the first chunk
+    holding the overall max (ties resolve to the lowest id, as ``mx.argmax`` does)."""
+    maxes, args = [], []
+    for start in range(0, head.rows, chunk):
+        logits = head.matmul(x, start, start + chunk)
+        maxes.append(mx.max(logits, axis=-1))
+        args.append(mx.argmax(logits, axis=-1) + start)
+    best = mx.argmax(mx.stack(maxes, axis=-1), axis=-1, keepdims=True)
+    return mx.take_along_axis(mx.stack(args, axis=-1), best, axis=-1)[..., 0]
+
+
+class DraftLMHead:
+    """``project(x)``: the drafter's logits ``[B, Vd]`` (column c is target id ``ids[c]``, or c
+    itself when ``ids`` is None); ``argmax(x)``: the target ids of their argmax ``[B]``.
+
+    With neither a reduced vocabulary nor fusing, both are exactly the target's own LM head.
+    """
+
+    def __init__(self, target, ids: Optional[mx.array] = None, fused: bool = False,
+                 chunk: int = 8192):
+        self.target = target
+        self.ids = None if ids is None else ids.astype(mx.uint32)
+        self.fused = fused
+        self.chunk = chunk
+        full = HeadTensors.of(target.lm_head_module)
+        self.tensors = full if ids is None else full.take(self.ids)
+        if ids is not None:
+            mx.eval(self.tensors.weight, self.tensors.scales, self.tensors.biases)
+
+    @property
+    def size(self) -> int:
+        return self.tensors.rows
+
+    def project(self, x: mx.array) -> mx.array:
+        if self.ids is None:
+            return self.target.logits(x)
+        return self.tensors.matmul(x)
+
+    def to_target(self, cols: mx.array) -> mx.array:
+        return cols if self.ids is None else self.ids[cols]
+
+    def argmax(self, x: mx.array, profiler):
+        """``(target ids of the argmax [B], logits [B, Vd] or None when fused)``; ``profiler``
+        times the projection and the argmax (one stage when fused)."""
+        logits = None
+        if self.fused:
+            cols = chunked_argmax(x, self.tensors, self.chunk)
+            profiler.stage("lm_head", cols)
+        else:
+            logits = self.project(x)
+            profiler.stage("lm_head", logits)
+            cols = mx.argmax(logits, axis=-1)
+        tok = self.to_target(cols)
+        profiler.stage("sample", tok)
+        return tok, logits

@@ -1,0 +1,235 @@
+"""Target adapter for the hybrid Qwen families: Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
+Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
+GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
+token of the block, so a partial accept is rolled back by selecting the state at the accepted
+length (no recompute). Where mlx-lm would run its Metal kernel instead of the ops recurrence, the
+inputs are stashed and the kept tokens replayed (spec §3.2, option A).
+
+Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
+``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
+subclasses to the parents bitwise, so an mlx-lm change that breaks the copy fails there first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3_5 as _qwen3_5
+from mlx_lm.models import qwen3_next as _qwen3_next
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_delta_update,
+                                       normalize_qk)
+
+from .. import row_exact
+from ..trunk import TrunkTarget
+
+QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+
+
+class SpecArraysCache(ArraysCache):
+    """mlx-lm's GDN cache (conv state, recurrent state) plus what the last verify kept for a
+    rollback: ``("states", per-token states, conv_input)`` or ``("replay", inputs..., conv_input)``."""
+
+    def __init__(self):
+        super().__init__(size=2)
+        self.capture = False
+        self.stash = None
+
+
+def uses_ops_recurrence(k: mx.array, use_kernel: bool) -> bool:
+    """Whether mlx-lm's ``gated_delta_update`` runs its ops loop here (else its Metal kernel)."""
+    return (not use_kernel or mx.default_device() != mx.gpu or not mx.metal.is_available()
+            or k.shape[-1] < 32 or k.shape[-1] % 32 != 0)
+
+
+def gated_delta_states(q, k, v, a, b, A_log, dt_bias, state):
+    """mlx-lm's ops recurrence (``gated_delta_update`` -> ``gated_delta_ops``, unmasked), op for
+    op, except that it returns the state after every token: ``(y [B,T,Hv,Dv], [state_1..state_T])``.
+    The states exist anyway while the loop runs; keeping them makes a rollback a selection."""
+    beta = mx.sigmoid(b)
+    g = compute_g(A_log, a, dt_bias)
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    if state is None:
+        state = mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
+    if (repeat := Hv // Hk) > 1:
+        q = mx.repeat(q, repeat, -2)
+        k = mx.repeat(k, repeat, -2)
+    ys, states = [], []
+    for t in range(T):
+        y, state = _gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None)
+        ys.append(y)
+        states.append(state)
+    return mx.stack(ys, axis=1), states
+
+
+class _CapturingGDN:
+    """Mixin: when the cache asks for capture, run the parent's forward while keeping what a
+    rollback needs on the cache (the per-token states, or the inputs to replay where mlx-lm runs
+    a kernel that only returns the last state). Otherwise defer to the parent."""
+
+    def _project(self, inputs):  # -> (mixed_qkv [B,S,conv_dim], z [B,S,Hv,Dv], b, a)
+        raise NotImplementedError
+
+    def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
+        if not getattr(cache, "capture", False):
+            return super().__call__(inputs, mask, cache)
+        if cache.lengths is not None or getattr(self, "sharding_group", None) is not None:
+            raise NotImplementedError("speculative capture supports batch 1 without sharding")
+        B, S, _ = inputs.shape
+        qkv, z, b, a = self._project(inputs)
+        conv_state = cache[0]
+        if conv_state is None:
+            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
+        if mask is not None:
+            qkv = mx.where(mask[..., None], qkv, 0)
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        cache[0] = mx.contiguous(conv_input[:, -(self.conv_kernel_size - 1) :, :])
+        conv_out = nn.silu(self.conv1d(conv_input))
+        q, k, v = [
+            t.reshape(B, S, h, d)
+            for t, h, d in zip(
+                mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
+                [self.num_k_heads, self.num_k_heads, self.num_v_heads],
+                [self.head_k_dim, self.head_k_dim, self.head_v_dim],
+            )
+        ]
+        state_in = cache[1]
+        q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
+        if mask is None and uses_ops_recurrence(k, not self.training):
+            out, states = gated_delta_states(q, k, v, a, b, self.A_log, self.dt_bias, state_in)
+            cache[1] = states[-1]
+            cache.stash = ("states", states, conv_input)
+        else:
+            out, cache[1] = gated_delta_update(
+                q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask,
+                use_kernel=not self.training)
+            cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
+        cache.advance(S)
+        out = self.norm(out, z)
+        return self.out_proj(out.reshape(B, S, -1))
+
+    def rewind(self, cache: SpecArraysCache, keep: int) -> None:
+        """Set the cache to the state after the first ``keep`` tokens of the last verify."""
+        kind, *stash = cache.stash
+        conv_input = stash[-1]
+        cache[0] = mx.contiguous(conv_input[:, keep : keep + self.conv_kernel_size - 1, :])
+        if kind == "states":
+            cache[1] = stash[0][keep - 1]
+            return
+        q, k, v, a, b, state_in, _ = stash
+        _, cache[1] = gated_delta_update(
+            q[:, :keep], k[:, :keep], v[:, :keep], a[:, :keep], b[:, :keep],
+            self.A_log, self.dt_bias, state_in, None, use_kernel=not self.training,
+        )
+
+
+class Qwen3_5SpecGDN(_CapturingGDN, _qwen3_5.GatedDeltaNet):
+    def _project(self, inputs):
+        B, S, _ = inputs.shape
+        qkv = self.in_proj_qkv(inputs)
+        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
+        return qkv, z, self.in_proj_b(inputs), self.in_proj_a(inputs)
+
+
+class Qwen3NextSpecGDN(_CapturingGDN, _qwen3_next.Qwen3NextGatedDeltaNet):
+    def _project(self, inputs):
+        B, S, _ = inputs.shape
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(
+            self.in_proj_qkvz(inputs), self.in_proj_ba(inputs)
+        )
+        qkv = mx.concatenate([q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1)
+        return qkv, z, b, a
+
+
+class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
+    """mlx-lm's gated full attention (both families use this class). Inside a verify it computes
+    the attention of each query row separately, against the keys a decode step at that position
+    would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (measured
+    with BLIS on CPU: the score matmul's width is the context length)."""
+
+    def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
+        B, L, D = x.shape
+        if not row_exact.active() or L == 1 or cache is None or hasattr(cache, "bits"):
+            return super().__call__(x, mask, cache)
+        # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA.
+        queries, gate = mx.split(self.q_proj(x).reshape(B, L, self.num_attention_heads, -1), 2, axis=-1)
+        gate = gate.reshape(B, L, -1)
+        keys, values = self.k_proj(x), self.v_proj(x)
+        queries = self.q_norm(queries).transpose(0, 2, 1, 3)
+        keys = self.k_norm(keys.reshape(B, L, self.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
+        values = values.reshape(B, L, self.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        start = cache.offset
+        queries = self.rope(queries, offset=start)
+        keys = self.rope(keys, offset=start)
+        keys, values = cache.update_and_fetch(keys, values)
+        rows = [
+            mx.fast.scaled_dot_product_attention(
+                queries[:, :, i : i + 1], keys[..., : start + i + 1, :],
+                values[..., : start + i + 1, :], scale=self.scale, mask=None)
+            for i in range(L)
+        ]
+        output = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output * mx.sigmoid(gate))
+
+
+_SPEC_GDN = {
+    _qwen3_5.GatedDeltaNet: Qwen3_5SpecGDN,
+    _qwen3_next.Qwen3NextGatedDeltaNet: Qwen3NextSpecGDN,
+}
+
+
+class Qwen3_5Target(TrunkTarget):
+    """What the round loop and the MTP drafter need from a hybrid Qwen target.
+
+    ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        for layer in self.layers:
+            if not layer.is_linear and type(layer.self_attn) is _qwen3_next.Qwen3NextAttention:
+                layer.self_attn.__class__ = Qwen3NextSpecAttention
+            if layer.is_linear:
+                gdn = layer.linear_attn
+                spec_cls = _SPEC_GDN.get(type(gdn))
+                if spec_cls is None and not isinstance(gdn, _CapturingGDN):
+                    raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
+                if spec_cls is not None:
+                    gdn.__class__ = spec_cls
+
+    def make_cache(self) -> List[Any]:
+        return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
+
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.trunk.embed_tokens(ids)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        return self.project(hidden)
+
+    def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
+        return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
+
+    def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
+        """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""
+        for layer, c in zip(self.layers, cache):
+            if isinstance(c, SpecArraysCache):
+                if keep < fed:
+                    layer.linear_attn.rewind(c, keep)
+                c.stash = None
+            elif keep < fed:
+                c.trim(fed - keep)
+
+    def cache_state(self, cache: List[Any]) -> List[mx.array]:
+        """The arrays that hold the committed state (for eval and for bitwise comparisons)."""
+        out = []
+        for c in cache:
+            if isinstance(c, KVCache):
+                if c.keys is not None:
+                    out += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+            else:
+                out += [x for x in c.cache if x is not None]
+        return out

@@ -1,1 +1,0 @@
-"""Target adapters: one per model family, over the mlx-lm model."""

@@ -1,0 +1,90 @@
+"""The part of a target adapter that does not depend on the family: an mlx-lm model whose text
+trunk returns post-norm hidden states, and the row-exact verify set-up (``mlx_mtp.row_exact``).
+Family adapters add caches, logits, verify and rollback."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, List
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import row_exact
+
+
+class TrunkTarget:
+    def __init__(self, model: nn.Module):
+        self.model = model
+        # Multimodal / wrapper checkpoints hold the text model at ``.language_model``.
+        self.lm = model.language_model if hasattr(model, "language_model") else model
+        self.args = self.lm.args
+        self.trunk = self.lm.model  # returns the post-final-norm hidden states
+        self.exact_width = 1  # verify widths made row-exact so far (see ``prepare``)
+        self.row_exact_layers = {}
+        self.exact = True  # False: verify without the exactness-only fallbacks (``prepare``)
+
+    @property
+    def layers(self):
+        return self.trunk.layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def dtype(self):
+        return self.trunk.norm.weight.dtype
+
+    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
+        return self.trunk(ids, cache)
+
+    @property
+    def tied_head(self) -> bool:
+        return bool(getattr(self.lm, "tie_word_embeddings", self.args.tie_word_embeddings))
+
+    @property
+    def lm_head_module(self) -> nn.Module:
+        """The module whose rows project onto the vocabulary (the embedding when tied)."""
+        return self.trunk.embed_tokens if self.tied_head else self.lm.lm_head
+
+    def prepare(self, max_width: int, exact: bool = True) -> None:
+        """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
+        kernel is not row-invariant at those widths compute verify rows one at a time.
+        ``exact=False`` (the gate overridden by MLX_MTP_ALLOW_INEXACT=1): verify with the plain
+        multi-row kernels, no row-exact products, no per-row attention."""
+        self.exact = exact
+        if exact and max_width > self.exact_width:
+            self.row_exact_layers = row_exact.install(self.model, max_width,
+                                                      tied_head=self.tied_head)
+            self.exact_width = max_width
+
+    def project(self, hidden: mx.array) -> mx.array:
+        """The LM head (tied or own). Decode projects one row at a time, so several rows are
+        the verify case: row-exact."""
+        with self._verifying():
+            if self.tied_head:
+                return self.trunk.embed_tokens.as_linear(hidden)
+            return self.lm.lm_head(hidden)
+
+    def flagged_trunk(self, ids: mx.array, cache: List[Any], cache_type, flag: str) -> mx.array:
+        """A verify: ``hidden`` with the row-exact layers on and ``flag`` set on the caches of
+        ``cache_type`` for this one call (how it tells its caches to keep what a rollback needs)."""
+        flagged = [c for c in cache if isinstance(c, cache_type)]
+        for c in flagged:
+            setattr(c, flag, True)
+        try:
+            with self._verifying():
+                return self.trunk(ids, cache)
+        finally:
+            for c in flagged:
+                setattr(c, flag, False)
+
+    def _verifying(self):
+        """The row-exact context of a verify, unless exactness was waived (``prepare``)."""
+        return row_exact.verifying() if self.exact else nullcontext()

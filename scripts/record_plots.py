@@ -1,0 +1,293 @@
+"""Pictures of a benchmark record, drawn from its JSON alone (so ``--render`` can redraw them).
+
+``bench_mtp`` records ("mtp"): tok/s per block size (plain decode and MTP, min-max over the runs,
+the plain-decode read floor as a line), per-position acceptance per block size, and the round split
+as stacked bars. ``bench_drafter`` records ("drafter"): the drafter step and accept hook per arm
+against their read floor, and the round split per arm.
+
+matplotlib is optional (``pip install -e ".[bench]"``) and only ever imported here, lazily; the
+mlx_mtp package never imports it. Figures draw on the Agg canvas directly (no pyplot, no display,
+no global figure state), at a fixed pixel size: ``FIGSIZE`` inches x ``DPI``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+FIGSIZE = (7.0, 4.2)  # inches
+DPI = 100
+SIZE_PX = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))  # 700 x 420
+SECTION = "## Pictures"
+INSTALL = 'pip install -e ".[bench]"'
+SKIPPED = f"pictures skipped: matplotlib is not installed ({INSTALL})"
+PHASES = (("verify", "verify"), ("draft", "draft"), ("accept", "accept hook"),
+          ("finalize", "finalize"), ("residual", "residual"))
+COLORS = {"verify": "#4c72b0", "draft": "#dd8452", "accept": "#55a868", "finalize": "#c44e52",
+          "residual": "#8c8c8c"}
+
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def check(record: dict, kind: str) -> str | None:
+    """Why ``record`` cannot be drawn as ``kind`` ("mtp" or "drafter"), or None if it can."""
+    if not isinstance(record, dict) or not isinstance(record.get("rows"), list) or not record["rows"]:
+        return "not a benchmark record (no 'rows')"
+    need = {"mtp": ("block_size", "mtp_tps", "classic_tps", "per_position_acceptance", "round_ms"),
+            "drafter": ("arm", "step_ms", "step_floor_ms", "accept_ms", "round_ms")}[kind]
+    script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py"}[kind]
+    missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
+    if missing:
+        return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
+    if kind == "mtp" and "target_step_floor_ms" not in record:
+        return f"not a {script} record (no 'target_step_floor_ms')"
+    return None
+
+
+# ------------------------------------------------------------------------------ drawing
+
+
+def draw(record: dict, stem: Path, kind: str) -> list:
+    """Write ``<stem>-<name>.png`` for each picture of ``kind``; [(caption, path)].
+
+    Raises ImportError (with ``SKIPPED``) without matplotlib, ValueError for a record that does
+    not fit ``kind``."""
+    problem = check(record, kind)
+    if problem:
+        raise ValueError(problem)
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError(SKIPPED) from e
+    stem = Path(stem)
+    out = []
+    for name, caption, fn in FIGURES[kind]:
+        fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        fn(fig.add_subplot(), record)
+        path = stem.parent / f"{stem.name}-{name}.png"
+        # No bbox_inches="tight": the file keeps exactly SIZE_PX. No software/date metadata:
+        # redrawing the same record gives the same bytes.
+        fig.savefig(path, dpi=DPI, format="png", metadata={"Software": None})
+        out.append((caption, path))
+    return out
+
+
+def _title(ax, record: dict, what: str) -> None:
+    ax.set_title(f"{record.get('topic', '?')} on {record.get('host', {}).get('name', '?')}, "
+                 f"{record.get('date', '?')}: {what}", fontsize=10)
+
+
+def _tps_range(runs, fallback: float) -> tuple:
+    tps = [run["tps"] for run in runs or () if "tps" in run]
+    return (min(tps), max(tps)) if tps else (fallback, fallback)
+
+
+def _mtp_tps(ax, r: dict) -> None:
+    rows = r["rows"]
+    raw = r.get("raw") or {}
+    bs = [row["block_size"] for row in rows]
+    med = [row["mtp_tps"] for row in rows]
+    rng = [_tps_range(raw.get(f"mtp{b}"), m) for b, m in zip(bs, med)]
+    plain = rows[0]["classic_tps"]
+    plo, phi = _tps_range(raw.get("classic"), plain)
+    ax.axhspan(plo, phi, color="#8c8c8c", alpha=0.18, lw=0)
+    ax.axhline(plain, color="#595959", lw=1.5, label=f"plain decode (mlx-lm) {plain:.1f} tok/s, "
+                                                      "band = min-max")
+    ax.errorbar(bs, med, yerr=[[m - lo for m, (lo, _) in zip(med, rng)],
+                               [hi - m for m, (_, hi) in zip(med, rng)]],
+                fmt="o-", color=COLORS["verify"], capsize=4, lw=1.8,
+                label="MTP: median, bars = min-max over runs")
+    for b, m, row in zip(bs, med, rows):
+        ax.annotate(f"{row['ratio_median']:.2f}x", (b, m), textcoords="offset points",
+                    xytext=(-6, 7), ha="right", fontsize=8, color=COLORS["verify"],
+                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
+    floor = 1e3 / r["target_step_floor_ms"]
+    ax.axhline(floor, color="black", ls="--", lw=1,
+               label=f"plain decode's read floor {floor:.0f} tok/s (weights / bandwidth)")
+    # Log scale: the floor is often several times the measured speeds; on a linear axis it
+    # would squash the curve. Equal ratios then look equal at any speed.
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo = min([plo] + [lo for lo, _ in rng] + [floor])
+    hi = max([phi] + [hi for _, hi in rng] + [floor])
+    ax.set_yscale("log")
+    ax.set_ylim(lo / 1.25, hi * 2.6)  # headroom: the legend sits above the floor line
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(bs)
+    ax.set_xlim(min(bs) - 0.4, max(bs) + 0.6)
+    ax.set_xlabel("block size (tokens verified per round); label: MTP / plain, median of pairs")
+    ax.set_ylabel("tok/s (log scale)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    _title(ax, r, "tok/s per block size" + (f", T={r['temperature']}" if r.get("temperature")
+                                            else ", T=0"))
+
+
+def _mtp_acceptance(ax, r: dict) -> None:
+    drew = False
+    for row in r["rows"]:
+        pp = row["per_position_acceptance"]
+        if pp:
+            ax.plot(range(1, len(pp) + 1), pp, "o-", label=f"block {row['block_size']}")
+            drew = True
+    if drew:
+        ax.legend(fontsize=8, loc="lower left")
+        longest = max(len(row["per_position_acceptance"]) for row in r["rows"])
+        ax.set_xticks(range(1, longest + 1))
+    else:
+        ax.text(0.5, 0.5, "no drafts in this record (block size 1 only)", ha="center",
+                va="center", transform=ax.transAxes)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance")
+    ax.grid(alpha=0.3)
+    _title(ax, r, "per-position acceptance")
+
+
+def _stacked(ax, labels, splits, notes, horizontal: bool) -> None:
+    """Stacked round split bars: one per label, PHASES in order, a note at the end of each."""
+    pos = range(len(labels))
+    base = [0.0] * len(labels)
+    bar = ax.barh if horizontal else ax.bar
+    for key, name in PHASES:
+        vals = [s.get(key, 0.0) or 0.0 for s in splits]
+        if horizontal:
+            bar(pos, vals, left=base, color=COLORS[key], label=name, height=0.7)
+        else:
+            bar(pos, vals, bottom=base, color=COLORS[key], label=name, width=0.7)
+        base = [b + v for b, v in zip(base, vals)]
+    top = max(base) if base else 1.0
+    for p, total, note in zip(pos, base, notes):
+        if horizontal:
+            ax.text(total + top * 0.01, p, note, va="center", fontsize=8)
+        else:
+            ax.text(p, total + top * 0.01, note, ha="center", va="bottom", fontsize=8)
+    if horizontal:
+        ax.set_yticks(list(pos), labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, top * 1.45)
+        ax.set_xlabel("ms per round")
+        ax.grid(axis="x", alpha=0.3)
+    else:
+        ax.set_xticks(list(pos), labels)
+        ax.set_ylim(0, top * 1.25)
+        ax.set_ylabel("ms per round")
+        ax.grid(axis="y", alpha=0.3)
+    if horizontal:  # below the axes: every bar runs the full width
+        _legend_below(ax, ncol=len(PHASES))
+    else:
+        ax.legend(fontsize=8, loc="upper left", ncol=3)
+
+
+def _legend_below(ax, ncol: int) -> None:
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol,
+              frameon=False, handlelength=1.5, columnspacing=1.2)
+
+
+def _mtp_rounds(ax, r: dict) -> None:
+    rows = r["rows"]
+    notes = []
+    for row in rows:
+        ms, tok = sum(v or 0 for v in row["round_ms"].values()), row.get("tokens_per_round") or 0
+        notes.append(f"{ms:.1f} ms, {tok:.2f} tok\n" + (f"{ms / tok:.1f} ms/tok" if tok else ""))
+    _stacked(ax, [str(row["block_size"]) for row in rows], [row["round_ms"] for row in rows],
+             notes, horizontal=False)
+    ax.set_xlabel("block size (above a bar: ms and tokens per round, ms per token)")
+    _title(ax, r, "round split")
+
+
+def _drafter_step(ax, r: dict) -> None:
+    rows = r["rows"]
+    pos = list(range(len(rows)))
+    h = 0.38
+    step = [row["step_ms"] or 0.0 for row in rows]
+    acc = [row["accept_ms"] or 0.0 for row in rows]
+    ax.barh([p - h / 2 for p in pos], step, height=h, color=COLORS["draft"],
+            label="drafter step (draft phase / steps)")
+    ax.barh([p + h / 2 for p in pos], acc, height=h, color=COLORS["accept"],
+            label="accept hook (per call)")
+    ax.scatter([row["step_floor_ms"] for row in rows], pos, marker="|", s=400, color="black",
+               zorder=3, label="read floor (weights it reads / bandwidth)")
+    top = max(step + acc + [row["step_floor_ms"] for row in rows]) or 1.0
+    for p, row in zip(pos, rows):
+        if row["step_ms"]:
+            ax.text(row["step_ms"] + top * 0.01, p - h / 2,
+                    f"{row['step_ms']:.2f} ms ({row['step_ms'] / row['step_floor_ms']:.1f}x floor)",
+                    va="center", fontsize=7)
+    ax.set_yticks(pos, [row["arm"] for row in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.45)
+    ax.set_xlabel("ms")
+    ax.grid(axis="x", alpha=0.3)
+    _legend_below(ax, ncol=3)
+    _title(ax, r, f"drafter step vs floor, block {r.get('block_size', '?')}")
+
+
+def _drafter_rounds(ax, r: dict) -> None:
+    rows = r["rows"]
+    notes = [f"{sum(v or 0 for v in row['round_ms'].values()):.1f} ms, "
+             f"{row.get('tokens_per_round') or 0:.2f} tok, {row.get('tps') or 0:.1f} tok/s"
+             for row in rows]
+    _stacked(ax, [row["arm"] for row in rows], [row["round_ms"] for row in rows], notes,
+             horizontal=True)
+    _title(ax, r, f"round split per arm, block {r.get('block_size', '?')}")
+
+
+FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
+    "mtp": [("tps", "tok/s per block size", _mtp_tps),
+            ("acceptance", "per-position acceptance per block size", _mtp_acceptance),
+            ("rounds", "round split per block size", _mtp_rounds)],
+    "drafter": [("step", "drafter step and accept hook vs their read floor, per arm",
+                 _drafter_step),
+                ("rounds", "round split per arm", _drafter_rounds)],
+}
+
+
+# ------------------------------------------------------------------------------ the markdown
+
+
+def section(pictures, md_dir: Path) -> str:
+    """The ``## Pictures`` section linking ``pictures`` relative to the .md's folder."""
+    lines = [SECTION, ""]
+    for caption, path in pictures:
+        rel = Path(os.path.relpath(Path(path), Path(md_dir))).as_posix()
+        lines += [f"![{caption}]({rel})", ""]
+    return "\n".join(lines)
+
+
+def embed(md: str, pictures, md_dir: Path) -> str:
+    """``md`` with its pictures section replaced by one linking ``pictures``, or, if it has none,
+    one inserted before the results (else before "What it says", else at the end)."""
+    if not pictures:
+        return md
+    new = section(pictures, md_dir).split("\n")  # keeps the blank line that ends it
+    lines = md.splitlines()
+    if SECTION in lines:
+        start = lines.index(SECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+        lines[start:end] = new
+    else:
+        at = next((i for i, line in enumerate(lines) if line.startswith("## Results")), None)
+        if at is None:
+            at = next((i for i, line in enumerate(lines) if line.startswith("## What it says")),
+                      len(lines))
+        if at == len(lines) and lines and lines[-1] != "":
+            lines.append("")
+            at = len(lines)
+        lines[at:at] = new
+    text = "\n".join(lines)
+    return text + "\n" if md.endswith("\n") and not text.endswith("\n") else text

@@ -1,0 +1,53 @@
+"""The drafter ablation writes a complete record (smoke run on a tiny head-agreeing pair)."""
+
+import json
+import sys
+from pathlib import Path
+
+import tiny_checkpoints as tc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import bench_drafter  # noqa: E402
+
+
+def test_bench_drafter_writes_the_ablation_record(tmp_path):
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    (tmp_path / "corpus.txt").write_text("\n\n".join(tc.CORPUS))
+    (tmp_path / "prompts.json").write_text(json.dumps({"code": "def add(a, b):"}))
+    bench_drafter.main([
+        "--model", str(model), "--corpus", str(tmp_path / "corpus.txt"), "--draft-vocab-size",
+        "128", "--pairs", "2", "--max-tokens", "10", "--prompts-json", str(tmp_path / "prompts.json"),
+        "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--topic", "smoke"])
+    md = list((tmp_path / "out").glob("smoke-*.md"))
+    js = list((tmp_path / "out").glob("smoke-*.json"))
+    assert len(md) == 1 and len(js) == 1
+    data = json.loads(js[0].read_text())
+    rows = {r["arm"]: r for r in data["rows"]}
+    assert list(rows) == ["all", "-p1", "-p2a", "-p2b", "-p3", "default", "all+prof",
+                          "default+prof"]
+    assert all(r["identical_to_classic"] and r["mtp_enabled"] for r in rows.values())
+    assert len(data["raw"]["classic"]) == 2 and len(data["raw"]["all"]) == 2
+    # Each arm runs what it says.
+    assert rows["all"]["draft"] == {"device_ids": True, "fused_argmax": True, "vocab_size": 128,
+                                    "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
+                                    "fc_quantized": False}
+    assert rows["-p1"]["draft"]["device_ids"] is False
+    assert rows["-p2a"]["draft"]["fused_argmax"] is False
+    assert rows["-p2b"]["draft"]["vocab_size"] == 320
+    assert rows["-p3"]["draft"]["bits"] == []
+    assert rows["default"]["draft"]["vocab_size"] == 320 and not rows["default"]["draft"]["bits"]
+    assert rows["-p1"]["draft_syncs_per_round"] > rows["all"]["draft_syncs_per_round"]
+    assert rows["all+prof"]["stages_ms"]["layers"] > 0 and "stages_ms" not in rows["all"]
+    assert rows["-p2b"]["lm_head_bytes"] == 320 * 64 * 4 and rows["all"]["lm_head_bytes"] == 128 * 64 * 4
+    assert rows["default"]["acceptance"] > 0.9  # the agreeing head, full vocabulary, f32
+    text = md[0].read_text()
+    for section in ("## Setup", "## Results", "## Per phase", "## Round split", "## Attribution",
+                    "## The floor", "## What it says"):
+        assert section in text
+    assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
+    stem = md[0].stem
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [f"{stem}-rounds.png",
+                                                                        f"{stem}-step.png"]
+    assert f"]({stem}-step.png)" in text and f"]({stem}-rounds.png)" in text
+    again = bench_drafter.main(["--render", str(js[0]), "--summary", "smoke summary"])
+    assert again["summary"] == "smoke summary" and "smoke summary" in md[0].read_text()

@@ -1,0 +1,134 @@
+"""The system BLAS is bound before mlx.core loads, on Linux, and reported; each case runs in a
+fresh interpreter because the binding happens once per process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mlx_mtp
+from mlx_mtp import cpu_blas
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ROW_CHECK = """
+import mlx.core as mx
+mx.random.seed(0)
+W = mx.random.normal((384, 1024)); X = mx.random.normal((6, 1024))
+full = X @ W.T
+rows = [X[i:i + 1] @ W.T for i in range(6)]
+mx.eval(full, rows)
+differ = sum(bytes(memoryview(full[i:i + 1])) != bytes(memoryview(rows[i])) for i in range(6))
+"""
+
+
+def run(code, **env):
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("MLX_MTP_CPU_BLAS", "BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    e.update(env, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+STATE = """
+import json, os, mlx_mtp
+import mlx_mtp
+from mlx_mtp import cpu_blas
+s = cpu_blas.STATE
+""" + ROW_CHECK + """
+print(json.dumps({"name": s.name, "path": s.path, "threads": s.threads, "error": s.error,
+                  "found": cpu_blas.find(), "differ": differ,
+                  "blis_threads": os.environ.get("BLIS_NUM_THREADS")}))
+"""
+
+
+def test_auto_binds_the_fastest_library_found_and_it_is_the_one_mlx_uses():
+    out, _ = run(STATE)
+    if not sys.platform.startswith("linux"):
+        assert out["name"] == "not applicable" and out["path"] is None  # Accelerate / Metal
+        return
+    found = out["found"]
+    if not found:
+        assert out["name"] == "bundled" and out["path"] is None
+        return
+    assert out["path"] == found[0][1] and out["name"] == found[0][0]
+    assert out["threads"] == len(os.sched_getaffinity(0))
+    if out["name"] == "BLIS":
+        # BLIS reduces a multi-row f32 matmul with K > 512 differently from one row; the
+        # bundled reference BLAS never does. Seeing it proves MLX calls the bound library.
+        assert out["differ"] > 0
+        assert out["blis_threads"] == str(len(os.sched_getaffinity(0)))
+
+
+def test_off_keeps_the_bundled_blas():
+    out, _ = run(STATE, MLX_MTP_CPU_BLAS="off")
+    assert out["name"] == "bundled" and out["path"] is None
+    assert out["differ"] == 0  # the reference BLAS is row-invariant
+
+
+def test_user_thread_count_is_respected():
+    if not cpu_blas.find():
+        pytest.fail("no system BLAS installed: .ci/run and the README install libblis4-pthread")
+    out, _ = run(STATE, BLIS_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    assert out["threads"] == 1 and out["blis_threads"] in ("1", None)
+
+
+def test_mlx_imported_first_warns_and_keeps_the_bundled_blas():
+    code = "import mlx.core\n" + STATE
+    out, err = run(code)
+    if out["found"]:
+        assert "mlx.core was imported before mlx_mtp" in err
+    assert out["name"] == "bundled" and out["differ"] == 0
+
+
+def test_a_named_library_that_cannot_load_is_a_clear_error():
+    code = """
+import json, mlx_mtp
+try:
+    mlx_mtp.load_model("/does/not/matter")
+except mlx_mtp.MTPError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+    out, _ = run(code, MLX_MTP_CPU_BLAS="/no/such/libblas.so")
+    assert out["error"].startswith("MLX_MTP_CPU_BLAS=/no/such/libblas.so: cannot load this library (")
+
+
+THREADS = """
+import json, os, mlx_mtp
+import mlx_mtp
+from mlx_mtp import cpu_blas
+api = cpu_blas._thread_api()
+get = (lambda: api[0]()) if api else (lambda: None)
+before = get()
+with cpu_blas.verify_threads():
+    inside = get()
+print(json.dumps({"name": cpu_blas.STATE.name, "before": before, "inside": inside,
+                  "after": get()}))
+"""
+
+
+@pytest.mark.parametrize("lib", ["BLIS", "OpenBLAS"])
+def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
+    path = next((p for n, p in cpu_blas.find() if n == lib), None)
+    if path is None:
+        pytest.skip(f"{lib} is not installed here")
+    out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path)
+    n = len(os.sched_getaffinity(0))  # the default thread count
+    assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, 1, n)
+    out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path, MLX_MTP_VERIFY_THREADS="0")
+    assert out["before"] == out["inside"] == out["after"]
+    out, _ = run(THREADS, MLX_MTP_CPU_BLAS="off")
+    assert (out["name"], out["inside"]) == ("bundled", None)  # nothing to set
+
+
+def test_a_bad_verify_thread_count_is_one_line_naming_the_variable():
+    assert cpu_blas.verify_thread_count({}) == 1
+    assert cpu_blas.verify_thread_count({"MLX_MTP_VERIFY_THREADS": "3"}) == 3
+    with pytest.raises(mlx_mtp.MTPError) as e:
+        cpu_blas.verify_thread_count({"MLX_MTP_VERIFY_THREADS": "two"})
+    assert str(e.value) == ("environment variable MLX_MTP_VERIFY_THREADS must be a whole number "
+                            "of threads (0 = leave the BLAS default), got 'two'")

@@ -1,0 +1,438 @@
+"""Sampling through the round loop: MTP output has plain sampling's distribution (a chi-square
+test with a biased rule as negative control), logits processors see mlx-lm's token history,
+seeds reproduce, T=0 with processors stays mlx-lm's greedy decode, and the CLI flags."""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny_checkpoints as tc
+from chisquare import goodness_of_fit, two_sample
+from conftest import CODE_PROMPT
+from mlx_lm.generate import generate_step as mlx_generate_step
+from mlx_lm.sample_utils import make_logits_processors
+from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from mlx_lm.utils import load_model as mlx_load_model
+from oracle import OracleDrafter
+
+import mlx_mtp
+from mlx_mtp import MTPError, generate, sampling
+from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.model import MTPModel
+
+ALPHA = 1e-3  # reject "same distribution" below this p-value
+
+
+@pytest.fixture(scope="module")
+def soft_dir(ckpt_root):
+    """The head agrees with its target in the mode but not in every probability."""
+    return tc.write_agreeing_checkpoint(ckpt_root / "soft", seed=3, lm_scale=0.05)
+
+
+@pytest.fixture(scope="module")
+def soft_model(soft_dir):
+    return mlx_mtp.load_model(soft_dir)
+
+
+# ------------------------------------------------------------ the distribution test (the claim)
+
+PROMPT = [5]
+SAMPLING = dict(temp=1.0, top_k=3)
+N_TOKENS = 4  # one round of block size 3 can emit tokens 2..4: two chained drafts + bonus
+N_PLAIN = 20000
+N_MTP = 300
+
+
+def plain_tree(path, sampler, n_tokens):
+    """Plain decoding's reachable prefixes (``index``: prefix -> row of ``logprobs``, mlx-lm's
+    next-token logprobs after it) and the exact probability of every ``n_tokens`` continuation
+    (the processed distribution multiplied out along the tree)."""
+    model, _ = mlx_load_model(Path(path))
+    index, rows, exact = {}, [], {(): 1.0}
+    for _ in range(n_tokens):
+        prefixes = list(exact)
+        logits = model(mx.array([PROMPT + list(p) for p in prefixes]))[:, -1]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        probs = np.array(sampler.probs(logprobs))
+        level = {}
+        for i, prefix in enumerate(prefixes):
+            index[prefix] = len(index)
+            for t in np.flatnonzero(probs[i]):
+                level[prefix + (int(t),)] = exact[prefix] * float(probs[i, t])
+        rows.append(logprobs)
+        exact = level
+    return index, mx.concatenate(rows), exact
+
+
+def plain_samples(index, logprobs, n, n_tokens, seed):
+    """``n`` plain generations with mlx-lm's own sampler, batched over the tree's logprob rows (a
+    token outside the enumerated support raises KeyError)."""
+    mlx_sampler = mlx_make_sampler(**SAMPLING)
+    mx.random.seed(seed)
+    seqs = [()] * n
+    for _ in range(n_tokens):
+        lp = logprobs[mx.array([index[s] for s in seqs])]
+        seqs = [s + (t,) for s, t in zip(seqs, mlx_sampler(lp).tolist())]
+    return seqs
+
+
+@pytest.fixture(scope="module")
+def plain_reference(soft_dir):
+    index, logprobs, exact = plain_tree(soft_dir, mlx_mtp.make_sampler(**SAMPLING), N_TOKENS)
+    return exact, plain_samples(index, logprobs, N_PLAIN, N_TOKENS, seed=0)
+
+
+def mtp_draws(model, n, acceptance="auto", stats=None):
+    sampler = mlx_mtp.make_sampler(**SAMPLING)
+    mx.random.seed(1234)  # the point-mass rule draws through the sampler's global stream
+    return [tuple(t for t, _, _ in mlx_mtp.generate_step(
+        mx.array(PROMPT), model, max_tokens=N_TOKENS, block_size=3, sampler=sampler, seed=i,
+        acceptance=acceptance, stats=stats)) for i in range(n)]
+
+
+_rejection_sample = sampling.rejection_sample  # the real rule, kept from the monkeypatch
+
+
+def argmax_matching(p, q, drafts, key, q_ids=None):
+    """A known biased rule: keep a sampled draft when it equals the target's argmax; otherwise
+    emit a draw from p."""
+    k = drafts.size
+    if k == 0:
+        return _rejection_sample(p, q, drafts, key, q_ids)
+    return drafts == mx.argmax(p[:k], axis=-1), mx.random.categorical(mx.log(p), key=key)
+
+
+def test_the_reference_is_mlx_lm_plain_sampling(plain_reference):
+    exact, plain = plain_reference
+    assert len(exact) == 3 ** N_TOKENS and abs(sum(exact.values()) - 1) < 1e-5
+    assert goodness_of_fit(plain, exact)[2] > ALPHA
+    assert max(exact.values()) < 0.5  # soft: no single continuation dominates
+
+
+@pytest.mark.parametrize("acceptance,rule", [("auto", "speculative-sampling"),
+                                             ("point-mass", "point-mass")])
+def test_mtp_sampling_has_plain_samplings_joint_distribution(soft_model, plain_reference,
+                                                             acceptance, rule):
+    exact, plain = plain_reference
+    stats = RunStats()
+    draws = mtp_draws(soft_model, N_MTP, acceptance, stats)
+    assert stats.acceptance_rule == rule
+    assert two_sample(draws, plain)[2] > ALPHA
+    assert goodness_of_fit(draws, exact)[2] > ALPHA
+    # Both draft positions were tried and kept sometimes, not always.
+    assert stats.offered[1] > N_MTP // 2
+    assert all(0.2 < a < 0.9 for a in stats.per_position_acceptance), stats.per_position_acceptance
+
+
+def test_the_same_test_rejects_argmax_matching(soft_model, plain_reference, monkeypatch):
+    exact, plain = plain_reference
+    monkeypatch.setattr(sampling, "rejection_sample", argmax_matching)
+    draws = mtp_draws(soft_model, N_MTP)
+    assert two_sample(draws, plain)[2] < ALPHA
+    assert goodness_of_fit(draws, exact)[2] < ALPHA
+
+
+def test_gemma4_sampling_has_plain_samplings_joint_distribution(tmp_path_factory):
+    """The other family through the same loop: a Gemma 4 target with its assistant sampling the
+    drafts (full-vocabulary q, the 31B-like layout without a centroid head). Random weights, so
+    drafts are mostly rejected: this checks the rejection / residual / bonus path for Gemma."""
+    from tiny_gemma4 import Checkpoints
+
+    ckpts = Checkpoints(tmp_path_factory)
+    target = ckpts.target("31b")
+    model = mlx_mtp.load_model(target, drafter=ckpts.assistant("31b"))
+    index, logprobs, exact = plain_tree(target, mlx_mtp.make_sampler(**SAMPLING), N_TOKENS)
+    plain = plain_samples(index, logprobs, N_PLAIN, N_TOKENS, seed=0)
+    assert goodness_of_fit(plain, exact)[2] > ALPHA
+    stats = RunStats()
+    draws = mtp_draws(model, N_MTP, "auto", stats)
+    assert stats.acceptance_rule == "speculative-sampling"
+    # Each 4-token run has at least two rounds with room for a draft (a last round that needs
+    # one token drafts nothing).
+    assert stats.offered[0] >= 2 * N_MTP
+    assert two_sample(draws, plain)[2] > ALPHA
+    assert goodness_of_fit(draws, exact)[2] > ALPHA
+
+
+# ----------------------------------------------------------------- history, seeds, rule choice
+
+
+def forced_mlx_lm(path, prompt, tokens, processors):
+    """mlx-lm's generate_step made to emit ``tokens``: its (processed) logprobs at every step."""
+    model, _ = mlx_load_model(Path(path))
+    forced = iter(tokens)
+    steps = mlx_generate_step(mx.array(prompt), model, max_tokens=len(tokens),
+                              sampler=lambda lp: mx.array([next(forced, 0)]),
+                              logits_processors=processors)
+    return [(t, np.array(lp)) for t, lp in steps]
+
+
+@pytest.mark.parametrize("kind,acceptance,top_k", [("soft", "speculative-sampling", 5),
+                                                   ("soft", "point-mass", 5),
+                                                   ("next", "speculative-sampling", 0)])
+def test_processed_rows_see_the_history_mlx_lm_would(request, kind, acceptance, top_k):
+    """Every yielded row equals mlx-lm's processed logprobs for the same emitted prefix, also the
+    rows that follow accepted drafts (their history holds the in-block drafted prefix). Qwen3.5
+    (the soft head) and Qwen3-Next (a random head, accepted at T=1 since both are flat)."""
+    path = request.getfixturevalue(f"{kind}_dir")
+    model = request.getfixturevalue("soft_model") if kind == "soft" else mlx_mtp.load_model(path)
+    procs = make_logits_processors(repetition_penalty=2.0, repetition_context_size=8)
+    prompt = [5, 17, 42]
+    mx.random.seed(0)
+    got = list(mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=40, block_size=4,
+                                     sampler=mlx_mtp.make_sampler(temp=1.0, top_k=top_k),
+                                     logits_processors=procs, seed=3, acceptance=acceptance))
+    tokens = [t for t, _, _ in got]
+    ref = forced_mlx_lm(path, prompt, tokens, procs)
+    unprocessed = forced_mlx_lm(path, prompt, tokens, None)
+    assert [t for t, _ in ref] == tokens
+    for i, ((_, lp, _), (_, want)) in enumerate(zip(got, ref)):
+        assert np.abs(np.array(lp) - want).max() < 1e-4, i
+    after_draft = [i for i in range(1, len(got)) if got[i - 1][2]]
+    assert len(after_draft) >= 5
+    assert max(np.abs(np.array(got[i][1]) - unprocessed[i][1]).max() for i in after_draft) > 0.05
+
+
+def test_drafter_samples_with_the_history_through_the_bonus(soft_model):
+    procs = make_logits_processors(repetition_penalty=1.5)
+    prompt, max_tokens = [5, 17, 42], 30
+    seen = []
+    real = soft_model.drafter.draft_sampled
+
+    def spy(k, sample):
+        seen.append(sample.history.tolist())
+        return real(k, sample)
+
+    soft_model.drafter.draft_sampled = spy
+    try:
+        got = list(mlx_mtp.generate_step(mx.array(prompt), soft_model, max_tokens=max_tokens,
+                                         block_size=3, sampler=mlx_mtp.make_sampler(temp=1.0),
+                                         logits_processors=procs, seed=1))
+    finally:
+        del soft_model.drafter.draft_sampled
+    full = prompt + [t for t, _, _ in got]
+    # A round starts after every token that did not come from a draft; it drafts when the
+    # budget leaves room for at least one more token.
+    starts = [n for n in range(1, max_tokens - 1) if not got[n - 1][2]]
+    assert seen == [full[: len(prompt) + n] for n in starts]
+
+
+def test_seed_reproduces_speculative_sampling_whatever_the_global_state(soft_model):
+    def run(seed, global_seed):
+        mx.random.seed(global_seed)
+        return [t for t, _, _ in mlx_mtp.generate_step(
+            mx.array([5, 17]), soft_model, max_tokens=30, block_size=3, seed=seed,
+            sampler=mlx_mtp.make_sampler(temp=1.0, top_k=5))]
+
+    a = run(7, 0)
+    assert run(7, 123) == a
+    assert run(8, 0) != a
+
+
+def test_draft_and_target_streams_differ():
+    streams = sampling.RandomStreams(0)
+    d1, t1, d2 = streams.draft(), streams.target(), streams.draft()
+    assert d1.tolist() != t1.tolist() and d1.tolist() != d2.tolist()
+    again = sampling.RandomStreams(0)
+    assert again.draft().tolist() == d1.tolist() and again.target().tolist() == t1.tolist()
+
+
+class SubsetDrafter:
+    """Wraps the MTP drafter with a reduced draft vocabulary: its LM head covers ``table`` only."""
+
+    def __init__(self, inner, table):
+        self.inner, self.table = inner, mx.array(table)
+        self.drafted = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_sampled(self, k, sample):
+        def on_subset(logits, ids=None):
+            tok = sample(logits[:, self.table], ids=self.table)
+            self.drafted.append(tok)
+            return tok
+
+        return self.inner.draft_sampled(k, on_subset)
+
+
+def test_a_subset_drafter_runs_through_the_loop(soft_model):
+    table = list(range(0, 320, 2))  # even ids only
+    drafter = SubsetDrafter(soft_model.drafter, table)
+    model = MTPModel(soft_model.mlx_model, soft_model.target, drafter)
+    stats = RunStats()
+    out = [t for t, _, _ in mlx_mtp.generate_step(mx.array([5, 17]), model, max_tokens=40,
+                                                  block_size=3, seed=2, stats=stats,
+                                                  sampler=mlx_mtp.make_sampler(temp=1.0))]
+    assert len(out) == 40 and stats.acceptance_rule == "speculative-sampling"
+    assert drafter.drafted and all(t.item() % 2 == 0 for t in drafter.drafted)
+    assert stats.accepted > 0
+
+
+def test_a_drafter_without_draft_sampled_gets_the_point_mass_rule(soft_dir, soft_model):
+    oracle = OracleDrafter([5, 17] + list(range(60)), schedule=[1], vocab_size=320)
+    model = MTPModel(soft_model.mlx_model, soft_model.target, oracle)
+    hot = mlx_mtp.make_sampler(temp=1.0)
+    stats = RunStats()
+    out = list(mlx_mtp.generate_step(mx.array([5, 17]), model, max_tokens=12, block_size=3,
+                                     sampler=hot, stats=stats))
+    assert len(out) == 12 and stats.acceptance_rule == "point-mass" and stats.rounds > 0
+    with pytest.raises(MTPError) as e:
+        next(mlx_mtp.generate_step(mx.array([5, 17]), model, block_size=3, sampler=hot,
+                                   acceptance="speculative-sampling"))
+    assert str(e.value) == ("acceptance speculative-sampling needs a drafter with draft_sampled; "
+                            "OracleDrafter only drafts greedily")
+    # An mlx-lm sampler function does not say what it samples from: point-mass too.
+    next(mlx_mtp.generate_step(mx.array([5, 17]), soft_model, block_size=3, stats=stats,
+                               sampler=mlx_make_sampler(temp=1.0)))
+    assert stats.acceptance_rule == "point-mass"
+
+
+def test_top_k_at_the_vocabulary_size_is_an_error(soft_model):
+    with pytest.raises(MTPError) as e:
+        next(mlx_mtp.generate_step(mx.array([5]), soft_model,
+                                   sampler=mlx_mtp.make_sampler(temp=1.0, top_k=400)))
+    assert str(e.value) == "top_k (--top-k) must be below the vocabulary size 320, got 400"
+
+
+# ---------------------------------------------------------------- T = 0 with logits processors
+
+
+def test_greedy_with_processors_is_mlx_lm_greedy_with_processors(dense_dir):
+    """Repetition/presence penalties at T=0: token-identical to mlx-lm's generate_step with the
+    same processors, for every acceptance length (oracle) and with the real head."""
+    procs = make_logits_processors(repetition_penalty=1.8, presence_penalty=0.5)
+    prompt = load_tokenizer(dense_dir).encode(CODE_PROMPT)
+    pristine, _ = mlx_load_model(Path(dense_dir))
+    n = 24
+    ref = [t for t, _ in mlx_generate_step(mx.array(prompt), pristine, max_tokens=n,
+                                           logits_processors=procs)]
+    plain = [t for t, _ in mlx_generate_step(mx.array(prompt), pristine, max_tokens=n)]
+    assert ref != plain  # the penalties change this output
+    model = mlx_mtp.load_model(dense_dir)
+    for bs in range(1, 5):
+        stats = RunStats()
+        out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
+                                                      block_size=bs, logits_processors=procs,
+                                                      stats=stats)]
+        assert out == ref, bs
+        assert stats.acceptance_rule == "greedy"
+        if bs == 1:
+            continue
+        oracle = OracleDrafter(prompt + ref, schedule=list(range(bs)), vocab_size=320)
+        forced = MTPModel(model.mlx_model, model.target, oracle)
+        out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), forced, max_tokens=n,
+                                                      block_size=bs, logits_processors=procs)]
+        assert out == ref, ("oracle", bs)
+        assert set(range(bs)) <= set(oracle.planned)
+
+
+# --------------------------------------------------------------------------------------- CLI
+
+
+def cli(capsys, *args):
+    """``python -m mlx_mtp.generate`` in process: (exit code, stdout, stderr)."""
+    try:
+        code = generate.main([str(a) for a in args])
+    except SystemExit as e:  # argparse errors
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def cli_json(capsys, *args):
+    code, out, err = cli(capsys, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_cli_sampling_flags_seed_and_rule(capsys, soft_dir):
+    args = ["--model", soft_dir, "--prompt", "def add", "--ignore-chat-template",
+            "--max-tokens", 24, "--temp", 1.0, "--top-k", 5, "--top-p", 0.95, "--min-p", 0.01]
+    a = cli_json(capsys, *args, "--seed", 7)
+    assert cli_json(capsys, *args, "--seed", 7)["tokens"] == a["tokens"]
+    assert cli_json(capsys, *args, "--seed", 8)["tokens"] != a["tokens"]
+    assert a["acceptance_rule"] == "speculative-sampling"
+    assert (a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"]) == (1.0, 5, 0.95,
+                                                                                  0.01, 7)
+    assert len(a["per_position_acceptance"]) == 2 and len(a["tokens"]) == 24
+    pm = cli_json(capsys, *args, "--seed", 7, "--acceptance", "point-mass")
+    assert pm["acceptance_rule"] == "point-mass"
+    code, out, _ = cli(capsys, *args, "--seed", 7)
+    assert code == 0 and "acceptance rule  " in out and "speculative-sampling" in out
+
+
+def test_cli_no_mtp_samples_like_mlx_lm(capsys, soft_dir):
+    out = cli_json(capsys, "--model", soft_dir, "--prompt", "def add", "--ignore-chat-template",
+                   "--max-tokens", 12, "--temp", 0.8, "--top-k", 4, "--seed", 3, "--no-mtp")
+    assert out["acceptance_rule"] is None
+    tok = load_tokenizer(soft_dir)
+    model, _ = mlx_load_model(Path(soft_dir))
+    mx.random.seed(3)
+    ref = [t for t, _ in mlx_generate_step(mx.array(tok.encode("def add")), model, max_tokens=12,
+                                           sampler=mlx_make_sampler(temp=0.8, top_k=4))]
+    eos = tok.eos_token_ids
+    assert out["tokens"] == ref[: next((i for i, t in enumerate(ref) if t in eos), len(ref))]
+
+
+def test_cli_greedy_with_repetition_penalty_matches_mlx_lm(capsys, dense_dir):
+    prompt = "def add(a, b):\n    return"
+    out = cli_json(capsys, "--model", dense_dir, "--prompt", prompt, "--ignore-chat-template",
+                   "--max-tokens", 16, "--repetition-penalty", 1.8,
+                   "--repetition-context-size", 10)
+    assert out["acceptance_rule"] == "greedy" and out["repetition_penalty"] == 1.8
+    tok = load_tokenizer(dense_dir)
+    model, _ = mlx_load_model(Path(dense_dir))
+    procs = make_logits_processors(repetition_penalty=1.8, repetition_context_size=10)
+    ref = [t for t, _ in mlx_generate_step(mx.array(tok.encode(prompt)), model, max_tokens=16,
+                                           logits_processors=procs)]
+    eos = tok.eos_token_ids
+    assert out["tokens"] == ref[: next((i for i, t in enumerate(ref) if t in eos), len(ref))]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--top-p", "1.5"], "error: argument --top-p: must be between 0 and 1, got 1.5"),
+    (["--min-p", "-0.5"], "error: argument --min-p: must be between 0 and 1, got -0.5"),
+    (["--top-k", "-1"], "error: argument --top-k: must be >= 0, got -1"),
+    (["--min-tokens-to-keep", "0"],
+     "error: argument --min-tokens-to-keep: must be at least 1, got 0"),
+    (["--repetition-penalty", "-1"], "error: argument --repetition-penalty: must be >= 0, got -1"),
+    (["--acceptance", "bogus"], "error: argument --acceptance: invalid choice: 'bogus'"),
+])
+def test_cli_bad_sampling_flags(capsys, args, message):
+    code, _, err = cli(capsys, *args)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(message)
+
+
+def test_cli_sampling_errors_after_loading(capsys, soft_dir):
+    assert cli(capsys, "--model", soft_dir, "--temp", 1.0, "--top-k", 320)[::2] == (
+        1, "error: top_k (--top-k) must be below the vocabulary size 320, got 320\n")
+    assert cli(capsys, "--model", soft_dir, "--acceptance", "speculative-sampling")[::2] == (
+        1, "error: acceptance speculative-sampling needs a temperature above 0\n")
+
+
+def test_a_draft_vocabulary_keeps_plain_samplings_distribution(soft_dir, plain_reference,
+                                                               tmp_path):
+    """Phase 2b at T > 0: the drafter's q lives on the sidecar's ids (even ids here), and the
+    output keeps plain sampling's distribution."""
+    from mlx_mtp.qwen3_5 import draft_vocab
+    from mlx_mtp.qwen3_5.options import DraftOptions
+
+    full = mlx_mtp.load_model(soft_dir)
+    draft_vocab.write_sidecar(tmp_path / "even", np.arange(0, 320, 2), {
+        "size": 160, "vocab_size": 320,
+        "tokenizer_sha256": draft_vocab.tokenizer_sha256(load_tokenizer(soft_dir)),
+        "head_sha256": draft_vocab.head_sha256(full.target)})
+    model = mlx_mtp.load_model(soft_dir, draft_options=DraftOptions(vocab=tmp_path / "even"))
+    assert model.drafter.lm.size == 160
+    exact, plain = plain_reference
+    stats = RunStats()
+    draws = mtp_draws(model, N_MTP, stats=stats)
+    assert stats.acceptance_rule == "speculative-sampling"
+    assert two_sample(draws, plain)[2] > ALPHA
+    assert goodness_of_fit(draws, exact)[2] > ALPHA
+    assert 0 < stats.acceptance_rate < 1
