@@ -245,6 +245,8 @@ def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors
         return sampler(logprobs), logprobs
 
     emitted = 1
+    if emitted >= max_tokens:
+        return
     nxt = step(y, history)
     mx.async_eval(*nxt)
     while emitted < max_tokens:

@@ -225,6 +225,7 @@ def test_block_size_1_needs_no_probe(dense_dir):
     assert stats.mtp_enabled and stats.rounds == 9
     assert stats.exactness["verdict"] == "not_needed" and stats.exactness["widths"] == []
     assert wrapped.verify_calls == 0  # no probe, and block size 1 decodes with plain steps
+    assert stats.host_syncs == 9  # one read per generated token after the prefill's, as mlx-lm
 
 
 def test_a_bad_override_value_fails_before_any_work(dense_dir, monkeypatch):
