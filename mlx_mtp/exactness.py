@@ -30,6 +30,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from . import cpu_blas
+
 EQUAL, DIVERGES, NOT_RUN = "equal", "diverges", "not_run"
 PROBE_PROMPT_LEN = 8
 PROBE_DRAWS = 3
@@ -123,9 +125,10 @@ def chain_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> 
 def block_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> List[mx.array]:
     """Logits rows of one verify forward over ``block`` (what a speculative round computes)."""
     cache = _prefill(target, prompt, kv)
-    h = target.verify(mx.array(block)[None], cache)
-    logits = target.logits(h[0])
-    mx.eval(logits)
+    with cpu_blas.verify_threads():  # as the round loop verifies
+        h = target.verify(mx.array(block)[None], cache)
+        logits = target.logits(h[0])
+        mx.eval(logits)
     if logits.shape[0] != len(block):
         raise ValueError(f"verify returned {logits.shape[0]} rows for a block of {len(block)}")
     return [logits[i] for i in range(len(block))]

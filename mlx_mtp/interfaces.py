@@ -27,8 +27,9 @@ class Target(Protocol):
     hidden_size: int
     dtype: Any
 
-    def prepare(self, max_width: int) -> None:
-        """Before verifying blocks of up to ``max_width`` tokens (row-exact set-up)."""
+    def prepare(self, max_width: int, exact: bool = True) -> None:
+        """Before verifying blocks of up to ``max_width`` tokens (row-exact set-up);
+        ``exact=False`` (gate overridden): verify without exactness-only fallbacks."""
 
     def make_cache(self) -> List[Any]:
         """A fresh cache, one entry per cached layer, that ``rollback`` can undo."""
@@ -47,7 +48,8 @@ class Target(Protocol):
         """Like ``hidden``, every row bitwise what single-token decode gives, and undoable."""
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
-        """Keep the first ``keep`` of the ``fed`` tokens of the last verify."""
+        """Keep the first ``keep`` of the ``fed`` tokens of the last verify (graph work only:
+        the loop does not evaluate it; the next round does)."""
 
     def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
         """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first

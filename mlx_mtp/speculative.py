@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import draft_profile, gate, keyed_sampling, sampling
+from . import cpu_blas, draft_profile, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
@@ -117,6 +117,7 @@ def generate_step(
                        f"{max_tokens!r}")
     max_tokens = sys.maxsize if max_tokens == -1 else max_tokens
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
+    cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise MTPError("the prompt must be a non-empty 1-D array of token ids (with "
@@ -184,7 +185,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # Exact or not at all: where a verify block is not byte-identical to single-token decode on
     # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
-    if not gate.apply(model, block_size, stats, kv=kv if kv.enabled else None).mtp_enabled:
+    decision = gate.apply(model, block_size, stats, kv=kv if kv.enabled else None)
+    if not decision.mtp_enabled:
         stats.acceptance_rule = None
         if turn is not None:
             forget_drafter(cache)
@@ -207,7 +209,11 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last
     # token; KV quantization (kv_bits) after each model call, as there.
     t0 = time.perf_counter()
-    target.prepare(block_size)
+    # Overridden gate: the exactness-only fallbacks buy nothing, so they are skipped.
+    if decision.override:
+        target.prepare(block_size, exact=False)
+    else:
+        target.prepare(block_size)
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()
@@ -255,83 +261,92 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     deferred = []  # auto: (hidden, ids) of rounds without drafts, fed to the drafter when it drafts
     stats.generation_tokens = 1
     yield token, logprobs[0], False
+    if drafter is None and keys is None and turn is None and not kv.enabled:
+        # block size 1: no verify block: decode as mlx-lm does
+        yield from _one_token_steps(target, cache, bonus, logprobs, max_tokens, sampler,
+                                    processors, history, stats, t_gen)
+        return
 
     while emitted < max_tokens:
-        k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
-        k = kv.max_drafts(cache, k)  # kv_bits: no verify row across the switch to quantized
-        t_round = time.perf_counter()
-        if chooser is not None:
-            k = chooser.choose(k)
-            if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
-                with stats.phase("accept"):
-                    drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
-                                   mx.concatenate([d[1] for d in deferred]))
-                    mx.eval(drafter.state_arrays())
-                deferred = []
-        t_choice = time.perf_counter()
-        drafts = q = q_ids = None
-        if k > 0:
-            with stats.phase("draft"):
-                syncs = drafter.syncs
-                if rule == keyed_sampling.COUPLED:
-                    ds = keyed_sampling.CoupledDraftSampler(sampler, keys, emitted,
-                                                            target.vocab_size, processors, history)
-                    drafter.draft_sampled(k, ds)
-                    drafts = ds.drafts()
+        with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
+            k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
+            k = kv.max_drafts(cache, k)  # kv_bits: no verify row across the switch to quantized
+            t_round = time.perf_counter()
+            if chooser is not None:
+                k = chooser.choose(k)
+                if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
+                    with stats.phase("accept"):
+                        drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
+                                       mx.concatenate([d[1] for d in deferred]))
+                        mx.eval(drafter.state_arrays())
+                    deferred = []
+            t_choice = time.perf_counter()
+            drafts = q = q_ids = None
+            if k > 0:
+                with stats.phase("draft"):
+                    syncs = drafter.syncs
+                    if rule == keyed_sampling.COUPLED:
+                        ds = keyed_sampling.CoupledDraftSampler(sampler, keys, emitted,
+                                                                target.vocab_size, processors, history)
+                        drafter.draft_sampled(k, ds)
+                        drafts = ds.drafts()
+                    elif streams is None:
+                        drafts = drafter.draft(k)
+                    else:
+                        ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
+                                                   processors, history)
+                        drafter.draft_sampled(k, ds)
+                        drafts, q, q_ids = ds.result()
+                    mx.eval(drafts, q if q is not None else [])  # the block's one sync
+                    stats.draft_syncs += 1 + drafter.syncs - syncs
+            t_verify = time.perf_counter()
+            with stats.phase("verify"):
+                block = bonus if drafts is None else mx.concatenate([bonus, drafts])
+                # One token (no drafts) needs no rollback: a plain step.
+                h = target.verify(block[None], cache) if k > 0 else target.hidden(block[None], cache)
+                logits = target.logits(h[0])
+                if processors:
+                    logits = sampling.process_rows(logits, history, block, processors)
+                logprobs = _logprobs(logits)
+                parts = [] if drafts is None else [drafts]
+                if keys is not None:
+                    toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
                 elif streams is None:
-                    drafts = drafter.draft(k)
+                    toks = sampler(logprobs)
                 else:
-                    ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
-                                               processors, history)
-                    drafter.draft_sampled(k, ds)
-                    drafts, q, q_ids = ds.result()
-                mx.eval(drafts, q if q is not None else [])  # the block's one sync
-                stats.draft_syncs += 1 + drafter.syncs - syncs
-        with stats.phase("verify"):
-            block = bonus if drafts is None else mx.concatenate([bonus, drafts])
-            h = target.verify(block[None], cache)
-            logits = target.logits(h[0])
-            if processors:
-                logits = sampling.process_rows(logits, history, block, processors)
-            logprobs = _logprobs(logits)
-            parts = [] if drafts is None else [drafts]
-            if keys is not None:
-                toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
-            elif streams is None:
-                toks = sampler(logprobs)
+                    accepted, toks = sampling.rejection_sample(
+                        sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
+                    parts.append(accepted.astype(mx.uint32))
+                # The round's one host read: the target's picks, the drafts and any verdicts.
+                host = mx.concatenate([toks, *parts]).tolist()
+                stats.host_syncs += 1
+            stats.record_verify(k + 1, time.perf_counter() - t_verify)
+            t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
+            if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
+                a = sampling.accepted_length([d == t for d, t in zip(d_ids, t_ids)])
             else:
-                accepted, toks = sampling.rejection_sample(
-                    sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
-                parts.append(accepted.astype(mx.uint32))
-            # The round's one host read: the target's picks, the drafts and any verdicts.
-            host = mx.concatenate([toks, *parts]).tolist()
-            stats.host_syncs += 1
-        t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
-        if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
-            a = sampling.accepted_length([d == t for d, t in zip(d_ids, t_ids)])
-        else:
-            a = sampling.accepted_length(host[2 * k + 1 :])
-        out_ids = d_ids[:a] + t_ids[a : a + 1]
-        new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
-        with stats.phase("finalize"):
-            target.rollback(cache, fed=k + 1, keep=a + 1)
+                a = sampling.accepted_length(host[2 * k + 1 :])
+            out_ids = d_ids[:a] + t_ids[a : a + 1]
+            new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
+            if k > 0:  # selecting the kept states is graph work: evaluated with the next round
+                with stats.phase("finalize"):
+                    target.rollback(cache, fed=k + 1, keep=a + 1)
             replaced = kv.quantize(cache)
-            mx.eval(target.cache_state(cache))
-        bonus = toks[a : a + 1]
-        history = sampling.append_history(history, new_ids)
-        if drafter is not None and chooser is not None and k == 0 and turn is None:
-            # (a prompt cache's turn needs the drafter current at every round: no deferral)
-            deferred.append((h[:, :1], new_ids))  # no draft next round, maybe: feed it later
-        elif drafter is not None:
-            with stats.phase("accept"):
-                drafter.accept(h[:, : a + 1], new_ids)
-                mx.eval(drafter.state_arrays())
-        if turn is not None:
-            turn.round_done(emitted, h[:, : a + 1], a, bonus, replaced)
-        t_end = time.perf_counter()
-        stats.record_round(k, a, t_end - t_round)
-        if chooser is not None:
-            chooser.observe(k, a, t_end - t_choice)
+            bonus = toks[a : a + 1]
+            history = sampling.append_history(history, new_ids)
+            if drafter is not None and chooser is not None and k == 0 and turn is None:
+                # (a prompt cache's turn needs the drafter current at every round: no deferral)
+                deferred.append((h[:, :1], new_ids))  # no draft next round, maybe: feed it later
+            elif drafter is not None:
+                with stats.phase("accept"):
+                    drafter.accept(h[:, : a + 1], new_ids)
+                    mx.eval(drafter.state_arrays())
+            if turn is not None:
+                turn.round_done(emitted, h[:, : a + 1], a, bonus, replaced)
+            t_end = time.perf_counter()
+            stats.record_round(k, a, t_end - t_round)
+            if chooser is not None:
+                chooser.observe(k, a, t_end - t_choice)
         n_out = min(a + 1, max_tokens - emitted)
         emitted += n_out
         stats.generation_tokens = emitted
@@ -339,5 +354,45 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9
         for i in range(n_out):
             yield out_ids[i], logprobs[i], i < a
+    stats.generation_s = time.perf_counter() - t_gen
+    stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+
+def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors, history,
+                     stats, t_gen):
+    """Block size 1: one token per step, pipelined like mlx-lm's ``generate_step``: step n + 1 is
+    queued (``mx.async_eval``) before step n's token is read, so building the graph overlaps the
+    compute. No capture, no rollback, one host read per token."""
+
+    def step(y, history):
+        h = target.hidden(y[None], cache)
+        logits = target.logits(h[:, -1])
+        for proc in processors:
+            logits = proc(history, logits)
+        logprobs = _logprobs(logits)
+        return sampler(logprobs), logprobs
+
+    emitted = 1
+    if emitted >= max_tokens:
+        return
+    nxt = step(y, history)
+    mx.async_eval(*nxt)
+    while emitted < max_tokens:
+        t_round = time.perf_counter()
+        y, logprobs = nxt
+        history = sampling.append_history(history, y)
+        if emitted + 1 < max_tokens:
+            nxt = step(y, history)
+            mx.async_eval(*nxt)
+        token = y.item()
+        stats.host_syncs += 1
+        if emitted % 256 == 0:  # as mlx-lm does
+            mx.clear_cache()
+        stats.record_round(0, 0, time.perf_counter() - t_round)
+        emitted += 1
+        stats.generation_tokens = emitted
+        stats.generation_s = time.perf_counter() - t_gen
+        stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+        yield token, logprobs[0], False
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9

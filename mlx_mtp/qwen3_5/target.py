@@ -1,7 +1,9 @@
 """Target adapter for the hybrid Qwen families: Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
 Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
-GatedDeltaNet instances for a subclass that can stash verify-time inputs, so a partial accept can
-be rolled back by replaying the recurrence for the kept tokens (spec §3.2, option A).
+GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
+token of the block, so a partial accept is rolled back by selecting the state at the accepted
+length (no recompute). Where mlx-lm would run its Metal kernel instead of the ops recurrence, the
+inputs are stashed and the kept tokens replayed (spec §3.2, option A).
 
 Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
 ``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
@@ -18,7 +20,8 @@ from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_delta_update,
+                                       normalize_qk)
 
 from .. import row_exact
 from ..trunk import TrunkTarget
@@ -27,7 +30,8 @@ QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 class SpecArraysCache(ArraysCache):
-    """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""
+    """mlx-lm's GDN cache (conv state, recurrent state) plus what the last verify kept for a
+    rollback: ``("states", per-token states, conv_input)`` or ``("replay", inputs..., conv_input)``."""
 
     capture = False
     stash = None
@@ -37,9 +41,37 @@ class SpecArraysCache(ArraysCache):
         super().__init__(size=2)
 
 
+def uses_ops_recurrence(k: mx.array, use_kernel: bool) -> bool:
+    """Whether mlx-lm's ``gated_delta_update`` runs its ops loop here (else its Metal kernel)."""
+    return (not use_kernel or mx.default_device() != mx.gpu or not mx.metal.is_available()
+            or k.shape[-1] < 32 or k.shape[-1] % 32 != 0)
+
+
+def gated_delta_states(q, k, v, a, b, A_log, dt_bias, state):
+    """mlx-lm's ops recurrence (``gated_delta_update`` -> ``gated_delta_ops``, unmasked), op for
+    op, except that it returns the state after every token: ``(y [B,T,Hv,Dv], [state_1..state_T])``.
+    The states exist anyway while the loop runs; keeping them makes a rollback a selection."""
+    beta = mx.sigmoid(b)
+    g = compute_g(A_log, a, dt_bias)
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    if state is None:
+        state = mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
+    if (repeat := Hv // Hk) > 1:
+        q = mx.repeat(q, repeat, -2)
+        k = mx.repeat(k, repeat, -2)
+    ys, states = [], []
+    for t in range(T):
+        y, state = _gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None)
+        ys.append(y)
+        states.append(state)
+    return mx.stack(ys, axis=1), states
+
+
 class _CapturingGDN:
-    """Mixin: when the cache asks for capture, run the parent's forward while keeping
-    ``(q, k, v, a, b, state_in, conv_input)`` on the cache. Otherwise defer to the parent."""
+    """Mixin: when the cache asks for capture, run the parent's forward while keeping what a
+    rollback needs on the cache (the per-token states, or the inputs to replay where mlx-lm runs
+    a kernel that only returns the last state). Otherwise defer to the parent."""
 
     def _project(self, inputs):  # -> (mixed_qkv [B,S,conv_dim], z [B,S,Hv,Dv], b, a)
         raise NotImplementedError
@@ -69,19 +101,28 @@ class _CapturingGDN:
         ]
         state_in = cache[1]
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
-        out, state = gated_delta_update(
-            q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask, use_kernel=not self.training
-        )
-        cache[1] = state
+        if mask is None and uses_ops_recurrence(k, not self.training):
+            out, states = gated_delta_states(q, k, v, a, b, self.A_log, self.dt_bias, state_in)
+            cache[1] = states[-1]
+            cache.stash = ("states", states, conv_input)
+        else:
+            out, cache[1] = gated_delta_update(
+                q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask,
+                use_kernel=not self.training)
+            cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
         cache.advance(S)
-        cache.stash = (q, k, v, a, b, state_in, conv_input)
         out = self.norm(out, z)
         return self.out_proj(out.reshape(B, S, -1))
 
-    def replay(self, cache: SpecArraysCache, keep: int) -> None:
+    def rewind(self, cache: SpecArraysCache, keep: int) -> None:
         """Set the cache to the state after the first ``keep`` tokens of the last verify."""
-        q, k, v, a, b, state_in, conv_input = cache.stash
+        kind, *stash = cache.stash
+        conv_input = stash[-1]
         cache[0] = mx.contiguous(conv_input[:, keep : keep + self.conv_kernel_size - 1, :])
+        if kind == "states":
+            cache[1] = stash[0][keep - 1]
+            return
+        q, k, v, a, b, state_in, _ = stash
         _, cache[1] = gated_delta_update(
             q[:, :keep], k[:, :keep], v[:, :keep], a[:, :keep], b[:, :keep],
             self.A_log, self.dt_bias, state_in, None, use_kernel=not self.training,
@@ -189,7 +230,7 @@ class Qwen3_5Target(TrunkTarget):
         for layer, c in zip(self.layers, cache):
             if isinstance(c, SpecArraysCache):
                 if keep < fed:
-                    layer.linear_attn.replay(c, keep)
+                    layer.linear_attn.rewind(c, keep)
                 if not c.keep_stash:
                     c.stash = None
             elif keep < fed:
@@ -197,12 +238,12 @@ class Qwen3_5Target(TrunkTarget):
 
     def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
         """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first ``keep``
-        (the caller stopped reading mid-round). Replays from the stash ``keep_stash`` retained."""
+        (the caller stopped reading mid-round). Selects (or replays) from the stash ``keep_stash`` retained."""
         for layer, c in zip(self.layers, cache):
             if isinstance(c, SpecArraysCache):
                 if c.stash is None:
                     raise RuntimeError("rewind needs the last verify's stash (keep_stash)")
-                layer.linear_attn.replay(c, keep)
+                layer.linear_attn.rewind(c, keep)
                 c.stash = None
             else:
                 c.trim(kept - keep)
