@@ -108,7 +108,7 @@ def test_generate_returns_mlx_lm_text_and_verbose_prints_speed(dense_dir, capsys
 
     assert shape(out)[:-1] == shape(want_out)  # text, then mlx-lm's lines, counts included
     assert shape(out)[-2].startswith("Peak memory: ")
-    assert shape(out)[-1].startswith("MTP: block size 3, ")
+    assert shape(out)[-1].startswith("MTP: block size auto, ")  # the default
 
 
 def test_stream_generate_carries_mlx_lm_response_fields(dense_dir):
