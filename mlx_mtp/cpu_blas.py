@@ -212,8 +212,26 @@ def verify_threads():
     if before == n:
         yield
         return
+    ways = _blis_ways() if before < 1 else None  # BLIS split by ways (BLIS_JC_NT...): get() = -1
     set_(n)
     try:
         yield
     finally:
-        set_(before)
+        if ways is not None:  # put the per-loop split back, not a thread count of -1
+            _set_ways(*ways)
+        else:
+            set_(before)
+
+
+def _blis_ways():
+    """BLIS's per-loop split as its environment sets it (``BLIS_WAYS`` order), or None."""
+    if STATE.name != "BLIS":
+        return None
+    return tuple(int(os.environ.get(v) or 1) for v in BLIS_WAYS)
+
+
+def _set_ways(jc, pc, ic, jr, ir) -> None:
+    lib = ctypes.CDLL(STATE.path, mode=ctypes.RTLD_GLOBAL)
+    lib.bli_thread_set_ways.restype = None
+    lib.bli_thread_set_ways.argtypes = [ctypes.c_long] * 5
+    lib.bli_thread_set_ways(jc, pc, ic, jr, ir)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import mlx_mtp  # noqa: E402,F401  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
+from mlx_mtp.block_chooser import DEFAULT_MAX_BLOCK_SIZE  # noqa: E402
 from mlx_mtp.conversion import convert  # noqa: E402
 from mlx_mtp.demo import demo_path  # noqa: E402
 
@@ -60,7 +61,8 @@ def run(args) -> dict:
             ns = argparse.Namespace(
                 model=str(out), drafter=None, topic=args.topic, block_sizes=[args.block_size],
                 pairs=args.pairs, max_tokens=args.max_tokens, prompts=bench_mtp.DEFAULT_PROMPTS,
-                temp=0.0, top_p=0.0, top_k=0, seed=0, acceptance="auto")
+                temp=0.0, top_p=0.0, top_k=0, seed=0, acceptance="auto",
+                max_block_size=DEFAULT_MAX_BLOCK_SIZE)
             print(f"== {arm_name(q, h)}", flush=True)
             r = bench_mtp.run(ns)
             row = r["rows"][0]

@@ -127,11 +127,13 @@ import mlx_mtp
 from mlx_mtp import cpu_blas
 api = cpu_blas._thread_api()
 get = (lambda: api[0]()) if api else (lambda: None)
-before = get()
+lib = __import__("ctypes").CDLL(cpu_blas.STATE.path) if cpu_blas.STATE.path else None
+jc = (lambda: lib.bli_thread_get_jc_nt()) if cpu_blas.STATE.name == "BLIS" else (lambda: None)
+before, jc_before = get(), jc()
 with cpu_blas.verify_threads():
     inside = get()
 print(json.dumps({"name": cpu_blas.STATE.name, "before": before, "inside": inside,
-                  "after": get()}))
+                  "after": get(), "jc_before": jc_before, "jc_after": jc()}))
 """
 
 
@@ -141,8 +143,13 @@ def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
     if path is None:
         pytest.skip(f"{lib} is not installed here")
     out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path)
-    n = len(os.sched_getaffinity(0))  # the default thread count
-    assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, 1, n)
+    n = len(os.sched_getaffinity(0))
+    if lib == "BLIS":  # split over columns by default: no thread count (-1), BLIS_JC_NT ways
+        default = cpu_blas.blis_threads(n)
+        assert (out["name"], out["before"], out["inside"]) == (lib, -1, 1)
+        assert out["jc_before"] == out["jc_after"] == default  # the split is put back
+    else:  # OpenBLAS: all cores by default
+        assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, 1, n)
     out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path, MLX_MTP_VERIFY_THREADS="0")
     assert out["before"] == out["inside"] == out["after"]
     out, _ = run(THREADS, MLX_MTP_CPU_BLAS="off")
