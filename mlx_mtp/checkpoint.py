@@ -119,15 +119,21 @@ def cast_floats(params, dtype, predicate: Callable[[str], bool] = lambda _: True
     return tree_map_with_path(cast, params)
 
 
-def load_target(path: Path, dtype: Optional[mx.Dtype] = None) -> nn.Module:
-    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``)."""
+def load_target(path: Path, dtype: Optional[mx.Dtype] = None, split=None) -> nn.Module:
+    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``). With ``split``
+    (``mlx_mtp.distributed.Split``): loaded lazily and split by mlx-lm's own method, as
+    ``mlx_lm.utils.sharded_load`` does, so each rank materializes only its part."""
     files = weight_files(path, "model*.safetensors")
     if not files:
         raise MTPError(f"{path}: no model*.safetensors weight files found")
     for f in files:
         safetensors_header(f)
     try:
-        model, _ = mlx_lm_utils.load_model(path)
+        model, _ = mlx_lm_utils.load_model(path, lazy=split is not None)
+        if split is not None:
+            from .distributed import shard_model
+
+            shard_model(model, split, str(path))
     except MTPError:
         raise
     except Exception as e:
@@ -136,6 +142,9 @@ def load_target(path: Path, dtype: Optional[mx.Dtype] = None) -> nn.Module:
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
         model.update(cast_floats(model.parameters(), dtype, predicate))
+    if split is not None:
+        mx.eval(model.parameters())
+        split.barrier("loading the split target")
     return model
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 from . import cpu_blas
 from .checkpoint import default_dtype, load_tokenizer, read_config, resolve_path
+from .distributed import Split, init_split
 from .errors import MTPError
 from .gemma4.loading import load_gemma4_model
 from .gemma4.target import GEMMA4_MODEL_TYPES
@@ -16,18 +17,22 @@ from .qwen3_5.loading import load_qwen3_5_model
 from .qwen3_5.options import DraftOptions
 from .qwen3_5.target import QWEN3_5_MODEL_TYPES
 
-# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options) -> MTPModel
+# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options[, split])
+# -> MTPModel; families that mlx-lm can split take ``split`` (SPLITTABLE).
 LOADERS = {
     **{t: load_qwen3_5_model for t in QWEN3_5_MODEL_TYPES},
     **{t: load_gemma4_model for t in GEMMA4_MODEL_TYPES},  # the assistant: a separate checkpoint
 }
 SUPPORTED_MODEL_TYPES = tuple(LOADERS)
+SPLITTABLE = QWEN3_5_MODEL_TYPES
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-               draft_options: Optional[DraftOptions] = None) -> MTPModel:
+               draft_options: Optional[DraftOptions] = None, split=None) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
-    says: ``mlx_mtp.qwen3_5.options``)."""
+    says: ``mlx_mtp.qwen3_5.options``). ``split``: ``"pipeline"`` or ``"tensor"`` (or a
+    ``mlx_mtp.distributed.Split``) splits the target over the processes ``mlx.launch`` started
+    (``mlx_mtp.distributed``)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
     path = resolve_path(path_or_hf_repo)
@@ -37,14 +42,27 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
     if loader is None:
         raise MTPError(f"{path / 'config.json'}: unknown model_type {model_type!r}, expected one "
                        f"of {', '.join(SUPPORTED_MODEL_TYPES)}")
+    kwargs = {}
+    if split is not None:
+        if model_type not in SPLITTABLE:
+            raise MTPError(f"{path}: --split {getattr(split, 'kind', split)}: mlx-lm "
+                           f"{_mlx_lm_version()} cannot split {model_type} (no pipeline or "
+                           "shard method); only Qwen3.5 / 3.6 / Qwen3-Next targets can be split")
+        kwargs["split"] = split if isinstance(split, Split) else init_split(split)
     return loader(path, config, drafter=drafter,
                   dtype=default_dtype() if dtype == "auto" else dtype,
-                  require_head=require_head, draft_options=draft_options)
+                  require_head=require_head, draft_options=draft_options, **kwargs)
+
+
+def _mlx_lm_version() -> str:
+    import mlx_lm
+
+    return mlx_lm.__version__
 
 
 def load(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-         draft_options: Optional[DraftOptions] = None):
+         draft_options: Optional[DraftOptions] = None, split=None):
     """``(MTPModel, TokenizerWrapper)``, like ``mlx_lm.load``."""
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
-                       draft_options=draft_options)
+                       draft_options=draft_options, split=split)
     return model, load_tokenizer(model.path)

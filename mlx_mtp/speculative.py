@@ -51,7 +51,26 @@ def _logprobs(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def generate_step(
+def generate_step(prompt, model: MTPModel, **kwargs
+                  ) -> Generator[Tuple[int, mx.array, bool], None, None]:
+    """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
+
+    ``model`` is an ``MTPModel``. ``block_size`` is tokens verified per round (drafts + 1);
+    1 is plain decode through the same loop. ``sampler`` and ``logits_processors`` have mlx-lm's
+    meaning; ``logprobs`` are the processed ones, as mlx-lm yields them. ``acceptance``: ``auto``,
+    ``point-mass`` or ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always
+    ``greedy``). ``seed`` seeds the drafting and acceptance key streams of speculative sampling
+    (default: drawn from mlx's global random state). On a split target
+    (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
+    """
+    steps = _generate_step(prompt, model, **kwargs)
+    if getattr(model, "split", None) is None:
+        yield from steps
+    else:
+        yield from model.split.guard(steps)
+
+
+def _generate_step(
     prompt: mx.array,
     model: MTPModel,
     *,
@@ -64,15 +83,6 @@ def generate_step(
     prefill_step_size: int = 2048,
     stats: Optional[RunStats] = None,
 ) -> Generator[Tuple[int, mx.array, bool], None, None]:
-    """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
-
-    ``model`` is an ``MTPModel``. ``block_size`` is tokens verified per round (drafts + 1);
-    1 is plain decode through the same loop. ``sampler`` and ``logits_processors`` have mlx-lm's
-    meaning; ``logprobs`` are the processed ones, as mlx-lm yields them. ``acceptance``: ``auto``,
-    ``point-mass`` or ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always
-    ``greedy``). ``seed`` seeds the drafting and acceptance key streams of speculative sampling
-    (default: drawn from mlx's global random state).
-    """
     block_size = check_block_size(block_size)
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise MTPError(f"max_tokens must be a positive integer, got {max_tokens!r}")
@@ -107,6 +117,8 @@ def generate_step(
                                        prefill_step_size=prefill_step_size, stats=stats)
         return
     stats.draft_profiler = profiler
+    split = getattr(model, "split", None)
+    crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
@@ -141,6 +153,9 @@ def generate_step(
     stats.prompt_tokens = L
     stats.prompt_s = time.perf_counter() - t0
 
+    if split is not None:
+        crossings()
+        split.log_cache(target, cache, L)
     t_gen = time.perf_counter()
     emitted = 1
     stats.generation_tokens = 1
@@ -187,8 +202,11 @@ def generate_step(
         out_ids = d_ids[:a] + t_ids[a : a + 1]
         new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
         with stats.phase("finalize"):
-            target.rollback(cache, fed=k + 1, keep=a + 1)
+            target.rollback(cache, fed=k + 1, keep=a + 1)  # on every rank: its own layers
             mx.eval(target.cache_state(cache))
+        if split is not None:
+            crossings()
+            split.log_cache(target, cache, L + emitted + a)
         bonus = toks[a : a + 1]
         history = sampling.append_history(history, new_ids)
         if drafter is not None:

@@ -24,7 +24,8 @@ class TrunkTarget:
 
     @property
     def layers(self):
-        return self.trunk.layers
+        """This process's layers (all of them unless mlx-lm's ``pipeline`` split the trunk)."""
+        return getattr(self.trunk, "pipeline_layers", self.trunk.layers)
 
     @property
     def hidden_size(self) -> int:

@@ -163,10 +163,10 @@ def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
 
 
 def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head: bool,
-                       draft_options: Optional[DraftOptions]) -> MTPModel:
+                       draft_options: Optional[DraftOptions], split=None) -> MTPModel:
     if text_config(config).get("mtp_use_dedicated_embeddings"):
         raise MTPError(f"{path / 'config.json'}: mtp_use_dedicated_embeddings=true is not supported")
-    mlx_model = load_target(path, dtype)
+    mlx_model = load_target(path, dtype, split)
     target = Qwen3_5Target(mlx_model)
     if drafter is not None:
         head = load_head_from_drafter(drafter, target)
@@ -184,4 +184,5 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
                  if head is not None else None),
         config=config,
         path=path,
+        split=split,
     )
