@@ -8,10 +8,11 @@ computes the same logits and runs its own copy of the MTP head: drafts, the walk
 happen on every rank without a message; only the target's forward crosses ranks (one verify per
 round). Output is printed by rank 0 only.
 
-A rank that dies or hangs must not hang the others: ``Split.guard`` bounds every step of a
-token iterator (prefill, probe, one round) by ``timeout_s`` with a watchdog thread that prints
-one error line and ends the process (``os._exit``: a thread stuck in a collective cannot be
-interrupted otherwise).
+A rank that dies or hangs must not hang the others: ``Split.guard`` turns the backend's "peer
+lost" error (a rank that died: its sockets close) into one ``MTPError`` line, and bounds every step
+of a token iterator (prefill, probe, one round) by ``timeout_s`` with a watchdog thread that prints
+one error line and ends the process with exit code 3 (a rank that hangs keeps its sockets open;
+``os._exit`` because a thread stuck in a collective cannot be interrupted otherwise).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TIMEOUT_ENV = "MLX_MTP_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
 CACHE_LOG_ENV = "MLX_MTP_DIST_CACHE_LOG"  # test hook: per-round cache hashes, one file per rank
 WATCHDOG_EXIT = 3
+_BACKEND_PREFIXES = ("[ring]", "[mpi]", "[jaccl]", "[nccl]")  # mx.distributed's error messages
 
 
 def timeout_from_env(environ=None) -> float:
@@ -115,6 +117,11 @@ class Split:
                     item = next(steps)
                 except StopIteration:
                     return
+                except RuntimeError as e:  # the backend saw a peer go: one clear line
+                    if not str(e).startswith(_BACKEND_PREFIXES):
+                        raise
+                    raise MTPError(f"rank {self.rank} of {self.size} ({self.kind} split): "
+                                   f"{what} failed, another rank died ({e})") from None
                 finally:
                     dog.disarm()
                 yield item

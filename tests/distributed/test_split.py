@@ -1,0 +1,162 @@
+"""A target split over 2 real processes on this machine (issue 18): ``mlx.launch --backend ring
+-n 2`` runs ``split_worker.py`` (fresh interpreters: spawn-safe) on a tiny checkpoint whose MTP
+head agrees with its target, for both of mlx-lm's splits.
+
+Checked on every rank: T=0 ids of MTP == the same split target's plain decode (mlx-lm) == the MTP
+loop at block 1 == one unsplit process (the probe says equal); the cache state after every round
+equals, bitwise, the single-token chain's at the same length; a rank that dies or hangs ends the
+other with one error line within a bounded time.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tiny_checkpoints as tc
+from mlx_mtp.distributed import TIMEOUT_ENV, WATCHDOG_EXIT
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("split_worker.py")
+MAX_TOKENS = 12
+LAUNCH_TIMEOUT_S = 600  # both ranks load, probe and run three arms on 2 shared cores
+SPLITS = ("pipeline", "tensor")
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLX_RANK", "MLX_HOSTFILE")}
+    return dict(env, PYTHONPATH=str(REPO), **extra)
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free (mlx.launch's ring listens on one port per rank)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p >= 65535:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no two adjacent free ports")
+
+
+@pytest.fixture(scope="module")
+def agree_dir(tmp_path_factory):
+    return tc.write_agreeing_checkpoint(tmp_path_factory.mktemp("split") / "agree")
+
+
+@pytest.fixture(scope="module")
+def one_process(agree_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("alone")
+    subprocess.run([sys.executable, str(WORKER), str(agree_dir), "none", str(out),
+                    str(MAX_TOKENS)], env=_env(), check=True, timeout=LAUNCH_TIMEOUT_S)
+    return json.loads((out / "result.rank0.json").read_text())
+
+
+@pytest.fixture(scope="module", params=SPLITS)
+def split_run(request, agree_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    cmd = ["mlx.launch", "--backend", "ring", "-n", "2", "--starting-port",
+           str(_free_port_pair()), "--", sys.executable, str(WORKER), str(agree_dir),
+           request.param, str(out), str(MAX_TOKENS)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"result.rank{r}.json").read_text()) for r in (0, 1)]
+    return request.param, out, ranks
+
+
+def _log(path: Path):
+    return [(int(n), h) for n, h in (line.split() for line in path.read_text().splitlines())]
+
+
+def test_split_output_equals_plain_decode_and_one_process(split_run, one_process):
+    split, _, ranks = split_run
+    reference = one_process["mtp"]["tokens"]
+    assert len(reference) == MAX_TOKENS
+    for r, res in enumerate(ranks):
+        assert res["rank"] == r
+        mtp = res["mtp"]
+        assert mtp["split"] == f"{split} over 2 ranks"
+        assert mtp["mtp_enabled"] and mtp["exactness"]["verdict"] == "equal"
+        assert mtp["accepted"] > 0  # the agreeing head: drafts were kept, rollbacks happened
+        assert mtp["tokens"] == res["plain"]["tokens"] == res["chain"]["tokens"]
+        assert mtp["tokens"] == reference  # the probe said equal: as one unsplit process
+
+
+def test_split_caches_equal_the_chain_after_every_round(split_run):
+    split, out, ranks = split_run
+    for r, res in enumerate(ranks):
+        mtp, chain = _log(out / f"mtp.rank{r}"), dict(_log(out / f"chain.rank{r}"))
+        assert len(mtp) == res["mtp"]["rounds"] + 1  # after the prefill, then every round
+        lengths = [n for n, _ in mtp]
+        assert lengths == sorted(set(lengths)) and lengths[0] == len(ranks[0]["mtp"]["tokens"])
+        for n, digest in mtp:
+            assert chain[n] == digest, f"rank {r}: cache differs from the chain at length {n}"
+    if split == "pipeline":  # each rank holds other layers: the states are its own
+        assert _log(out / "mtp.rank0")[-1][1] != _log(out / "mtp.rank1")[-1][1]
+
+
+def test_split_collectives_per_token(split_run):
+    split, _, ranks = split_run
+    for res in ranks:
+        mtp, chain = res["mtp"], res["chain"]
+        assert mtp["split_messages_per_token"] < chain["split_messages_per_token"]
+        if split == "pipeline":
+            # Two collectives per forward on either rank (send or recv, then the all-gather);
+            # forwards = the two prefill steps + one per round.
+            for arm in (mtp, chain):
+                assert arm["split_messages"] == 2 * (2 + arm["rounds"])
+
+
+def _launch_by_hand(tmp_path, agree_dir, split):
+    """The two ranks started without mlx.launch (which would end the survivor itself)."""
+    port = _free_port_pair()
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(agree_dir), split,
+                               str(tmp_path), "100000"],
+                              env=_env(MLX_RANK=str(r), MLX_HOSTFILE=str(hosts),
+                                       **{TIMEOUT_ENV: "10"}),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    log = tmp_path / "mtp.rank1"
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (log.exists() and len(log.read_text().splitlines()) >= 3):
+        assert time.monotonic() < deadline, "the ranks never started generating"
+        assert all(p.poll() is None for p in procs), procs[0].stderr.read()[-2000:]
+        time.sleep(0.2)
+    return procs
+
+
+@pytest.mark.parametrize("sig, rc, message", [
+    (signal.SIGKILL, 1, "error: rank 0 of 2 (pipeline split): generation failed, another rank "
+                        "died ([ring] connection to a peer was lost)"),
+    (signal.SIGSTOP, WATCHDOG_EXIT, "error: rank 0 of 2 (pipeline split): no progress in "
+                                    "generation for 10 s: another rank died or hangs (set "
+                                    f"{TIMEOUT_ENV} to wait longer)"),
+], ids=["killed", "hung"])
+def test_a_dead_or_hung_rank_ends_the_other_with_an_error(tmp_path, agree_dir, sig, rc, message):
+    procs = _launch_by_hand(tmp_path, agree_dir, "pipeline")
+    try:
+        os.kill(procs[1].pid, sig)
+        t0 = time.monotonic()
+        assert procs[0].wait(timeout=60) == rc  # bounded: never a hang
+        assert time.monotonic() - t0 < 60
+        assert procs[0].stderr.read().strip().splitlines()[-1] == message
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stderr.close()
