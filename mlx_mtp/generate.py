@@ -103,6 +103,8 @@ def run(args) -> dict:
     sampler.check_vocab(model.target.vocab_size)
     processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
                                         repetition_context_size=args.repetition_context_size)
+    if args.seed is None and model.split is not None and args.temp > 0:
+        args.seed = model.split.shared_seed()  # every rank must draw the same tokens
     if args.seed is not None:  # after loading: building the model draws from the global stream
         mx.random.seed(args.seed)
     if args.no_mtp:  # mlx-lm's own plain decode of the target, for comparison

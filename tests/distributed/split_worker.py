@@ -2,7 +2,8 @@
 
 ``python split_worker.py MODEL SPLIT OUT MAX_TOKENS``: loads MODEL split SPLIT-wise over the
 launched group (SPLIT ``none``: one process, unsplit, the MTP arm only), then runs three arms on the same split target: MTP (block 3), the MTP loop at
-block 1 (the single-token chain), and mlx-lm's plain decode. Each loop arm logs a hash of this
+block 1 (the single-token chain), MTP sampled at T=1 from a seed rank 0 shares, and mlx-lm's
+plain decode. Each loop arm logs a hash of this
 rank's cache state after every round to ``OUT/<arm>.rank<r>``; the ids and stats go to
 ``OUT/result.rank<r>.json``. With MAX_TOKENS large it is the victim of the dead-rank test.
 """
@@ -37,6 +38,17 @@ def main():
                                           if k != "draft_profile"}}
     if alone:
         return _write(out, result)
+    # Sampled (T=1): the ranks' global random states differ on purpose; the shared seed makes
+    # every rank draw the same tokens (else each rank would feed its own draw to its layers).
+    mx.random.seed(1000 + split.rank)
+    seed = split.shared_seed()
+    mx.random.seed(seed)
+    split.cache_log = f"{out}/sampled"
+    stats = RunStats()
+    ids = [t for t, _, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
+                                          block_size=3, sampler=mlx_mtp.make_sampler(temp=1.0),
+                                          seed=seed, stats=stats)]
+    result["sampled"] = {"tokens": ids, "seed": seed, "rounds": stats.rounds}
     split.cache_log = None
     stats = RunStats()
     ids = [t for t, _, _ in plain_generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,

@@ -5,7 +5,7 @@ head agrees with its target, for both of mlx-lm's splits.
 Checked on every rank: T=0 ids of MTP == the same split target's plain decode (mlx-lm) == the MTP
 loop at block 1 == one unsplit process (the probe says equal); the cache state after every round
 equals, bitwise, the single-token chain's at the same length; a rank that dies or hangs ends the
-other with one error line within a bounded time.
+other with one error line within a bounded time; sampled at T=1, every rank draws the same ids.
 """
 
 import json
@@ -106,6 +106,15 @@ def test_split_caches_equal_the_chain_after_every_round(split_run):
             assert chain[n] == digest, f"rank {r}: cache differs from the chain at length {n}"
     if split == "pipeline":  # each rank holds other layers: the states are its own
         assert _log(out / "mtp.rank0")[-1][1] != _log(out / "mtp.rank1")[-1][1]
+
+
+def test_split_sampling_draws_the_same_tokens_on_every_rank(split_run):
+    _, out, ranks = split_run
+    assert ranks[0]["sampled"]["seed"] == ranks[1]["sampled"]["seed"]
+    assert ranks[0]["sampled"]["tokens"] == ranks[1]["sampled"]["tokens"]
+    assert len(ranks[0]["sampled"]["tokens"]) == MAX_TOKENS
+    for r in (0, 1):  # one line after the prefill and after each round: no rank fell behind
+        assert len(_log(out / f"sampled.rank{r}")) == ranks[r]["sampled"]["rounds"] + 1
 
 
 def test_split_collectives_per_token(split_run):
