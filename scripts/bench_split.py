@@ -101,10 +101,12 @@ def render(records: dict, args) -> str:
     for split, rec in records.items():
         for arm in ("mtp", "plain"):
             r = rec[arm]
+            mtp = arm == "mtp"  # the plain arm has no rounds and no gate
+            per_round = f"{r['tokens_per_round']:.2f}" if mtp else "-"
+            enabled = r["mtp_enabled"] if mtp else "-"
             lines.append(f"| {split} | {arm} | {r['generation_tps']:.1f} | "
                          f"{r['split_messages_per_token']:.2f} | "
-                         f"{r['split_bytes_per_token'] / 1e3:.1f} | "
-                         f"{r['tokens_per_round']:.2f} | {r['mtp_enabled']} | "
+                         f"{r['split_bytes_per_token'] / 1e3:.1f} | {per_round} | {enabled} | "
                          f"{rec['identical']} |")
     return "\n".join(lines) + "\n"
 
