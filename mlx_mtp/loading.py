@@ -24,7 +24,9 @@ LOADERS = {
     **{t: load_gemma4_model for t in GEMMA4_MODEL_TYPES},  # the assistant: a separate checkpoint
 }
 SUPPORTED_MODEL_TYPES = tuple(LOADERS)
-SPLITTABLE = QWEN3_5_MODEL_TYPES
+# model_type -> the splits mlx-lm 0.32 has for it (qwen3_next: ``pipeline`` but no ``shard``)
+SPLITTABLE = {"qwen3_5": ("pipeline", "tensor"), "qwen3_5_moe": ("pipeline", "tensor"),
+              "qwen3_next": ("pipeline",)}
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
@@ -44,10 +46,15 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
                        f"of {', '.join(SUPPORTED_MODEL_TYPES)}")
     kwargs = {}
     if split is not None:
+        kind = getattr(split, "kind", split)
         if model_type not in SPLITTABLE:
-            raise MTPError(f"{path}: --split {getattr(split, 'kind', split)}: mlx-lm "
-                           f"{_mlx_lm_version()} cannot split {model_type} (no pipeline or "
-                           "shard method); only Qwen3.5 / 3.6 / Qwen3-Next targets can be split")
+            raise MTPError(f"{path}: --split {kind}: mlx-lm {_mlx_lm_version()} cannot split "
+                           f"{model_type} (no pipeline or shard method); only Qwen3.5 / 3.6 / "
+                           "Qwen3-Next targets can be split")
+        if kind in ("pipeline", "tensor") and kind not in SPLITTABLE[model_type]:
+            raise MTPError(f"{path}: --split {kind}: mlx-lm {_mlx_lm_version()} cannot split "
+                           f"{model_type} that way; use --split "
+                           f"{' or '.join(SPLITTABLE[model_type])}")
         kwargs["split"] = split if isinstance(split, Split) else init_split(split)
     return loader(path, config, drafter=drafter,
                   dtype=default_dtype() if dtype == "auto" else dtype,

@@ -45,6 +45,16 @@ def test_gemma4_cannot_be_split(tmp_path, capsys):
         "(no pipeline or shard method); only Qwen3.5 / 3.6 / Qwen3-Next targets can be split\n")
 
 
+def test_qwen3_next_has_no_tensor_split(tmp_path, capsys):
+    import mlx_lm
+
+    target = tc.write_raw_hf_qwen3_next(tmp_path / "next")
+    assert main(["--model", str(target), "--split", "tensor"]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {target}: --split tensor: mlx-lm {mlx_lm.__version__} cannot split qwen3_next "
+        "that way; use --split pipeline\n")
+
+
 def test_timeout_env():
     assert timeout_from_env({}) == DEFAULT_TIMEOUT_S
     assert timeout_from_env({TIMEOUT_ENV: "2.5"}) == 2.5
