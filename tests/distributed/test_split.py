@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("split_worker.py")
 MAX_TOKENS = 12
 LAUNCH_TIMEOUT_S = 600  # both ranks load, probe and run three arms on 2 shared cores
-SPLITS = ("pipeline", "tensor")
 
 
 def _env(**extra):
@@ -51,30 +50,47 @@ def _free_port_pair() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
+# (checkpoint, split): Qwen3.5 with a head that agrees with its target (drafts kept, partial
+# rollbacks) both ways; Qwen3-Next (pipeline only in mlx-lm) with a random head (every draft
+# rejected: a rollback every round).
+RUNS = [("agree", "pipeline"), ("agree", "tensor"), ("next", "pipeline")]
+
+
 @pytest.fixture(scope="module")
 def agree_dir(tmp_path_factory):
     return tc.write_agreeing_checkpoint(tmp_path_factory.mktemp("split") / "agree")
 
 
 @pytest.fixture(scope="module")
-def one_process(agree_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("alone")
-    subprocess.run([sys.executable, str(WORKER), str(agree_dir), "none", str(out),
-                    str(MAX_TOKENS)], env=_env(), check=True, timeout=LAUNCH_TIMEOUT_S)
-    return json.loads((out / "result.rank0.json").read_text())
+def checkpoints(agree_dir, tmp_path_factory):
+    return {"agree": agree_dir,
+            "next": tc.write_raw_hf_qwen3_next(tmp_path_factory.mktemp("split") / "next")}
 
 
-@pytest.fixture(scope="module", params=SPLITS)
-def split_run(request, agree_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp(request.param)
+@pytest.fixture(scope="module")
+def one_process(checkpoints, tmp_path_factory):
+    """Each checkpoint's MTP ids in one unsplit process."""
+    refs = {}
+    for name, path in checkpoints.items():
+        out = tmp_path_factory.mktemp(f"alone_{name}")
+        subprocess.run([sys.executable, str(WORKER), str(path), "none", str(out),
+                        str(MAX_TOKENS)], env=_env(), check=True, timeout=LAUNCH_TIMEOUT_S)
+        refs[name] = json.loads((out / "result.rank0.json").read_text())
+    return refs
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=["-".join(r) for r in RUNS])
+def split_run(request, checkpoints, tmp_path_factory):
+    name, split = request.param
+    out = tmp_path_factory.mktemp(f"{name}_{split}")
     cmd = ["mlx.launch", "--backend", "ring", "-n", "2", "--starting-port",
-           str(_free_port_pair()), "--", sys.executable, str(WORKER), str(agree_dir),
-           request.param, str(out), str(MAX_TOKENS)]
+           str(_free_port_pair()), "--", sys.executable, str(WORKER), str(checkpoints[name]),
+           split, str(out), str(MAX_TOKENS)]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
                           timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((out / f"result.rank{r}.json").read_text()) for r in (0, 1)]
-    return request.param, out, ranks
+    return name, split, out, ranks
 
 
 def _log(path: Path):
@@ -82,26 +98,32 @@ def _log(path: Path):
 
 
 def test_split_output_equals_plain_decode_and_one_process(split_run, one_process):
-    split, _, ranks = split_run
-    reference = one_process["mtp"]["tokens"]
+    name, split, _, ranks = split_run
+    reference = one_process[name]["mtp"]["tokens"]
     assert len(reference) == MAX_TOKENS
     for r, res in enumerate(ranks):
         assert res["rank"] == r
         mtp = res["mtp"]
         assert mtp["split"] == f"{split} over 2 ranks"
         assert mtp["mtp_enabled"] and mtp["exactness"]["verdict"] == "equal"
-        assert mtp["accepted"] > 0  # the agreeing head: drafts were kept, rollbacks happened
+        if name == "agree":  # drafts kept, partial rollbacks
+            assert mtp["accepted"] > 0
+        else:  # the random head: every draft rejected, a rollback every round
+            assert mtp["accepted"] == 0 and mtp["rounds"] == MAX_TOKENS - 1
         assert mtp["tokens"] == res["plain"]["tokens"] == res["chain"]["tokens"]
         assert mtp["tokens"] == reference  # the probe said equal: as one unsplit process
 
 
 def test_split_caches_equal_the_chain_after_every_round(split_run):
-    split, out, ranks = split_run
+    _, split, out, ranks = split_run
     for r, res in enumerate(ranks):
         mtp, chain = _log(out / f"mtp.rank{r}"), dict(_log(out / f"chain.rank{r}"))
         assert len(mtp) == res["mtp"]["rounds"] + 1  # after the prefill, then every round
         lengths = [n for n, _ in mtp]
-        assert lengths == sorted(set(lengths)) and lengths[0] == len(ranks[0]["mtp"]["tokens"])
+        # From the prompt to every token but the last one emitted (sampled, not yet fed).
+        assert lengths == sorted(set(lengths))
+        assert lengths[0] == res["mtp"]["prompt_tokens"] == 12
+        assert lengths[-1] == 12 + MAX_TOKENS - 1
         for n, digest in mtp:
             assert chain[n] == digest, f"rank {r}: cache differs from the chain at length {n}"
     if split == "pipeline":  # each rank holds other layers: the states are its own
@@ -109,7 +131,7 @@ def test_split_caches_equal_the_chain_after_every_round(split_run):
 
 
 def test_split_sampling_draws_the_same_tokens_on_every_rank(split_run):
-    _, out, ranks = split_run
+    _, _, out, ranks = split_run
     assert ranks[0]["sampled"]["seed"] == ranks[1]["sampled"]["seed"]
     assert ranks[0]["sampled"]["tokens"] == ranks[1]["sampled"]["tokens"]
     assert len(ranks[0]["sampled"]["tokens"]) == MAX_TOKENS
@@ -118,10 +140,11 @@ def test_split_sampling_draws_the_same_tokens_on_every_rank(split_run):
 
 
 def test_split_collectives_per_token(split_run):
-    split, _, ranks = split_run
+    _, split, _, ranks = split_run
     for res in ranks:
         mtp, chain = res["mtp"], res["chain"]
-        assert mtp["split_messages_per_token"] < chain["split_messages_per_token"]
+        if mtp["accepted"]:  # fewer forwards than tokens
+            assert mtp["split_messages_per_token"] < chain["split_messages_per_token"]
         if split == "pipeline":
             # Two collectives per forward on either rank (send or recv, then the all-gather);
             # forwards = the two prefill steps + one per round.
