@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm import utils as mlx_lm_utils
 
+from . import fp8
 from .errors import MTPError
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -119,6 +120,70 @@ def cast_floats(params, dtype, predicate: Callable[[str], bool] = lambda _: True
     return tree_map_with_path(cast, params)
 
 
+def loader_message(e: BaseException, limit: int = 5) -> str:
+    """mlx's ``load_weights`` error (a count, then one name per line) as one line that keeps the
+    first ``limit`` names."""
+    lines = [l.strip().rstrip(",.") for l in str(e).strip().splitlines() if l.strip()]
+    if len(lines) <= 1:
+        return first_line(e)
+    head, names = lines[0].rstrip(": "), lines[1:]
+    more = f", ... ({len(names)} in all)" if len(names) > limit else ""
+    return f"{head}: {', '.join(names[:limit])}{more}"
+
+
+def _fp8_classes(block, dtype, model_type: str):
+    """mlx-lm's ``get_model_classes`` with a model whose ``sanitize`` first dequantizes FP8
+    block-quantized weights (mlx-lm's own qwen3_5 / qwen3_next sanitize does not)."""
+    def get_classes(config):
+        model_cls, args_cls = mlx_lm_utils._get_classes(config)
+
+        class FP8Dequantizing(model_cls):
+            def sanitize(self, weights):
+                weights = fp8.dequantize_weights(weights, block, dtype)
+                if model_type in fp8.PER_EXPERT_TO_FUSED:
+                    weights = fp8.fuse_experts(weights)
+                return super().sanitize(weights)
+
+        FP8Dequantizing.__name__ = model_cls.__name__
+        FP8Dequantizing.mlx_lm_class = model_cls
+        return FP8Dequantizing, args_cls
+
+    return get_classes
+
+
+def load_mlx_lm_model(path: Path, config: dict, *, lazy: bool = False,
+                      fp8_dtype: Optional[mx.Dtype] = None):
+    """``(model, config)``: mlx-lm's ``load_model`` for ``path``, FP8 block-quantized weights dequantized to
+    ``fp8_dtype`` (default: the config's dtype, else bfloat16); errors as one line that keeps the
+    first few tensor names."""
+    source = str(path / "config.json")
+    fp8.check_quantization(config, source)
+    block = fp8.fp8_block(config, source)
+    kwargs = {}
+    if block is not None:
+        dtype = fp8_dtype or config_dtype(config) or mx.bfloat16
+        kwargs["get_model_classes"] = _fp8_classes(block, dtype, config.get("model_type"))
+    try:
+        model, mlx_config = mlx_lm_utils.load_model(path, lazy=lazy, **kwargs)
+    except MTPError:
+        raise
+    except Exception as e:
+        msg = loader_message(e)
+        raise MTPError(f"{path}: weights do not match config.json ({msg})") from None
+    if block is not None:  # the model is mlx-lm's own class again once its weights are in
+        model.__class__ = model.__class__.mlx_lm_class
+    return model, mlx_config
+
+
+def config_dtype(config: dict) -> Optional[mx.Dtype]:
+    """The checkpoint's float dtype as its config states it (``torch_dtype`` / ``dtype``)."""
+    for c in (config, config.get("text_config") or {}):
+        for key in ("torch_dtype", "dtype"):
+            if c.get(key) in ("bfloat16", "float16", "float32"):
+                return getattr(mx, c[key])
+    return None
+
+
 def load_target(path: Path, dtype: Optional[mx.Dtype] = None, split=None) -> nn.Module:
     """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``). With ``split``
     (``mlx_mtp.distributed.Split``): loaded lazily and split by mlx-lm's own method, as
@@ -128,17 +193,12 @@ def load_target(path: Path, dtype: Optional[mx.Dtype] = None, split=None) -> nn.
         raise MTPError(f"{path}: no model*.safetensors weight files found")
     for f in files:
         safetensors_header(f)
-    try:
-        model, _ = mlx_lm_utils.load_model(path, lazy=split is not None)
-        if split is not None:
-            from .distributed import shard_model
+    model, _ = load_mlx_lm_model(path, read_config(path), lazy=split is not None,
+                                 fp8_dtype=dtype)
+    if split is not None:
+        from .distributed import shard_model
 
-            shard_model(model, split, str(path))
-    except MTPError:
-        raise
-    except Exception as e:
-        msg = first_line(e)
-        raise MTPError(f"{path}: weights do not match config.json ({msg})") from None
+        shard_model(model, split, str(path))
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
         model.update(cast_floats(model.parameters(), dtype, predicate))

@@ -22,7 +22,8 @@ from typing import List, Optional, Tuple
 
 ENV = "MLX_MTP_CPU_BLAS"
 
-# Fastest first, as measured on a 2-core x86 machine (BLIS 0.9 matvec ~2.5x OpenBLAS 0.3.21).
+# Fastest first, as measured on a 2-core x86 machine (BLIS 0.9 matvec ~2.5x OpenBLAS 0.3.21);
+# BLIS runs one thread fewer than the cores, split over columns (see blis_threads).
 _CANDIDATES: List[Tuple[str, str, str]] = [
     ("BLIS", "/usr/lib/*-linux-gnu/blis-pthread/libblis.so.4", "BLIS_NUM_THREADS"),
     ("BLIS", "/usr/lib/*-linux-gnu/libblis.so.4", "BLIS_NUM_THREADS"),
@@ -42,7 +43,9 @@ class BlasState:
     def describe(self) -> str:
         if self.path is None:
             return {"bundled": "bundled (reference BLAS of the mlx wheel)"}.get(self.name, self.name)
-        threads = f", {self.threads} threads" if self.threads else ""
+        threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else ""
+        if self.name == "BLIS" and os.environ.get("BLIS_JC_NT"):
+            threads += " over columns (BLIS_JC_NT)"
         return f"{self.name} ({self.path}{threads})"
 
 
@@ -71,12 +74,42 @@ def find() -> List[Tuple[str, str]]:
     return out
 
 
+# BLIS's own split of the loops over threads (its environment variables; the product is the count).
+BLIS_WAYS = ("BLIS_JC_NT", "BLIS_PC_NT", "BLIS_IC_NT", "BLIS_JR_NT", "BLIS_IR_NT")
+
+
+def blis_threads(cores: int) -> int:
+    """BLIS's default thread count: all cores but one (at least one).
+
+    BLIS 0.9 (pthreads) starts its threads on every call, and threads that share a packed block
+    wait for each other at spin barriers (no yield) several times per call. A spinning thread
+    whose partner is descheduled burns its whole time slice, and in a decode loop the partner
+    is descheduled often: mlx-lm's Python thread builds the next step while MLX computes this
+    one, so with as many BLIS threads as cores three threads want two cores. Measured on 2 cores
+    (fresh processes, a busy machine): a 512x512 f32 matmul took 12-16 ms with one thread,
+    63 ms with two split over columns and 259-299 ms with BLIS's own 2-D split of two, whose
+    first thread burned 27 ms of CPU per call against 4 ms for the whole single-threaded call;
+    on an idle machine two threads ranged 1.6-23.5 ms from process to process (issue 17)."""
+    return max(1, cores - 1)
+
+
 def _set_threads(name: str) -> Optional[int]:
+    """The thread count the library will use, choosing it when the user set none: OpenBLAS all
+    cores (its waits yield), BLIS ``blis_threads`` split over output columns only
+    (``BLIS_JC_NT``), so that each thread packs and computes its own columns and threads meet
+    at the fewest barriers."""
     var = _THREAD_VARS.get(name)
     if var is None:
         return None
+    if name == "BLIS" and any(os.environ.get(v) for v in BLIS_WAYS):
+        ways = [int(os.environ.get(v) or 1) for v in BLIS_WAYS]
+        return max(1, ways[0] * ways[1] * ways[2] * ways[3] * ways[4])
     if var not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        os.environ[var] = str(len(os.sched_getaffinity(0)) or 1)
+        cores = len(os.sched_getaffinity(0)) or 1
+        if name == "BLIS":
+            os.environ["BLIS_JC_NT"] = str(blis_threads(cores))
+            return blis_threads(cores)
+        os.environ[var] = str(cores)
     return int(os.environ.get(var) or os.environ.get("OMP_NUM_THREADS") or 1)
 
 

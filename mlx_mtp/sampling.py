@@ -65,6 +65,10 @@ class Sampler:
             self._filters.append(lambda x: apply_min_p(x, min_p, min_tokens_to_keep))
         if top_k > 0:
             self._filters.append(lambda x: apply_top_k(x, top_k))
+        # The per-round pieces as compiled graphs: at one row of a small vocabulary they are
+        # bound by per-op overhead. Shared by samplers with the same settings (constants in the
+        # graph), so a new sampler per request does not trace again.
+        self._probs, self._pick = _compiled_pieces(self)
 
     @property
     def is_argmax(self) -> bool:
@@ -84,9 +88,25 @@ class Sampler:
             logprobs = f(logprobs)
         return logprobs * (1.0 / self.temp)
 
+    def _eager_probs(self, logprobs: mx.array) -> mx.array:
+        return mx.softmax(self.logits(logprobs).astype(mx.float32), axis=-1)
+
     def probs(self, logprobs: mx.array) -> mx.array:
         """The sampled distribution, in float32 (exact zeros where a filter removed a token)."""
-        return mx.softmax(self.logits(logprobs).astype(mx.float32), axis=-1)
+        return self._probs(logprobs)
+
+    def _eager_pick(self, logits: mx.array, key: mx.array):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        scaled = self.logits(logprobs)
+        key, sub = mx.random.split(key)
+        return (mx.random.categorical(scaled, key=sub),
+                self._eager_probs(logprobs), key)
+
+    def pick(self, logits: mx.array, key: mx.array):
+        """One draft draw from raw (processed) logits: ``(column, q row, next key)``, where the
+        column is drawn from this sampler's distribution with ``split(key)[1]`` and q is
+        ``probs`` of the same row."""
+        return self._pick(logits, key)
 
     def sample(self, logprobs: mx.array, key: mx.array) -> mx.array:
         return mx.random.categorical(self.logits(logprobs), key=key)
@@ -94,6 +114,16 @@ class Sampler:
     def describe(self) -> dict:
         return {"temperature": self.temp, "top_p": self.top_p, "min_p": self.min_p,
                 "top_k": self.top_k, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+
+_PIECES = {}
+
+
+def _compiled_pieces(sampler: Sampler):
+    settings = tuple(sampler.describe().values())
+    if settings not in _PIECES:
+        _PIECES[settings] = (mx.compile(sampler._eager_probs), mx.compile(sampler._eager_pick))
+    return _PIECES[settings]
 
 
 def make_sampler(temp: float = 0.0, top_p: float = 0.0, min_p: float = 0.0,
@@ -224,13 +254,9 @@ class DraftSampler:
 
     def __call__(self, logits: mx.array, ids: Optional[mx.array] = None) -> mx.array:
         """``logits [1, Vd]`` -> the sampled target id ``[1]`` (uint32), on device."""
-        logits = self._process(logits, ids)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        scaled = self.sampler.logits(logprobs)
-        self.key, key = mx.random.split(self.key)
-        col = mx.random.categorical(scaled, key=key)
+        col, q, self.key = self.sampler.pick(self._process(logits, ids), self.key)
         tok = (col if ids is None else ids[col]).astype(mx.uint32)
-        self.q.append(mx.softmax(scaled.astype(mx.float32), axis=-1))
+        self.q.append(q)
         self.ids.append(tok)
         self.q_ids = ids
         return tok
@@ -274,10 +300,17 @@ def rejection_sample(p: mx.array, q: mx.array, drafts: mx.array, key: mx.array,
     draw to emit if draft i + 1 is the first rejected one, ``toks[k]`` the bonus drawn from
     ``p[k]``. Pre-sampling every row keeps the round at one host read.
     """
+    if drafts.size == 0:
+        key_t = mx.random.split(key)[1]
+        return mx.zeros((0,), dtype=mx.bool_), mx.random.categorical(mx.log(p), key=key_t)
+    if q_ids is None:
+        return _verify_full(p, q, drafts, key)
+    return _verify_subset(p, q, drafts, key, q_ids)
+
+
+def _verify_rows(p, q, drafts, key, q_ids):
     k = drafts.size
     key_u, key_t = mx.random.split(key)
-    if k == 0:
-        return mx.zeros((0,), dtype=mx.bool_), mx.random.categorical(mx.log(p), key=key_t)
     q = lift_q(q.astype(mx.float32), q_ids, p.shape[-1])
     d = drafts.astype(mx.uint32)[:, None]
     p_d = mx.take_along_axis(p[:k], d, axis=-1)[:, 0]
@@ -285,3 +318,9 @@ def rejection_sample(p: mx.array, q: mx.array, drafts: mx.array, key: mx.array,
     accepted = accept_drafts(p_d, q_d, mx.random.uniform(shape=(k,), key=key_u))
     rows = mx.concatenate([residual(p[:k], q), p[k:]], axis=0)
     return accepted, mx.random.categorical(mx.log(rows), key=key_t)
+
+
+# One compiled graph per round (traced once per block width and vocabulary): the coins, the
+# residual rows and the k + 1 draws are ~20 small ops that cost more in dispatch than in math.
+_verify_full = mx.compile(lambda p, q, drafts, key: _verify_rows(p, q, drafts, key, None))
+_verify_subset = mx.compile(_verify_rows)

@@ -5,8 +5,9 @@ target in one process, alternating order pair by pair, each arm warmed up once, 
 budget with EOS ignored, several prompts, temperature 0, medians and min-max of per-pair ratios.
 Arms, all at one block size (default 3):
   classic     mlx-lm's plain decode of the target
-  all         every phase on: device ids (1), fused argmax (2a), draft vocabulary (2b), 4-bit head (3)
-  -p1 ... -p3 all phases but one
+  all         every phase on: device ids (1), fused argmax (2a), draft vocabulary (2b), 4-bit head (3),
+              compiled head step (5)
+  -p1 ... -p5 all phases but one
   default     the shipping defaults (``DraftOptions()``)
   all+prof, default+prof   the same with MLX_MTP_DRAFT_PROFILE=1: the per-stage split (its syncs
               slow the step; the record quotes the unprofiled arms as the cost)
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
+import idle_check  # noqa: E402
 from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
@@ -58,9 +60,11 @@ PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
     "p2a": ("fused_argmax", True, False),
     "p2b": ("vocab", True, False),
     "p3": ("bits", 4, None),
+    "p5": ("compiled", True, False),
 }
 PHASE_NAMES = {"p1": "1 ids on device", "p2a": "2a fused LM head + argmax",
-               "p2b": "2b reduced draft vocabulary", "p3": "3 4-bit head"}
+               "p2b": "2b reduced draft vocabulary", "p3": "3 4-bit head",
+               "p5": "5 compiled head step"}
 # The random pair: Qwen3.5-0.8B's proportions (3 GatedDeltaNet layers per full-attention layer,
 # head_dim 128 with partial rotary 0.25, GDN key/value width 2x hidden, SwiGLU 3x), at hidden 512
 # so a full ablation fits ~10 minutes on 2 cores (at hidden > 512 BLIS makes every verify layer
@@ -121,7 +125,8 @@ def quantized_copy(head: MTPHead, args, bits: int, group_size: int) -> MTPHead:
 def arm_options(off: str = None, profiled: bool = False, default: bool = False) -> dict:
     if default:
         opts = {"device_ids": DraftOptions().device_ids, "fused_argmax": DraftOptions().fused_argmax,
-                "vocab": DraftOptions().vocab is not None, "bits": DraftOptions().bits}
+                "vocab": DraftOptions().vocab is not None, "bits": DraftOptions().bits,
+                "compiled": DraftOptions().compiled}
     else:
         opts = {field: on for field, on, _ in PHASES.values()}
         if off:
@@ -140,7 +145,7 @@ def make_arms(base, vocab_ids, group_size: int) -> dict:
     arms = {}
     for name, o in specs.items():
         options = DraftOptions(device_ids=o["device_ids"], fused_argmax=o["fused_argmax"],
-                               bits=o["bits"], group_size=group_size)
+                               bits=o["bits"], group_size=group_size, compiled=o["compiled"])
         drafter = QwenMTPDrafter(heads[o["bits"]], base.target, options,
                                  vocab_ids if o["vocab"] else None)
         arms[name] = (MTPModel(base.mlx_model, base.target, drafter), o)
@@ -448,6 +453,8 @@ def main(argv=None):
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
     if args.render:
         return bench_mtp.rerender_record(args.render, render, "drafter", args.summary)
@@ -458,7 +465,8 @@ def main(argv=None):
     if args.random_pair:
         args.model, corpus = build_random_pair(args.work)
         args.corpus = args.corpus or corpus
-    result = run(args)
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    result = idle_check.attach(run(args), watch, args.allow_busy)
     if args.summary:
         result["summary"] = args.summary
     bench_mtp.write_record(args.out, result, render, "drafter")

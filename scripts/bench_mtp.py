@@ -32,12 +32,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_mtp import cpu_blas  # noqa: E402
+import idle_check  # noqa: E402  (scripts/)
 from mlx_mtp.diagnostics import RunStats  # noqa: E402
 from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
@@ -376,6 +378,8 @@ def main(argv=None):
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
     if args.render:
         return rerender_record(args.render, render, "mtp", args.summary)
@@ -385,7 +389,8 @@ def main(argv=None):
     args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
     if args.pairs < 1 or args.max_tokens < 2 or any(b < 1 for b in args.block_sizes):
         p.error("--pairs >= 1, --max-tokens >= 2 and block sizes >= 1 are required")
-    result = run(args)
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    result = idle_check.attach(run(args), watch, args.allow_busy)
     if args.summary:
         result["summary"] = args.summary
     write_record(args.out, result, render)
@@ -393,17 +398,19 @@ def main(argv=None):
 
 
 def write_record(out: Path, result: dict, render_fn, kind: str = "mtp") -> None:
-    """``<topic>-<host>-<date>.json``, the ``.md`` that ``render_fn`` makes of it, and the
-    record's pictures (``record_plots``, ``kind`` "mtp" or "drafter") linked from the ``.md``."""
+    """``<topic>-<host>-<date>.json``, the ``.md`` that ``render_fn`` makes of it with the idle
+    check in it (``-contended`` in the name when the machine was not idle), and the record's
+    pictures (``record_plots``, ``kind`` "mtp" or "drafter") linked from the ``.md``."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
+    stem += "-contended" if idle_check.is_contended(result) else ""
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     try:
         pictures = record_plots.draw(result, out / stem, kind)
     except ImportError as e:  # matplotlib is an optional extra: the record stands without it
         print(e)
         pictures = []
-    (out / f"{stem}.md").write_text(record_plots.embed(render_fn(result), pictures, out))
+    (out / f"{stem}.md").write_text(record_plots.embed(render_markdown(result, render_fn), pictures, out))
     print(f"wrote {out / stem}.md and .json" + (f" and {len(pictures)} pictures" if pictures else ""))
 
 
@@ -426,10 +433,16 @@ def rerender_record(path: Path, render_fn, kind: str = "mtp", summary: str = Non
     if summary is not None:
         result["summary"] = summary
         path.write_text(json.dumps(result, indent=1))
-    md = md_path.read_text() if summary is None and md_path.exists() else render_fn(result)
+    md = (md_path.read_text() if summary is None and md_path.exists()
+          else render_markdown(result, render_fn))
     md_path.write_text(record_plots.embed(md, pictures, md_path.parent))
     print(f"rewrote {md_path} and {len(pictures)} pictures")
     return result
+
+
+def render_markdown(result: dict, render_fn) -> str:
+    """The record's markdown: ``render_fn``'s, with the idle check the run saw."""
+    return idle_check.annotate(render_fn(result), result.get("idle_check"))
 
 
 if __name__ == "__main__":

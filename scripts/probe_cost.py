@@ -35,6 +35,7 @@ from mlx_mtp.qwen3_5.target import Qwen3_5Target  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_mtp  # noqa: E402
+import idle_check  # noqa: E402
 
 
 def decode_step_s(mlx_model, repeats: int) -> float:
@@ -125,7 +126,10 @@ def main(argv=None) -> int:
     p.add_argument("--record", action="store_true", help="write a benchmark_results/ record")
     p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
     p.add_argument("--summary", default=None, help="the record's 'What it says' paragraph")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     args = p.parse_args(argv)
+    watch = idle_check.Watch(args.idle_window, args.allow_busy) if args.record else None
     path = args.model or demo_path()
     model = load_model(path, require_head=False)
     rows = measure(f"{'demo pair' if args.model is None else path}", model.mlx_model,
@@ -133,7 +137,8 @@ def main(argv=None) -> int:
     if args.synthetic:
         rows += synthetic_rows(args.repeats)
     if args.record:
-        bench_mtp.write_record(args.out, record(args, rows), render)
+        result = idle_check.attach(record(args, rows), watch, args.allow_busy)
+        bench_mtp.write_record(args.out, result, render)
     if args.json:
         print(json.dumps({"mlx_version": mx.__version__, "device": str(mx.default_device()),
                           "rows": rows}))

@@ -22,6 +22,8 @@ from .drafter import Gemma4Assistant, Gemma4AssistantDrafter
 from .target import Gemma4Target
 
 ASSISTANT_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
+# Where ``python -m mlx_mtp.convert --drafter`` puts the assistant inside the target's folder.
+EMBEDDED_ASSISTANT = "assistant"
 # HF's Gemma4AssistantConfig.validate_architecture: settings every assistant layer must have.
 _ASSISTANT_ARCH = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
                    "enable_moe_block": False, "use_double_wide_mlp": False}
@@ -35,6 +37,8 @@ def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head:
                        "assistant")
     target = Gemma4Target(load_target(path, dtype))
     assistant = None
+    if drafter is None and (path / EMBEDDED_ASSISTANT / "config.json").is_file():
+        drafter = path / EMBEDDED_ASSISTANT  # a folder written by python -m mlx_mtp.convert
     if drafter is not None:
         assistant = load_assistant(drafter, target)
     elif require_head:

@@ -18,6 +18,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..draft_profile import DraftProfiler
 from ..interfaces import DrafterDefaults
+from .compiled_head import CompiledHead
 from .lm_head import DraftLMHead
 from .options import DraftOptions
 
@@ -80,6 +81,7 @@ class QwenMTPDrafter(DrafterDefaults):
         self.options = options
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
                               chunk=options.fused_chunk)
+        self.compiled = CompiledHead(head) if options.compiled else None
         self.profiler = DraftProfiler()  # a run installs its own (mlx_mtp.draft_profile.attach)
         self.syncs = 0  # host reads made while drafting (only with device_ids off)
         self.reset()
@@ -99,10 +101,17 @@ class QwenMTPDrafter(DrafterDefaults):
         prof = self.profiler
         embeds = self.target.embed(next_ids[None])
         prof.stage("ids", embeds)
-        g = self.head(embeds, hidden, self.cache)
+        g = self._forward(embeds, hidden)
         prof.stage("layers", g)
         self.first_draft_hidden = g[:, -1:]
         self.first_draft, self.first_draft_logits = self.lm.argmax(g[:, -1], prof)
+
+    def _forward(self, embeds: mx.array, hidden: mx.array) -> mx.array:
+        """The head over ``S`` new rows: compiled for the few rows of a draft step or an accept
+        hook (phase 5), eager for a prompt chunk."""
+        if self.compiled is not None and self.compiled.usable(embeds.shape[1], self.cache):
+            return self.compiled(embeds, hidden, self.cache)
+        return self.head(embeds, hidden, self.cache)
 
     def _via_host(self, tok: mx.array) -> mx.array:
         """Phase 1 off (kept to measure it): the id makes a host round trip, as it would if the
@@ -122,7 +131,7 @@ class QwenMTPDrafter(DrafterDefaults):
                 prev = ids[-1] if self.options.device_ids else self._via_host(ids[-1])
                 embeds = self.target.embed(prev[None])
                 prof.stage("ids", embeds)
-                g = self.head(embeds, g, self.cache)
+                g = self._forward(embeds, g)
                 prof.stage("layers", g)
                 ids.append(pick(g[:, -1]))
         self.in_round = k - 1
@@ -163,7 +172,8 @@ class QwenMTPDrafter(DrafterDefaults):
     def describe(self) -> dict:
         """What this drafter runs with (for ``--json`` and benchmark records)."""
         quantized = [m for _, m in self.head.named_modules() if hasattr(m, "bits")]
-        return {"device_ids": self.options.device_ids, "fused_argmax": self.lm.fused,
+        return {"device_ids": self.options.device_ids, "compiled": self.compiled is not None,
+                "fused_argmax": self.lm.fused,
                 "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
                 "quantized_layers": len(quantized),
                 "bits": sorted({m.bits for m in quantized}),

@@ -8,6 +8,7 @@ weights are raw HF is decided by provenance (key prefix and file metadata), neve
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -15,6 +16,7 @@ import mlx.core as mx
 
 from ..checkpoint import (load_checked, load_safetensors, load_target, load_tokenizer, read_config,
                           resolve_path, safetensors_header, text_config, weight_files)
+from .. import fp8
 from ..errors import MTPError
 from ..gemma4.target import GEMMA4_MODEL_TYPES
 from ..model import MTPModel
@@ -25,6 +27,10 @@ from .quantize import quantize_head
 from .target import QWEN3_5_MODEL_TYPES, Qwen3_5Target
 
 DRAFTER_MODEL_TYPES = ("qwen3_5_mtp",)
+# Where ``python -m mlx_mtp.convert`` puts the head (a qwen3_5_mtp drafter folder) inside the
+# converted target's folder, and the draft vocabulary sidecar when one was asked for.
+EMBEDDED_HEAD = "mtp"
+EMBEDDED_DRAFT_VOCAB = "mtp/draft_vocab"
 
 
 def _provenance(header: dict, keys) -> str:
@@ -104,10 +110,13 @@ def _stack_experts(weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
 
 
 def build_head(target: Qwen3_5Target, weights: Dict[str, mx.array], source: str,
-               quantization: Optional[dict] = None) -> MTPHead:
-    if any(k.endswith("weight_scale_inv") for k in weights):
-        raise MTPError(f"{source}: FP8 block-quantized MTP weights are not supported; "
-                       "use the BF16 checkpoint or an MLX drafter folder")
+               quantization: Optional[dict] = None,
+               fp8_block: Optional[Tuple[int, int]] = None) -> MTPHead:
+    if any(k.endswith(fp8.SCALE_SUFFIX) for k in weights):
+        if fp8_block is None:
+            raise MTPError(f"{source}: MTP weights carry FP8 scales (weight_scale_inv) but its "
+                           "config.json has no FP8 quantization_config with a weight_block_size")
+        weights = fp8.dequantize_weights(weights, fp8_block, target.dtype or mx.float32)
     weights = _stack_experts(weights)
     layer_ids = {int(m.group(1)) for k in weights if (m := re.match(r"layers\.(\d+)\.", k))}
     if not layer_ids:
@@ -119,11 +128,14 @@ def build_head(target: Qwen3_5Target, weights: Dict[str, mx.array], source: str,
                                    f"vocab_size {target.vocab_size})")
 
 
-def load_head_from_target(path: Path, target: Qwen3_5Target) -> Optional[MTPHead]:
+def load_head_from_target(path: Path, target: Qwen3_5Target,
+                          config: Optional[dict] = None) -> Optional[MTPHead]:
     weights = collect_head_weights(weight_files(path), prefixed_only=True)
     if not weights:
         return None
-    return build_head(target, weights, str(path))
+    config = read_config(path) if config is None else config
+    return build_head(target, weights, str(path),
+                      fp8_block=fp8.fp8_block(config, str(path / "config.json")))
 
 
 def load_head_from_drafter(drafter_path, target: Qwen3_5Target) -> MTPHead:
@@ -145,7 +157,8 @@ def load_head_from_drafter(drafter_path, target: Qwen3_5Target) -> MTPHead:
         want = getattr(target.args, key)
         if key in text and text[key] != want:
             raise MTPError(f"drafter {path}: {key} {text[key]} does not match the target's {want}")
-    return build_head(target, weights, f"drafter {path}", config.get("quantization"))
+    return build_head(target, weights, f"drafter {path}", config.get("quantization"),
+                      fp8_block=fp8.fp8_block(config, str(path / "config.json")) if config else None)
 
 
 
@@ -168,19 +181,27 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
         raise MTPError(f"{path / 'config.json'}: mtp_use_dedicated_embeddings=true is not supported")
     mlx_model = load_target(path, dtype, split)
     target = Qwen3_5Target(mlx_model)
+    options = draft_options or DraftOptions()
+    embedded = path / EMBEDDED_HEAD
     if drafter is not None:
         head = load_head_from_drafter(drafter, target)
     else:
-        head = load_head_from_target(path, target)
+        head = load_head_from_target(path, target, config)
+        if head is None and (embedded / "config.json").is_file():  # a converted folder
+            head = load_head_from_drafter(embedded, target)
+            sidecar = path / EMBEDDED_DRAFT_VOCAB
+            if options.vocab is None and (sidecar / draft_vocab.META_FILE).is_file():
+                options = replace(options, vocab=sidecar)
     if head is None and require_head:
         raise MTPError(
             f"{path} has no MTP head weights (mtp.*): MLX conversions (mlx_lm.convert, mlx-vlm) "
             "strip them. Pass --drafter DIR (a qwen3_5_mtp drafter folder, or the raw Hugging "
-            "Face checkpoint), or load the raw Hugging Face checkpoint itself")
+            "Face checkpoint), load the raw Hugging Face checkpoint itself, or convert it with "
+            "python -m mlx_mtp.convert (which keeps the head)")
     return MTPModel(
         mlx_model=mlx_model,
         target=target,
-        drafter=(make_drafter(head, target, draft_options or DraftOptions(), path)
+        drafter=(make_drafter(head, target, options, path)
                  if head is not None else None),
         config=config,
         path=path,

@@ -11,6 +11,10 @@ Defaults are what measured best on the device it was measured on (the Linux CPU 
   vocab         phase 2b: a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). Halved
                 the drafter step here, but off until an acceptance A/B on a trained pair says what
                 it costs in accepted drafts.
+  compiled      phase 5: a draft step's and an accept hook's head forward run as one
+                ``mx.compile``d graph (``mlx_mtp.qwen3_5.compiled_head``). On: at draft sizes the
+                head is bound by per-op overhead, which compiling cuts (~0.75-0.8x here); drafts
+                stay deterministic (not always bitwise the eager ones), the output is unchanged.
   bits          phase 3: quantize the head's projections at load (affine, ``group_size``; ``fc``
                 stays unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar
                 loop on x86 and made the drafter step ~1.4x slower; acceptance A/B pending.
@@ -32,6 +36,7 @@ DEFAULT_CHUNK = 8192  # rows per fused-argmax chunk; a multiple of 8 keeps BLIS 
 @dataclass(frozen=True)
 class DraftOptions:
     device_ids: bool = True
+    compiled: bool = True
     fused_argmax: bool = False
     fused_chunk: int = DEFAULT_CHUNK
     vocab: Optional[Union[str, Path]] = None

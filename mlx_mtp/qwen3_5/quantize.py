@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,11 +47,14 @@ def quantize_head(head: nn.Module, *, bits: int = 4, group_size: int = 64,
     return done
 
 
-def write_drafter(out: Path, head: nn.Module, config: dict, *, bits: int, group_size: int) -> None:
-    """A ``qwen3_5_mtp`` drafter folder (prefix-stripped keys, norms as used, ``format: mlx``)."""
+def write_drafter(out: Path, head: nn.Module, config: dict, *, bits: Optional[int],
+                  group_size: int) -> None:
+    """A ``qwen3_5_mtp`` drafter folder (prefix-stripped keys, norms as used, ``format: mlx``);
+    its config records the quantization when ``bits`` is not None."""
     out.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(head.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_5_mtp", "text_config": config.get("text_config", config),
-        "quantization": {"group_size": group_size, "bits": bits, "mode": "affine"}}, indent=1))
+    drafter_config = {"model_type": "qwen3_5_mtp", "text_config": config.get("text_config", config)}
+    if bits is not None:
+        drafter_config["quantization"] = {"group_size": group_size, "bits": bits, "mode": "affine"}
+    (out / "config.json").write_text(json.dumps(drafter_config, indent=1))

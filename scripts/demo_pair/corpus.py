@@ -5,8 +5,9 @@
 The corpus is every ``.py`` file of this interpreter's standard library (no site-packages, no test
 suites, no idlelib / lib2to3 / turtledemo), files in sorted path order, each followed by
 ``<|endoftext|>``. A file goes to validation when sha1(relative path) % 50 == 0. Writes
-``WORK/tokenizer/{tokenizer.json,tokenizer_config.json}``, ``WORK/train_ids.npy``,
-``WORK/val_ids.npy`` (uint16) and ``WORK/corpus.json`` (what went where). About a minute here.
+``WORK/tokenizer/{tokenizer.json,tokenizer_config.json,tokenization_demo_pair.py}``,
+``WORK/train_ids.npy``, ``WORK/val_ids.npy`` (uint16) and ``WORK/corpus.json`` (what went where).
+About a minute here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
@@ -23,6 +25,8 @@ import numpy as np
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo"}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS = SPECIALS[0]
+TOKENIZER_MODULE = (Path(__file__).resolve().parents[2] / "mlx_mtp" / "demo_pair"
+                    / "tokenization_demo_pair.py")
 
 
 def stdlib_files(root: Path):
@@ -69,9 +73,13 @@ def main(argv=None) -> int:
     tdir = args.out / "tokenizer"
     tdir.mkdir(parents=True, exist_ok=True)
     tok.save(str(tdir / "tokenizer.json"))
+    # auto_map keeps transformers >= 5.2x from swapping in its Qwen3.5 tokenizer class, which
+    # rebuilds the pre-tokenizer (see the module's docstring); the class is a plain fast tokenizer.
     (tdir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": None,
-        "model_max_length": 4096}, indent=1))
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "auto_map": {"AutoTokenizer": [None, f"{TOKENIZER_MODULE.stem}.DemoPairTokenizer"]},
+        "eos_token": EOS, "bos_token": None, "model_max_length": 4096}, indent=1))
+    shutil.copy(TOKENIZER_MODULE, tdir / TOKENIZER_MODULE.name)
     eos = tok.token_to_id(EOS)
     for name, part in (("train", train), ("val", val)):
         ids = []

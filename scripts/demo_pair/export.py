@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
         "tie_word_embeddings": True, "eos_token_id": TEXT_CONFIG["eos_token_id"],
         "text_config": TEXT_CONFIG}, indent=1) + "\n")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenization_demo_pair.py"):
         shutil.copy(args.work / "tokenizer" / name, tmp / name)
     report = check(tmp, target, head, np.load(args.work / "val_ids.npy")[:128])
     print(json.dumps(report, indent=1))

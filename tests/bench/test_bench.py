@@ -14,7 +14,8 @@ def test_bench_writes_markdown_and_json(tmp_path):
     model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
     result = bench_mtp.main(["--model", str(model), "--block-sizes", "1,3", "--pairs", "2",
                              "--max-tokens", "12", "--out", str(tmp_path / "out"),
-                             "--topic", "smoke", "--summary", "smoke run"])
+                             "--topic", "smoke", "--summary", "smoke run", "--allow-busy",
+                             "--idle-window", "0.2"])
     md = list((tmp_path / "out").glob("smoke-*.md"))
     js = list((tmp_path / "out").glob("smoke-*.json"))
     assert len(md) == 1 and len(js) == 1
@@ -29,8 +30,15 @@ def test_bench_writes_markdown_and_json(tmp_path):
     assert three["mtp_enabled"] and three["exactness"]["verdict"] == "equal"
     assert "- block 3: MTP ran; verdict equal; all widths equal" in md[0].read_text()
     for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
-                    "## The floor", "smoke run"):
+                    "## The floor", "## Idle check", "smoke run"):
         assert section in text
+    # The idle check is in the record; a busy machine (--allow-busy) is labelled, not hidden.
+    check = data["idle_check"]
+    assert check["verdict"] in ("idle", "contended") and check["during"]["total"]["wall_s"] > 0
+    contended = check["verdict"] == "contended"
+    assert (data.get("label") == "contended: not a result") == contended
+    assert md[0].name.endswith("-contended.md") == contended
+    assert ("**CONTENDED: NOT A RESULT**" in text) == contended
     # The pictures (tests/test_record_plots.py checks what they are), linked from the .md.
     stem = md[0].stem
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == sorted(
@@ -43,7 +51,8 @@ def test_bench_at_temperature_states_the_rule_and_claims_no_identity(tmp_path):
     model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
     bench_mtp.main(["--model", str(model), "--block-sizes", "3", "--pairs", "1",
                     "--max-tokens", "10", "--out", str(tmp_path / "out"), "--topic", "hot",
-                    "--temp", "1.0", "--seed", "5", "--acceptance", "point-mass"])
+                    "--temp", "1.0", "--seed", "5", "--acceptance", "point-mass", "--allow-busy",
+                    "--idle-window", "0.2"])
     data = json.loads(next((tmp_path / "out").glob("hot-*.json")).read_text())
     row = data["rows"][0]
     assert (data["temperature"], data["seed"], data["acceptance"]) == (1.0, 5, "point-mass")

@@ -17,24 +17,27 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     bench_drafter.main([
         "--model", str(model), "--corpus", str(tmp_path / "corpus.txt"), "--draft-vocab-size",
         "128", "--pairs", "2", "--max-tokens", "10", "--prompts-json", str(tmp_path / "prompts.json"),
-        "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--topic", "smoke"])
+        "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--topic", "smoke",
+        "--allow-busy", "--idle-window", "0.2"])
     md = list((tmp_path / "out").glob("smoke-*.md"))
     js = list((tmp_path / "out").glob("smoke-*.json"))
     assert len(md) == 1 and len(js) == 1
     data = json.loads(js[0].read_text())
     rows = {r["arm"]: r for r in data["rows"]}
-    assert list(rows) == ["all", "-p1", "-p2a", "-p2b", "-p3", "default", "all+prof",
+    assert list(rows) == ["all", "-p1", "-p2a", "-p2b", "-p3", "-p5", "default", "all+prof",
                           "default+prof"]
     assert all(r["identical_to_classic"] and r["mtp_enabled"] for r in rows.values())
     assert len(data["raw"]["classic"]) == 2 and len(data["raw"]["all"]) == 2
     # Each arm runs what it says.
-    assert rows["all"]["draft"] == {"device_ids": True, "fused_argmax": True, "vocab_size": 128,
+    assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "fused_argmax": True,
+                                    "vocab_size": 128,
                                     "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
                                     "fc_quantized": False}
     assert rows["-p1"]["draft"]["device_ids"] is False
     assert rows["-p2a"]["draft"]["fused_argmax"] is False
     assert rows["-p2b"]["draft"]["vocab_size"] == 320
     assert rows["-p3"]["draft"]["bits"] == []
+    assert rows["-p5"]["draft"]["compiled"] is False and rows["default"]["draft"]["compiled"]
     assert rows["default"]["draft"]["vocab_size"] == 320 and not rows["default"]["draft"]["bits"]
     assert rows["-p1"]["draft_syncs_per_round"] > rows["all"]["draft_syncs_per_round"]
     assert rows["all+prof"]["stages_ms"]["layers"] > 0 and "stages_ms" not in rows["all"]
@@ -42,7 +45,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert rows["default"]["acceptance"] > 0.9  # the agreeing head, full vocabulary, f32
     text = md[0].read_text()
     for section in ("## Setup", "## Results", "## Per phase", "## Round split", "## Attribution",
-                    "## The floor", "## What it says"):
+                    "## The floor", "## Idle check", "## What it says"):
         assert section in text
     assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
     stem = md[0].stem

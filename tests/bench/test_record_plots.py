@@ -147,8 +147,8 @@ def test_mtp_record_is_written_with_its_pictures(tmp_path):
         [f"{STEM}.json", f"{STEM}.md"] + [name for _, name in MTP_PICTURES])
     # Apart from the pictures section, the .md is exactly what render() makes of the JSON.
     assert md.replace(record_plots.section(
-        [(c, tmp_path / n) for c, n in MTP_PICTURES], tmp_path) + "\n", "") == bench_mtp.render(
-        json.loads((tmp_path / f"{STEM}.json").read_text()))
+        [(c, tmp_path / n) for c, n in MTP_PICTURES], tmp_path) + "\n", "") == bench_mtp.render_markdown(
+        json.loads((tmp_path / f"{STEM}.json").read_text()), bench_mtp.render)
 
 
 def test_drafter_record_is_written_with_its_pictures(tmp_path):
@@ -168,7 +168,7 @@ def test_without_matplotlib_the_record_is_written_and_the_pictures_skipped(tmp_p
         'pictures skipped: matplotlib is not installed (pip install -e ".[bench]")',
         f"wrote {tmp_path / STEM}.md and .json"]
     assert not list(tmp_path.glob("*.png"))
-    assert (tmp_path / f"{STEM}.md").read_text() == bench_mtp.render(mtp_record())
+    assert (tmp_path / f"{STEM}.md").read_text() == bench_mtp.render_markdown(mtp_record(), bench_mtp.render)
 
 
 # ------------------------------------------------------------------------------ --render

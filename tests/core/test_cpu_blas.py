@@ -26,7 +26,8 @@ differ = sum(bytes(memoryview(full[i:i + 1])) != bytes(memoryview(rows[i])) for 
 
 def run(code, **env):
     e = {k: v for k, v in os.environ.items()
-         if k not in ("MLX_MTP_CPU_BLAS", "BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+         if k not in ("MLX_MTP_CPU_BLAS", "BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                      *cpu_blas.BLIS_WAYS)}
     e.update(env, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -38,9 +39,17 @@ import json, os, mlx_mtp
 from mlx_mtp import cpu_blas
 s = cpu_blas.STATE
 """ + ROW_CHECK + """
+ways = None
+if s.name == "BLIS":  # what BLIS itself read from the environment
+    import ctypes
+    lib = ctypes.CDLL(s.path)
+    lib.bli_thread_get_jc_nt.restype = lib.bli_thread_get_ic_nt.restype = ctypes.c_int64
+    lib.bli_thread_get_num_threads.restype = ctypes.c_int64
+    ways = [lib.bli_thread_get_num_threads(), lib.bli_thread_get_jc_nt(), lib.bli_thread_get_ic_nt()]
 print(json.dumps({"name": s.name, "path": s.path, "threads": s.threads, "error": s.error,
-                  "found": cpu_blas.find(), "differ": differ,
-                  "blis_threads": os.environ.get("BLIS_NUM_THREADS")}))
+                  "found": cpu_blas.find(), "differ": differ, "ways": ways, "described": s.describe(),
+                  "blis_threads": os.environ.get("BLIS_NUM_THREADS"),
+                  "blis_jc": os.environ.get("BLIS_JC_NT")}))
 """
 
 
@@ -54,12 +63,27 @@ def test_auto_binds_the_fastest_library_found_and_it_is_the_one_mlx_uses():
         assert out["name"] == "bundled" and out["path"] is None
         return
     assert out["path"] == found[0][1] and out["name"] == found[0][0]
-    assert out["threads"] == len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    assert out["threads"] == (max(1, cores - 1) if out["name"] == "BLIS" else cores)
     if out["name"] == "BLIS":
         # BLIS reduces a multi-row f32 matmul with K > 512 differently from one row; the
         # bundled reference BLAS never does. Seeing it proves MLX calls the bound library.
         assert out["differ"] > 0
-        assert out["blis_threads"] == str(len(os.sched_getaffinity(0)))
+        # One core left to the Python thread, the rest split over output columns (see cpu_blas).
+        n = max(1, cores - 1)
+        assert out["blis_jc"] == str(n) and out["blis_threads"] is None
+        assert out["ways"][1:] == [n, 1]  # jc, ic as BLIS read them
+        assert out["described"].endswith(f", {n} thread{'s' if n > 1 else ''} over columns "
+                                          "(BLIS_JC_NT))")
+
+
+def test_a_user_blis_split_is_kept():
+    blis = [path for name, path in cpu_blas.find() if name == "BLIS"]
+    if not blis:
+        pytest.fail("BLIS not installed: .ci/run and the README install libblis4-pthread")
+    out, _ = run(STATE, MLX_MTP_CPU_BLAS=blis[0], BLIS_IC_NT="2")
+    assert out["name"] == "BLIS" and out["threads"] == 2 and out["blis_jc"] is None
+    assert out["ways"][1:] == [1, 2]
 
 
 def test_off_keeps_the_bundled_blas():

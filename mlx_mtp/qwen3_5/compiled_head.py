@@ -1,0 +1,105 @@
+"""The MTP head's forward over a few rows as one ``mx.compile``d graph (phase 5).
+
+At draft sizes the head is bound by per-op overhead, not by its weights: a step is ~35 small
+ops, and each eager call pays Python graph building plus one scheduled kernel per op. Compiled,
+a step is one call whose graph MLX has already simplified and fused (elementwise chains become
+one kernel), traced once per (rows, cache capacity). Measured on the demo pair's 2-core CPU:
+draft step ~0.75x, accept hook ~0.8x; the LM head's weight read is what is left.
+
+What makes it traceable with fixed shapes: during the trace the head's KV cache is a
+``BufferKV`` that holds the whole preallocated buffer and an ``offset`` *array*, so
+  - RoPE takes the offset as an array (``mx.fast.rope`` accepts one): no retrace per position;
+  - the new rows go in with ``mx.slice_update`` at that offset;
+  - attention runs over the whole buffer with a boolean mask (key j is visible to row i iff
+    j <= offset + i), instead of over ``keys[:offset + S]``, whose length changes every step.
+The head's own ``__call__`` is what gets traced (a head with other wiring is traced as it is).
+The K/V entries written are bitwise the eager head's; the head's output differs by rounding
+(the softmax reduces a longer row whose masked entries are exact zeros), so a draft can differ
+from the eager one in a near tie. Drafts stay deterministic, and the target verifies every one,
+so the output is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+# Rows per compiled call: draft steps (1) and accept hooks (a + 1 <= block size). Longer calls
+# (the prompt's prefill) run eagerly.
+MAX_ROWS = 16
+
+
+class BufferKV:
+    """A stand-in for mlx-lm's ``KVCache`` inside the traced head: whole buffers, array offset."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
+        self.keys, self.values, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        start = mx.stack([self.offset])
+        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), start, axes=(2,))
+        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), start,
+                                      axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, *args, **kwargs) -> mx.array:
+        rows = self.offset + mx.arange(n)
+        return mx.arange(self.keys.shape[2])[None, :] <= rows[:, None]
+
+
+def ensure_capacity(cache: KVCache, rows: int) -> None:
+    """Grow ``cache``'s buffers (as ``KVCache`` does, in steps of 256) to hold ``rows`` more."""
+    need = cache.offset + rows
+    if need <= cache.keys.shape[2]:
+        return
+    cap = (need + KVCache.step - 1) // KVCache.step * KVCache.step
+    grown = []
+    for buf in (cache.keys, cache.values):
+        new = mx.zeros((*buf.shape[:2], cap, buf.shape[3]), buf.dtype)
+        new[..., : cache.offset, :] = buf[..., : cache.offset, :]
+        grown.append(new)
+    cache.keys, cache.values = grown
+
+
+class CompiledHead:
+    """Calling it is ``head(embeds, hidden, caches)`` for ``S <= MAX_ROWS`` rows through one
+    compiled call; the mlx-lm ``KVCache`` objects are updated in place (their
+    buffers replaced, their int offset advanced), so eager and compiled calls can alternate.
+    ``usable`` says whether a call can go this way (the caches must already hold a buffer: the
+    first call, the prompt's prefill, runs eagerly and sets their shapes and dtype)."""
+
+    def __init__(self, head):
+        self.head = head
+        self._fns: Dict[type, Callable] = {}
+
+    def _fn(self) -> Callable:
+        cls = type(self.head)  # a head whose class is swapped is traced anew
+        fn = self._fns.get(cls)
+        if fn is None:
+            head = self.head
+
+            def forward(embeds, hidden, offset, bufs):
+                caches = [BufferKV(k, v, offset) for k, v in bufs]
+                g = head(embeds, hidden, caches)
+                return g, [(c.keys, c.values) for c in caches]
+
+            fn = self._fns[cls] = mx.compile(forward)
+        return fn
+
+    @staticmethod
+    def usable(rows: int, caches: List[KVCache]) -> bool:
+        return rows <= MAX_ROWS and all(c.keys is not None for c in caches)
+
+    def __call__(self, embeds: mx.array, hidden: mx.array, caches: List[KVCache]) -> mx.array:
+        rows = embeds.shape[1]
+        for c in caches:
+            ensure_capacity(c, rows)
+        offset = caches[0].offset
+        g, bufs = self._fn()(embeds, hidden, mx.array(offset, dtype=mx.int32),
+                             [(c.keys, c.values) for c in caches])
+        for c, (k, v) in zip(caches, bufs):
+            c.keys, c.values = k, v
+            c.offset += rows
+        return g

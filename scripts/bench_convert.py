@@ -1,0 +1,139 @@
+"""Acceptance and speed of converted folders (``python -m mlx_mtp.convert``): the target at 4 and
+8 bits, its MTP head unquantized or at the target's bits.
+
+Each arm converts ``--model`` (default: the embedded demo pair) into a temporary folder and runs
+``scripts/bench_mtp.py``'s protocol on it (paired, alternating with mlx-lm's plain decode of the
+same converted target, T=0, EOS ignored): tok/s of both, their ratio, acceptance, tokens per round,
+and whether the output was identical to mlx-lm's. Arms differ in their weights, so compare
+acceptance across arms and tok/s only within an arm (MTP vs plain on the same folder).
+
+On an x86 CPU MLX's quantized matmuls are scalar loops (much slower than its float32 BLAS path),
+so tok/s there says little about a Mac; acceptance is the informative number.
+
+    python scripts/bench_convert.py [--model PATH] [--block-size 3] [--pairs 3] [--max-tokens 128]
+    python scripts/bench_convert.py --arms 4:none,4:4,8:none,8:8     # the default arms
+
+Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+import mlx_mtp  # noqa: E402,F401  (first: binds the system BLAS before mlx.core loads)
+
+import bench_mtp  # noqa: E402
+from mlx_mtp.conversion import convert  # noqa: E402
+from mlx_mtp.demo import demo_path  # noqa: E402
+
+
+def parse_arms(text: str):
+    arms = []
+    for item in text.split(","):
+        q, _, h = item.partition(":")
+        arms.append((None if q == "none" else int(q), None if h in ("", "none") else int(h)))
+    return arms
+
+
+def arm_name(q, h) -> str:
+    return f"target {'float' if q is None else f'{q}-bit'}, head {'float' if h is None else f'{h}-bit'}"
+
+
+def run(args) -> dict:
+    model = args.model or str(demo_path())
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="bench_convert-"))
+    try:
+        for q, h in args.arms:
+            out = work / f"q{q}-h{h}"
+            convert(model, out, quantize=q is not None, q_bits=q, head_bits=h,
+                    q_group_size=args.group_size if q is not None else None,
+                    head_group_size=args.group_size, quiet=True)
+            ns = argparse.Namespace(
+                model=str(out), drafter=None, topic=args.topic, block_sizes=[args.block_size],
+                pairs=args.pairs, max_tokens=args.max_tokens, prompts=bench_mtp.DEFAULT_PROMPTS,
+                temp=0.0, top_p=0.0, top_k=0, seed=0, acceptance="auto")
+            print(f"== {arm_name(q, h)}", flush=True)
+            r = bench_mtp.run(ns)
+            row = r["rows"][0]
+            rows.append({"target_bits": q, "head_bits": h, "group_size": args.group_size,
+                         **{k: row[k] for k in ("classic_tps", "mtp_tps", "ratio_median",
+                                                "ratio_min", "ratio_max", "acceptance",
+                                                "tokens_per_round", "per_position_acceptance",
+                                                "identical_to_classic", "mtp_enabled",
+                                                "gate_reason")},
+                         "target_dtype": r["target_dtype"]})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {**bench_mtp.record_setup(args.topic), "model": model, "block_size": args.block_size,
+            "pairs": args.pairs, "max_tokens": args.max_tokens,
+            "prompts": bench_mtp.DEFAULT_PROMPTS, "rows": rows}
+
+
+def render(r: dict) -> str:
+    h = r["host"]
+    lines = [
+        f"# {r['topic']} on {h['name']}, {r['date']}", "",
+        "## Setup",
+        f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}, device {h['device']}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+        f"- BLAS: {r['cpu_blas']}",
+        f"- Commit: {r['git_commit']}",
+        f"- Command: `{r['command']}`",
+        f"- Model: {r['model']}, converted per arm with `python -m mlx_mtp.convert` (group size "
+        f"{r['rows'][0]['group_size'] if r['rows'] else '-'}); block size {r['block_size']}; "
+        f"prompts {', '.join(r['prompts'])}, {r['max_tokens']} tokens each, EOS ignored, T=0, "
+        f"{r['pairs']} alternating pairs per prompt",
+        "- On an x86 CPU MLX's quantized matmuls are scalar loops: tok/s here is not what a Mac "
+        "does; acceptance is the informative number. Compare tok/s within a row only.", "",
+        "## Results (medians over pairs x prompts)", "",
+        "| arm | plain tok/s | MTP tok/s | ratio | ratio range | acceptance | tokens/round | "
+        "per-position acceptance | identical to plain |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        pp = " / ".join(f"{a:.2f}" for a in row["per_position_acceptance"]) or "-"
+        gate = "" if row["mtp_enabled"] else f" (MTP declined: {row['gate_reason']})"
+        lines.append(
+            f"| {arm_name(row['target_bits'], row['head_bits'])}{gate} | {row['classic_tps']:.1f} | "
+            f"{row['mtp_tps']:.1f} | {row['ratio_median']:.2f}x | {row['ratio_min']:.2f}-"
+            f"{row['ratio_max']:.2f} | {row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | "
+            f"{pp} | {'yes' if row['identical_to_classic'] else 'NO'} |")
+    lines += ["", "## What it says", "", r.get("summary", "(to be written by the person who ran it)"), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Converted folders: acceptance and tok/s per quantization")
+    p.add_argument("--model", help="checkpoint to convert (default: the embedded demo pair)")
+    p.add_argument("--arms", type=parse_arms, default=parse_arms("4:none,4:4,8:none,8:8"),
+                   help="comma-separated TARGET_BITS:HEAD_BITS (none = unquantized)")
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--topic", default="convert-demo-pair")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
+    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
+    args = p.parse_args(argv)
+    result = run(args)
+    if args.summary:
+        result["summary"] = args.summary
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{stem}.md").write_text(render(result))
+    print(render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

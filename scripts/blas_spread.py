@@ -1,0 +1,169 @@
+"""How much one process's speed depends on luck: N fresh processes per BLAS choice.
+
+Each round starts, for every BLAS arm (in alternating order), fresh processes of the CLI's default
+run on the demo pair, ``python -m mlx_mtp.generate --no-mtp --json`` and the same with MTP, and
+one that times a 512x512 f32 matmul (median of 50 after a warm-up). Per arm the record gives the
+plain and MTP tok/s of every process, their max/min (the spread), the worst process, and the matmul
+medians; the machine's idle check (scripts/idle_check.py) runs around the whole thing.
+
+    python scripts/blas_spread.py [--processes 5] [--arms default,blis,openblas,...]
+
+Arms: ``default`` (what mlx_mtp binds with nothing set: BLIS, one thread fewer than the cores,
+over columns), ``blis`` (BLIS's own 2-D split over all cores: the default before issue 17),
+``blis-jc`` (all cores, over columns only: BLIS_JC_NT), ``blis-1`` (one thread), ``openblas`` (all
+cores), ``bundled`` (MLX's reference BLAS). Writes ``benchmark_results/blas-spread-<host>-
+<date>.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_mtp  # noqa: E402  (record setup; imports mlx_mtp first)
+import idle_check  # noqa: E402
+from mlx_mtp import cpu_blas  # noqa: E402
+
+WITHIN = 1.15  # the issue's bar: five fresh processes within 15% of each other
+BLAS_VARS = ("MLX_MTP_CPU_BLAS", "BLIS_NUM_THREADS", "BLIS_JC_NT", "BLIS_PC_NT", "BLIS_IC_NT",
+             "BLIS_JR_NT", "BLIS_IR_NT", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+MATMUL = """
+import statistics, time
+import mlx_mtp
+from mlx_mtp import cpu_blas
+import mlx.core as mx
+a = mx.random.normal((512, 512), key=mx.random.key(0)); b = mx.random.normal((512, 512), key=mx.random.key(1))
+mx.eval(a, b); mx.eval(a @ b)
+ts = []
+for _ in range(50):
+    t0 = time.perf_counter(); mx.eval(a @ b); ts.append(time.perf_counter() - t0)
+print(json.dumps({"matmul_ms": 1e3 * statistics.median(ts), "cpu_blas": cpu_blas.STATE.describe()}))
+"""
+
+
+def arms() -> dict:
+    """{arm: the environment that selects it}; arms whose library is missing are left out."""
+    cores = str(len(os.sched_getaffinity(0)))
+    found = {name: path for name, path in reversed(cpu_blas.find())}  # first of each kind wins
+    out = {"default": {}}
+    if "BLIS" in found:
+        blis = found["BLIS"]
+        out["blis"] = {"MLX_MTP_CPU_BLAS": blis, "BLIS_NUM_THREADS": cores}
+        out["blis-jc"] = {"MLX_MTP_CPU_BLAS": blis, "BLIS_JC_NT": cores}
+        out["blis-1"] = {"MLX_MTP_CPU_BLAS": blis, "BLIS_NUM_THREADS": "1"}
+    if "OpenBLAS" in found:
+        out["openblas"] = {"MLX_MTP_CPU_BLAS": found["OpenBLAS"], "OPENBLAS_NUM_THREADS": cores}
+    out["bundled"] = {"MLX_MTP_CPU_BLAS": "off"}
+    return out
+
+
+def run_one(cmd, env: dict, timeout: float) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                       env={**base, "PYTHONPATH": str(ROOT), **env})
+    if r.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd[1:])} failed ({r.returncode}): "
+                         f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def measure(args, env: dict) -> dict:
+    py = sys.executable
+    cli = [py, "-m", "mlx_mtp.generate", "--json", "--max-tokens", str(args.max_tokens)]
+    plain = run_one(cli + ["--no-mtp"], env, args.timeout)
+    mtp = run_one(cli, env, args.timeout)
+    mm = run_one([py, "-c", "import json\n" + MATMUL], env, args.timeout)
+    return {"plain_tps": plain["generation_tps"], "mtp_tps": mtp["generation_tps"],
+            "matmul_ms": mm["matmul_ms"], "cpu_blas": plain["cpu_blas"],
+            "identical": plain["tokens"] == mtp["tokens"]}
+
+
+def summarize(runs: list) -> dict:
+    out = {}
+    for key in ("plain_tps", "mtp_tps", "matmul_ms"):
+        xs = [r[key] for r in runs]
+        out[key] = {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
+                    "spread": max(xs) / min(xs) if min(xs) > 0 else float("inf")}
+    out["plain_within_15pct"] = out["plain_tps"]["spread"] <= WITHIN
+    out["identical"] = all(r["identical"] for r in runs)
+    out["cpu_blas"] = sorted({r["cpu_blas"] for r in runs})
+    return out
+
+
+def render(r: dict) -> str:
+    h = r["host"]
+    lines = [f"# {r['topic']} on {h['name']}, {r['date']}", "", "## Setup",
+             f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}",
+             "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
+             f"- Commit: {r['git_commit']}", f"- Command: `{r['command']}`",
+             f"- {r['processes']} rounds; each round, per arm in alternating order, fresh processes "
+             f"of `python -m mlx_mtp.generate --json --max-tokens {r['max_tokens']}` (demo pair, "
+             "default prompt, T=0) with `--no-mtp` and without, and a 512x512 f32 matmul "
+             "(median of 50 calls)", "",
+             "## Results (per arm: median, min-max over processes; spread = max/min)", "",
+             "| arm | BLAS | plain tok/s | plain spread | MTP tok/s | MTP spread | matmul 512 ms "
+             "| matmul spread | plain within 15% | MTP = plain tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, s in r["arms"].items():
+        p, m, mm = s["plain_tps"], s["mtp_tps"], s["matmul_ms"]
+        lines.append(
+            f"| {arm} | {'; '.join(s['cpu_blas'])} | {p['median']:.1f} ({p['min']:.1f}-{p['max']:.1f}) "
+            f"| {p['spread']:.2f} | {m['median']:.1f} ({m['min']:.1f}-{m['max']:.1f}) | "
+            f"{m['spread']:.2f} | {mm['median']:.2f} ({mm['min']:.2f}-{mm['max']:.2f}) | "
+            f"{mm['spread']:.2f} | {'yes' if s['plain_within_15pct'] else 'NO'} | "
+            f"{'yes' if s['identical'] else 'NO'} |")
+    lines += ["", "Environment per arm: " + "; ".join(
+        f"{a}: {e or 'nothing set'}" for a, e in r["arm_env"].items()), "",
+              "## What it says", "", r.get("summary", "(to be written by the person who ran it)"),
+              ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--processes", type=int, default=5, help="fresh processes per arm (default 5)")
+    p.add_argument("--arms", default=None, help="comma-separated (default: every arm available)")
+    p.add_argument("--max-tokens", type=int, default=256, help="the CLI's default is 256")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
+    p.add_argument("--topic", default="blas-spread")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
+    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    args = p.parse_args(argv)
+    available = arms()
+    names = args.arms.split(",") if args.arms else list(available)
+    unknown = [a for a in names if a not in available]
+    if unknown:
+        p.error(f"--arms: {', '.join(unknown)} not available here (choose from "
+                f"{', '.join(available)})")
+    if args.processes < 2 or args.max_tokens < 2:
+        p.error("--processes >= 2 and --max-tokens >= 2 are required")
+    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    runs = {a: [] for a in names}
+    for i in range(args.processes):
+        for arm in (names if i % 2 == 0 else list(reversed(names))):
+            runs[arm].append(measure(args, available[arm]))
+            r = runs[arm][-1]
+            print(f"round {i} {arm}: plain {r['plain_tps']:.1f} tok/s, MTP {r['mtp_tps']:.1f}, "
+                  f"matmul {r['matmul_ms']:.2f} ms", flush=True)
+    result = {**bench_mtp.record_setup(args.topic), "processes": args.processes,
+              "max_tokens": args.max_tokens, "arm_env": {a: available[a] for a in names},
+              "arms": {a: summarize(runs[a]) for a in names}, "runs": runs}
+    result = idle_check.attach(result, watch, args.allow_busy)
+    if args.summary:
+        result["summary"] = args.summary
+    bench_mtp.write_record(args.out, result, render)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+"""Was the machine idle while a benchmark ran? Checked before, during and after; written into the record.
+
+On 2 cores a busy neighbour halves plain decode and collapses multi-threaded BLAS, so a record taken
+beside one is not a result (shared/design/benchmarks.md). What is looked at:
+- CPU time of other processes, from /proc: the machine's busy time (/proc/stat) minus what this
+  process and its children used, sampled every couple of seconds while the benchmark runs, and in
+  a short window before and after it; the processes that used the most are named.
+- steal time (/proc/stat): another virtual machine took our CPUs.
+- a short streaming-read bandwidth probe (numpy, one thread, no BLAS) before and after, against this
+  machine's idle figure (``python scripts/idle_check.py --calibrate`` on an idle machine writes it).
+- the load average, recorded only: it lags by a minute and counts the benchmark itself (and the
+  previous one when records are taken back to back), so it cannot decide.
+
+The benchmark scripts use ``Watch`` around their run and refuse to write a record when the machine
+was not idle, unless ``--allow-busy``, which labels the record "contended: not a result".
+
+    python scripts/idle_check.py --calibrate     # on an idle machine: store its idle bandwidth
+    python scripts/idle_check.py                 # check now (10 s window), print the verdict
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_DIR = ROOT / "benchmark_results"
+CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+LABEL = "contended: not a result"
+ALLOW_BUSY_HELP = ("write the record although the machine was not idle; it is labelled "
+                   f"'{LABEL}'")
+WINDOW_HELP = "seconds of the idle windows before and after the run (default 2)"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Above these the machine was not idle (cores = CPU-seconds per second of wall time)."""
+    others_mean_cores: float = 0.10  # other processes, averaged over the run
+    others_peak_cores: float = 0.50  # other processes, in any sampled interval or idle window
+    steal_mean_cores: float = 0.10   # the hypervisor gave our CPUs to someone else
+    bandwidth_ratio: float = 0.75    # probe / this machine's idle figure, before or after
+
+
+# ------------------------------------------------------------------------------ reading /proc
+
+
+@dataclass
+class Reading:
+    """One snapshot: /proc/stat's cpu line (seconds), every process's CPU seconds, our tree."""
+    t: float
+    cpu: Dict[str, float]
+    procs: Dict[int, Tuple[str, float, float]]  # pid -> (name, own CPU s, reaped children's)
+    own: Set[int]
+    loadavg: Tuple[float, float, float]
+    running: int
+
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq")  # guest time is inside user / nice
+
+
+def parse_cpu_line(stat_text: str) -> Dict[str, float]:
+    for line in stat_text.splitlines():
+        if line.startswith("cpu "):
+            vals = [int(v) for v in line.split()[1:1 + len(CPU_FIELDS)]]
+            vals += [0] * (len(CPU_FIELDS) - len(vals))
+            return {k: v / CLK for k, v in zip(CPU_FIELDS, vals)}
+    raise ValueError("no 'cpu' line in /proc/stat")
+
+
+def parse_pid_stat(text: str) -> Tuple[int, str, int, float, float]:
+    """(pid, name, ppid, CPU seconds, reaped children's CPU seconds) of /proc/PID/stat:
+    utime + stime (all its threads), cutime + cstime."""
+    pid, rest = text.split(" (", 1)
+    name, rest = rest.rsplit(") ", 1)
+    f = rest.split()  # f[0] is field 3 (state)
+    return (int(pid), name, int(f[1]), (int(f[11]) + int(f[12])) / CLK,
+            (int(f[13]) + int(f[14])) / CLK)
+
+
+def parse_loadavg(text: str) -> Tuple[Tuple[float, float, float], int]:
+    f = text.split()
+    return (float(f[0]), float(f[1]), float(f[2])), int(f[3].split("/")[0])
+
+
+def tree(parents: Dict[int, int], root: int) -> Set[int]:
+    """root and every process descended from it."""
+    out, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in out and pid not in out:
+                out.add(pid)
+                grew = True
+    return out
+
+
+def read_proc(root: Optional[int] = None, proc: Path = Path("/proc")) -> Reading:
+    procs, parents = {}, {}
+    for d in os.listdir(proc):
+        if not d.isdigit():
+            continue
+        try:
+            pid, name, ppid, cpu, children = parse_pid_stat((proc / d / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            continue  # it exited while we looked
+        procs[pid], parents[pid] = (name, cpu, children), ppid
+    load, running = parse_loadavg((proc / "loadavg").read_text())
+    return Reading(time.monotonic(), parse_cpu_line((proc / "stat").read_text()), procs,
+                   tree(parents, os.getpid() if root is None else root), load, running)
+
+
+def interval(a: Reading, b: Reading, top: int = 5) -> dict:
+    """What the machine did between two readings, in cores (CPU-seconds per wall second)."""
+    wall = max(b.t - a.t, 1e-9)
+    busy = sum(b.cpu[k] - a.cpu[k] for k in BUSY_FIELDS)
+    steal = b.cpu["steal"] - a.cpu["steal"]
+    # Our own tree: a pid new since `a` counts whole; a child reaped in between is in its
+    # parent's cutime / cstime (a slight over-count of what it used before `a`).
+    own = sum(sum(b.procs[p][1:]) - (sum(a.procs[p][1:]) if p in a.procs else 0.0)
+              for p in b.own if p in b.procs)
+    others = max(busy - own, 0.0)
+    # Named competitors: their own time only (a reaped child's whole life lands in cutime at once).
+    comp = [(p, name, (cpu - a.procs[p][1]) / wall) for p, (name, cpu, _) in b.procs.items()
+            if p not in b.own and p not in a.own and p in a.procs]
+    comp = sorted((c for c in comp if c[2] >= 0.02), key=lambda c: -c[2])[:top]
+    return {"wall_s": round(wall, 3), "others_cores": round(others / wall, 4),
+            "steal_cores": round(max(steal, 0.0) / wall, 4), "own_cores": round(own / wall, 4),
+            "competitors": [{"pid": p, "name": n, "cores": round(c, 3)} for p, n, c in comp]}
+
+
+# ------------------------------------------------------------------------------ bandwidth
+
+
+def bandwidth_probe(mb: int = 128, repeats: int = 5) -> float:
+    """Streaming-read GB/s of one thread (numpy sum; best of ``repeats``)."""
+    import numpy as np
+
+    a = np.ones(mb * 2**20 // 4, dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9
+
+
+def machine_key() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count()}
+
+
+def baseline_path(out: Path = BASELINE_DIR) -> Path:
+    return out / f"idle-baseline-{socket.gethostname()}.json"
+
+
+def idle_bandwidth(path: Optional[Path] = None) -> Optional[float]:
+    """This machine's idle probe figure, if one was calibrated on the same CPU model and cores."""
+    path = path or baseline_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("bandwidth_gbs") if data.get("machine") == machine_key() else None
+
+
+# ------------------------------------------------------------------------------ the decision
+
+
+def _top(iv: dict) -> str:
+    c = iv.get("competitors") or []
+    return f" (top: {c[0]['name']}[{c[0]['pid']}] {c[0]['cores']:.2f})" if c else ""
+
+
+def window_reasons(name: str, iv: dict, bw: Optional[float], idle_gbs: Optional[float],
+                   limits: Limits = Limits()) -> List[str]:
+    """Reasons from an idle window ``name`` ("before" / "after" the run) and its probe."""
+    reasons = []
+    if iv["others_cores"] > limits.others_peak_cores:
+        reasons.append(f"other processes used {iv['others_cores']:.2f} cores {name} the run"
+                       + _top(iv))
+    if idle_gbs and bw is not None and bw < limits.bandwidth_ratio * idle_gbs:
+        reasons.append(f"memory bandwidth {name} the run was {bw:.1f} GB/s, under "
+                       f"{limits.bandwidth_ratio:.0%} of this machine's idle {idle_gbs:.1f} GB/s")
+    return reasons
+
+
+def decide(before: dict, during: dict, after: dict, bw_before: Optional[float],
+           bw_after: Optional[float], idle_gbs: Optional[float],
+           limits: Limits = Limits()) -> List[str]:
+    """Reasons the machine was not idle (empty: idle). ``before`` / ``after`` are ``interval()``s
+    of the idle windows; ``during`` has the run's ``interval()`` under "total" and the sampled
+    intervals' ``others_cores`` under "samples"."""
+    reasons = []
+    total = during["total"]
+    if total["others_cores"] > limits.others_mean_cores:
+        reasons.append(f"other processes used {total['others_cores']:.2f} cores on average during "
+                       f"the run{_top(total)}")
+    peak = max(during.get("samples") or [0.0])
+    if peak > limits.others_peak_cores:
+        reasons.append(f"other processes used {peak:.2f} cores in a {during['sample_s']:g} s "
+                       "interval of the run")
+    if total["steal_cores"] > limits.steal_mean_cores:
+        reasons.append(f"the hypervisor stole {total['steal_cores']:.2f} cores during the run")
+    return (window_reasons("before", before, bw_before, idle_gbs, limits) + reasons
+            + window_reasons("after", after, bw_after, idle_gbs, limits))
+
+
+# ------------------------------------------------------------------------------ the watch
+
+
+class Watch:
+    """Start before the run (idle window + bandwidth probe, then a sampler thread), ``finish()``
+    after it (bandwidth probe + idle window): the record's ``idle_check`` dict."""
+
+    def __init__(self, window_s: float = 2.0, allow_busy: bool = False, sample_s: float = 2.0,
+                 limits: Limits = Limits(), probe: bool = True, baseline: Optional[Path] = None):
+        self.window_s, self.sample_s, self.limits, self.probe = window_s, sample_s, limits, probe
+        self.idle_gbs = idle_bandwidth(baseline)
+        a = read_proc()
+        time.sleep(window_s)
+        b = read_proc()
+        self.before = interval(a, b)
+        self.load_before = {"loadavg": list(b.loadavg), "running": b.running}
+        self.bw_before = bandwidth_probe() if probe else None
+        early = window_reasons("before", self.before, self.bw_before, self.idle_gbs, limits)
+        if early and not allow_busy:  # no point running: refuse now
+            settle({"verdict": "contended", "reasons": early}, allow_busy=False)
+        self.samples: List[float] = []
+        self._stop = threading.Event()
+        self._start = read_proc()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self):
+        last = self._start
+        while not self._stop.wait(self.sample_s):
+            now = read_proc()
+            self.samples.append(interval(last, now, top=0)["others_cores"])
+            last = now
+
+    def finish(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        end = read_proc()
+        total = interval(self._start, end)
+        bw_after = bandwidth_probe() if self.probe else None
+        a = read_proc()
+        time.sleep(self.window_s)
+        b = read_proc()
+        after = interval(a, b)
+        during = {"total": total, "sample_s": self.sample_s,
+                  "samples": [round(s, 3) for s in self.samples]}
+        reasons = decide(self.before, during, after, self.bw_before, bw_after, self.idle_gbs,
+                         self.limits)
+        return {
+            "verdict": "contended" if reasons else "idle", "reasons": reasons,
+            "limits": asdict(self.limits),
+            "before": {**self.before, **self.load_before, "bandwidth_gbs": self.bw_before},
+            "during": during,
+            "after": {**after, "loadavg": list(b.loadavg), "running": b.running,
+                      "bandwidth_gbs": bw_after},
+            "idle_bandwidth_gbs": self.idle_gbs,
+        }
+
+
+def settle(check: dict, allow_busy: bool) -> dict:
+    """Refuse (exit 1, one line) when the machine was not idle, unless ``allow_busy``: then the
+    check is labelled and the record goes out as 'contended: not a result'."""
+    if check["verdict"] == "idle":
+        return check
+    if not allow_busy:
+        sys.exit(f"error: the machine was not idle: {'; '.join(check['reasons'])}. No record "
+                 "written; rerun on an idle machine (or pass --allow-busy to keep it, labelled "
+                 f"'{LABEL}')")
+    check["label"] = LABEL
+    return check
+
+
+def attach(result: dict, watch: "Watch", allow_busy: bool) -> dict:
+    """Finish ``watch``, refuse or label (``settle``), and put the check into ``result``."""
+    check = settle(watch.finish(), allow_busy)
+    result["idle_check"] = check
+    if "label" in check:
+        result["label"] = check["label"]
+    return result
+
+
+def is_contended(result: dict) -> bool:
+    return (result.get("idle_check") or {}).get("verdict") == "contended"
+
+
+def markdown(check: Optional[dict]) -> List[str]:
+    """The record's '## Idle check' section."""
+    if not check:
+        return ["## Idle check", "", "- not checked (a record from before the idle check)", ""]
+    lim = check["limits"]
+    d = check["during"]["total"]
+    samples = check["during"]["samples"]
+
+    def window(name, w):
+        bw = f", probe {w['bandwidth_gbs']:.1f} GB/s" if w.get("bandwidth_gbs") else ""
+        comp = ", ".join(f"{c['name']}[{c['pid']}] {c['cores']:.2f}" for c in w["competitors"])
+        return (f"- {name} ({w['wall_s']:.0f} s): others {w['others_cores']:.2f} cores, steal "
+                f"{w['steal_cores']:.2f}; load average {w['loadavg'][0]:.2f}, "
+                f"{w['running']} running{bw}" + (f"; top: {comp}" if comp else ""))
+
+    comp = ", ".join(f"{c['name']}[{c['pid']}] {c['cores']:.2f}" for c in d["competitors"])
+    idle = check.get("idle_bandwidth_gbs")
+    lines = [
+        "## Idle check", "",
+        f"- Verdict: **{check['verdict']}**" + (f" ({LABEL}): " + "; ".join(check["reasons"])
+                                                if check["verdict"] != "idle" else ""),
+        window("Before", check["before"]),
+        f"- During ({d['wall_s']:.0f} s): others {d['others_cores']:.2f} cores on average, at most "
+        f"{max(samples or [0.0]):.2f} in a {check['during']['sample_s']:g} s interval "
+        f"({len(samples)} intervals); steal {d['steal_cores']:.2f}; this run "
+        f"{d['own_cores']:.2f} cores" + (f"; top others: {comp}" if comp else ""),
+        window("After", check["after"]),
+        f"- Idle figure: {f'{idle:.1f} GB/s' if idle else 'none for this machine (not compared)'}; "
+        f"limits: others {lim['others_mean_cores']} cores mean / {lim['others_peak_cores']} peak, "
+        f"steal {lim['steal_mean_cores']}, bandwidth >= {lim['bandwidth_ratio']:.0%} of idle",
+        "",
+    ]
+    return lines
+
+
+def annotate(md: str, check: Optional[dict]) -> str:
+    """A rendered record with the idle check in it: a label under the title when contended, and
+    the '## Idle check' section before '## What it says' (or at the end)."""
+    lines = md.split("\n")
+    if check and check["verdict"] != "idle":
+        lines[1:1] = ["", f"**{LABEL.upper()}**: {'; '.join(check['reasons'])}"]
+    section = markdown(check)
+    at = next((i for i, line in enumerate(lines) if line.startswith("## What it says")), len(lines))
+    lines[at:at] = section
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calibrate", action="store_true",
+                   help=f"store this idle machine's bandwidth figure in {baseline_path()}")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to watch")
+    p.add_argument("--out", type=Path, default=BASELINE_DIR)
+    args = p.parse_args(argv)
+    watch = Watch(window_s=1.0, allow_busy=True, baseline=baseline_path(args.out))
+    probes = [bandwidth_probe() for _ in range(3)] if args.calibrate else []
+    time.sleep(max(args.seconds - 2.0, 0.0))
+    check = watch.finish()
+    print(json.dumps({k: check[k] for k in ("verdict", "reasons")}, indent=1))
+    if not args.calibrate:
+        return 0 if check["verdict"] == "idle" else 1
+    bws = probes + [check["before"]["bandwidth_gbs"], check["after"]["bandwidth_gbs"]]
+    # The idle-ness of the calibration itself is judged without a bandwidth figure.
+    reasons = decide(check["before"], check["during"], check["after"], None, None, None)
+    if reasons:
+        sys.exit("error: the machine is not idle, so its idle bandwidth cannot be measured now: "
+                 + "; ".join(reasons))
+    path = baseline_path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine_key(), "bandwidth_gbs": max(bws),
+                                "probes_gbs": bws, "date": time.strftime("%Y-%m-%d")}, indent=1))
+    print(f"wrote {path}: idle bandwidth {max(bws):.1f} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

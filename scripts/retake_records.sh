@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Re-take every record in benchmark_results/ on an idle machine, with the idle check in each.
+#
+#   bash scripts/retake_records.sh            # from the repository root; ~1 h on 2 cores
+#
+# Nothing else may run meanwhile (no tests, no helpers, no second benchmark): each script
+# refuses a busy machine (exit 1, one line) and this script then stops, so the remaining
+# records are not taken on a machine known to be busy. Each command is the one in the old
+# record's json ("command", "env"); records are named <topic>-<host>-<date of the run>, so a
+# re-take gets today's date and the superseded file of an earlier date is git rm'ed.
+# The README quotes only these re-taken records (update it after).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD"
+PY=${PYTHON:-python}
+STDLIB=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+BLIS=$($PY -c 'from mlx_mtp import cpu_blas; print(next(p for n, p in cpu_blas.find() if n == "BLIS"))')
+OPENBLAS=$($PY -c 'from mlx_mtp import cpu_blas; print(next(p for n, p in cpu_blas.find() if n == "OpenBLAS"))')
+
+# retake OLD_STEM ENV... -- COMMAND...: run it; on success drop the superseded record.
+retake() {
+  local old=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local start; start=$(date +%s)
+  echo "== $old: $*"
+  env -u BLIS_NUM_THREADS -u BLIS_JC_NT -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS \
+      -u MLX_MTP_CPU_BLAS "${envs[@]}" "$@"
+  for f in "benchmark_results/$old.json" "benchmark_results/$old.md"; do
+    if [ -e "$f" ] && [ "$(stat -c %Y "$f")" -lt "$start" ]; then git rm -q "$f"; fi
+  done
+}
+
+# This machine's idle bandwidth figure (the idle check compares a probe against it).
+$PY scripts/idle_check.py --calibrate
+
+# T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
+retake demo-pair-blis-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --pairs 5 --max-tokens 128
+retake demo-pair-openblas-vm-2026-11-29 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --pairs 5 --max-tokens 128
+
+# T > 0, per acceptance rule (OpenBLAS, as recorded).
+for t in 0.6 1.0; do
+  for rule in point-mass speculative-sampling; do
+    retake demo-pair-openblas-T$t-$rule-vm-2026-11-29 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
+      $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas-T$t-$rule \
+      --temp $t --acceptance $rule --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128
+  done
+done
+
+# Drafter phases: the random pair, and the trained demo pair with its 48-file calibration corpus.
+retake drafter-phases-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_drafter.py --max-tokens 24 --pairs 5
+CORPUS_FILES=(
+  __future__.py _pydecimal.py asyncio/__init__.py asyncio/locks.py
+  asyncio/taskgroups.py bisect.py collections/abc.py copyreg.py
+  curses/__init__.py difflib.py distutils/command/build.py distutils/command/install_scripts.py
+  distutils/extension.py distutils/version.py email/errors.py email/mime/message.py
+  encodings/big5.py encodings/cp1254.py encodings/cp850.py encodings/cp866.py
+  encodings/gb2312.py encodings/iso2022_kr.py encodings/iso8859_6.py encodings/mac_cyrillic.py
+  encodings/quopri_codec.py encodings/utf_32_be.py fileinput.py hashlib.py
+  imghdr.py importlib/metadata/_itertools.py importlib/simple.py locale.py
+  multiprocessing/dummy/__init__.py multiprocessing/resource_tracker.py operator.py posixpath.py
+  random.py shelve.py sqlite3/dump.py tabnanny.py
+  tkinter/constants.py tomllib/__init__.py unittest/__main__.py urllib/__init__.py
+  weakref.py xml/dom/__init__.py xml/parsers/__init__.py zipimport.py
+)
+CORPUS=("${CORPUS_FILES[@]/#/$STDLIB/}")
+retake drafter-phases-demo-pair-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_drafter.py --model mlx_mtp/demo_pair --corpus "${CORPUS[@]}" \
+  --draft-vocab-size 2048 --pairs 5 --topic drafter-phases-demo-pair
+
+# The exactness probe's cost.
+retake probe-cost-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/probe_cost.py --record --repeats 5
+
+# New: the spread across fresh processes per BLAS choice (issue 17, part 3).
+retake none -- $PY scripts/blas_spread.py --processes 5

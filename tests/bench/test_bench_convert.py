@@ -1,0 +1,25 @@
+"""scripts/bench_convert.py writes a complete record (smoke run on a tiny head-agreeing pair)."""
+
+import json
+import sys
+from pathlib import Path
+
+import tiny_checkpoints as tc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import bench_convert  # noqa: E402
+
+
+def test_bench_convert_writes_a_record_per_arm(tmp_path):
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    bench_convert.main(["--model", str(model), "--arms", "8:none,8:8", "--group-size", "32",
+                        "--pairs", "1", "--max-tokens", "8", "--out", str(tmp_path / "out"),
+                        "--topic", "smoke"])
+    data = json.loads(next((tmp_path / "out").glob("smoke-*.json")).read_text())
+    assert [(r["target_bits"], r["head_bits"]) for r in data["rows"]] == [(8, None), (8, 8)]
+    assert all(r["identical_to_classic"] and r["mtp_enabled"] for r in data["rows"])
+    # the head built to agree with its target still agrees after an 8-bit conversion
+    assert data["rows"][0]["acceptance"] > 0.9
+    md = next((tmp_path / "out").glob("smoke-*.md")).read_text()
+    assert "| target 8-bit, head 8-bit |" in md and "quantized matmuls are scalar loops" in md
+    assert not list(Path(bench_convert.tempfile.gettempdir()).glob("bench_convert-*/q8-hNone"))

@@ -1,0 +1,163 @@
+"""The benchmark scripts' idle check: /proc readings, the decision, and the refusal of a busy machine."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tiny_checkpoints as tc
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import idle_check as ic  # noqa: E402
+
+T = ic.CLK  # ticks per second in /proc
+
+
+def stat_text(user, system, idle, steal=0):
+    return (f"cpu  {user} 0 {system} {idle} 0 0 0 {steal} 0 0\n"
+            f"cpu0 {user} 0 {system} {idle} 0 0 0 {steal} 0 0\nintr 1 2 3\n")
+
+
+def pid_text(pid, name, ppid, utime, stime=0, cutime=0, cstime=0):
+    # fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime ...
+    return (f"{pid} ({name}) S {ppid} 1 1 0 -1 4194304 10 0 0 0 {utime} {stime} {cutime} {cstime} "
+            "20 0 1 0 100 1000 100\n")
+
+
+def write_proc(d: Path, cpu, pids, load="0.42 0.30 0.20 3/120 999"):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_text(cpu)
+    (d / "loadavg").write_text(load)
+    for pid, text in pids.items():
+        (d / str(pid)).mkdir(exist_ok=True)
+        (d / str(pid) / "stat").write_text(text)
+
+
+def test_parsers_read_proc_formats():
+    assert ic.parse_pid_stat(pid_text(7, "a (weird) name", 1, 3 * T, T, 2 * T, 0)) == \
+        (7, "a (weird) name", 1, 4.0, 2.0)
+    cpu = ic.parse_cpu_line(stat_text(5 * T, 2 * T, 10 * T, steal=T))
+    assert (cpu["user"], cpu["system"], cpu["idle"], cpu["steal"]) == (5.0, 2.0, 10.0, 1.0)
+    assert ic.parse_loadavg("1.50 0.75 0.25 2/301 4242\n") == ((1.5, 0.75, 0.25), 2)
+
+
+def test_others_are_the_machine_busy_time_minus_our_tree(tmp_path):
+    """Our process (100) and its child (101) used 3 of the machine's 4.5 busy CPU-seconds over
+    2 s; a neighbour (200) used 1.5 and is named; a kernel thread's tick of noise is not."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_proc(a, stat_text(10 * T, 0, 100 * T), {
+        100: pid_text(100, "bench", 1, 5 * T), 101: pid_text(101, "child", 100, 1 * T),
+        200: pid_text(200, "burner", 1, 7 * T), 300: pid_text(300, "kworker", 2, 0), 1: pid_text(1, "init", 0, 0)})
+    write_proc(b, stat_text(10 * T + int(4.5 * T), 0, 100 * T + T // 2, steal=T // 5), {
+        100: pid_text(100, "bench", 1, 7 * T), 101: pid_text(101, "child", 100, 2 * T),
+        200: pid_text(200, "burner", 1, int(8.5 * T)), 300: pid_text(300, "kworker", 2, 1),
+        1: pid_text(1, "init", 0, 0)})
+    ra, rb = ic.read_proc(root=100, proc=a), ic.read_proc(root=100, proc=b)
+    assert rb.own == {100, 101} and rb.loadavg == (0.42, 0.30, 0.20) and rb.running == 3
+    rb.t = ra.t + 2.0
+    iv = ic.interval(ra, rb)
+    assert iv["own_cores"] == pytest.approx(1.5) and iv["others_cores"] == pytest.approx(0.75)
+    assert iv["steal_cores"] == pytest.approx(0.1)
+    assert iv["competitors"] == [{"pid": 200, "name": "burner", "cores": 0.75}]
+
+
+def quiet(others=0.0, steal=0.0, competitors=()):
+    return {"wall_s": 2.0, "others_cores": others, "steal_cores": steal, "own_cores": 0.0,
+            "competitors": list(competitors)}
+
+
+def run_total(others, samples, steal=0.0, competitors=()):
+    return {"total": quiet(others, steal, competitors), "sample_s": 2.0, "samples": samples}
+
+
+def test_decision_on_fabricated_readings():
+    assert ic.decide(quiet(0.03), run_total(0.05, [0.02, 0.3, 0.08]), quiet(0.01), 9.0, 8.0,
+                     10.0) == []
+    burner = [{"pid": 4242, "name": "python", "cores": 0.97}]
+    assert ic.decide(quiet(0.98, competitors=burner), run_total(0.2, [0.1, 0.6]), quiet(0.0),
+                     None, None, None) == [
+        "other processes used 0.98 cores before the run (top: python[4242] 0.97)",
+        "other processes used 0.20 cores on average during the run",
+        "other processes used 0.60 cores in a 2 s interval of the run"]
+    assert ic.decide(quiet(), run_total(0.0, [], steal=0.3), quiet(), 5.0, 9.9, 10.0) == [
+        "memory bandwidth before the run was 5.0 GB/s, under 75% of this machine's idle 10.0 GB/s",
+        "the hypervisor stole 0.30 cores during the run"]
+    # No idle figure for this machine: the bandwidth is recorded, not judged.
+    assert ic.decide(quiet(), run_total(0.0, []), quiet(), 1.0, 1.0, None) == []
+
+
+def test_refusal_is_one_line_and_allow_busy_labels():
+    check = {"verdict": "contended", "reasons": ["a", "b"]}
+    with pytest.raises(SystemExit) as e:
+        ic.settle(dict(check), allow_busy=False)
+    assert e.value.code == ("error: the machine was not idle: a; b. No record written; rerun on an "
+                            "idle machine (or pass --allow-busy to keep it, labelled 'contended: "
+                            "not a result')")
+    assert ic.settle(dict(check), allow_busy=True)["label"] == "contended: not a result"
+    assert ic.settle({"verdict": "idle", "reasons": []}, allow_busy=False) == \
+        {"verdict": "idle", "reasons": []}
+
+
+def bench(args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args, "--out", str(tmp_path / "out"),
+                           "--idle-window", "1.5"], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=ROOT)
+
+
+@pytest.fixture
+def burner():
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.5)
+    yield p
+    p.kill()
+    p.wait()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("idle")
+    model = tc.write_agreeing_checkpoint(d / "pair", seed=3)
+    (d / "corpus.txt").write_text("\n\n".join(tc.CORPUS))
+    (d / "prompts.json").write_text(json.dumps({"code": "def add(a, b):"}))
+    return d, model
+
+
+@pytest.mark.parametrize("script", ["bench_mtp.py", "bench_drafter.py"])
+def test_a_cpu_burning_neighbour_is_refused(script, pair, burner, tmp_path):
+    d, model = pair
+    args = {"bench_mtp.py": ["--block-sizes", "1", "--pairs", "1", "--max-tokens", "4"],
+            "bench_drafter.py": ["--corpus", str(d / "corpus.txt"), "--draft-vocab-size", "128",
+                                 "--pairs", "1", "--max-tokens", "4", "--prompts-json",
+                                 str(d / "prompts.json"), "--work", str(tmp_path / "work")]}[script]
+    r = bench([f"scripts/{script}", "--model", str(model), *args], tmp_path)
+    assert r.returncode == 1, r.stderr
+    line = r.stderr.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("error: the machine was not idle: other processes "
+                                                 "used "), r.stderr
+    assert line[0].endswith("labelled 'contended: not a result')")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_allow_busy_writes_a_labelled_record_naming_the_neighbour(pair, burner, tmp_path):
+    _, model = pair
+    r = bench(["scripts/bench_mtp.py", "--model", str(model), "--block-sizes", "1", "--pairs", "1",
+               "--max-tokens", "4", "--topic", "busy", "--allow-busy"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    js = list((tmp_path / "out").glob("busy-*-contended.json"))
+    assert len(js) == 1
+    data = json.loads(js[0].read_text())
+    check = data["idle_check"]
+    assert data["label"] == check["label"] == "contended: not a result"
+    assert check["verdict"] == "contended" and check["before"]["others_cores"] > 0.5
+    named = {c["pid"] for w in (check["before"], check["after"], check["during"]["total"])
+             for c in w["competitors"]}
+    assert burner.pid in named
+    md = js[0].with_suffix(".md").read_text()
+    assert md.split("\n")[2].startswith("**CONTENDED: NOT A RESULT**: other processes used ")
+    assert "## Idle check" in md and "- Verdict: **contended** (contended: not a result): " in md
