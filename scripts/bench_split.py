@@ -6,7 +6,8 @@ runs the two arms alternated in the same processes (each warmed up once, a fixed
 EOS ignored, temperature 0, every prompt, ``--pairs`` times): MTP at ``--block-size`` and
 mlx-lm's plain decode. Rank 0 reports tok/s (medians over the pairs) and the collectives and
 payload bytes rank 0 exchanged per generated token (prefill included, the exactness probe not),
-and whether both arms gave the same ids. Writes benchmark_results/split-<host>-<date>.md / .json.
+and whether both arms gave the same ids. Writes benchmark_results/split-<host>-<date>.md / .json
+(refused when the machine was not idle: ``scripts/idle_check.py``; ``--no-write`` skips both).
 
     python scripts/bench_split.py                                   # the demo pair, both splits
     python scripts/bench_split.py --model PATH --splits pipeline --pairs 5 --max-tokens 256
@@ -27,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import idle_check  # noqa: E402  (scripts/: refuses a record taken on a busy machine)
 
 PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
@@ -123,7 +126,10 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=42323, help="mlx.launch --starting-port")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per split launch")
     p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--no-write", action="store_true", help="print the table, write nothing")
+    p.add_argument("--no-write", action="store_true",
+                   help="print the table, write nothing (no idle check)")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--split", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -136,17 +142,22 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     args.model_name = Path(args.model).name
+    watch = None if args.no_write else idle_check.Watch(args.idle_window, args.allow_busy)
     records = {s: launch(args, s) for s in args.splits.split(",")}
     text = render(records, args)
+    if args.no_write:
+        print(text)
+        return 0
+    result = idle_check.attach(
+        {"model": args.model, "block_size": args.block_size, "max_tokens": args.max_tokens,
+         "pairs": args.pairs, "hosts": args.hosts or f"{args.ranks} local", "splits": records},
+        watch, args.allow_busy)
+    text = idle_check.annotate(text, result["idle_check"])
     print(text)
-    if not args.no_write:
-        stem = f"split-{socket.gethostname()}-{_dt.date.today().isoformat()}"
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{stem}.md").write_text(text)
-        (args.out / f"{stem}.json").write_text(json.dumps(
-            {"model": args.model, "block_size": args.block_size, "max_tokens": args.max_tokens,
-             "pairs": args.pairs, "hosts": args.hosts or f"{args.ranks} local", "splits": records},
-            indent=1))
+    stem = f"split-{socket.gethostname()}-{_dt.date.today().isoformat()}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     return 0
 
 
