@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from .block_chooser import AUTO
 from .errors import MTPError
 from .speculative import block_size_problem
 
@@ -37,6 +38,16 @@ def block_size(s):
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return v
+
+
+def block_size_or_auto(s):
+    if s == AUTO:
+        return s
+    try:
+        int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {s!r}")
+    return block_size(s)
 
 
 def non_negative_float(s):

@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 PHASES = ("verify", "draft", "accept", "finalize", "residual")
 
 
 @dataclass
 class RunStats:
-    block_size: int = 1
+    block_size: Union[int, str] = 1  # as requested: an integer or "auto"
+    max_block_size: int = 1  # the widest verify the session may use
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     generation_tokens: int = 0
@@ -25,6 +26,8 @@ class RunStats:
     # offered[j] / hits[j]: rounds in which a draft at position j + 1 was made / accepted.
     offered: List[int] = field(default_factory=list)
     hits: List[int] = field(default_factory=list)
+    # block_sizes[w]: rounds whose verify was w tokens wide (w - 1 drafts)
+    block_sizes: Dict[int, int] = field(default_factory=dict)
     phase_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     rounds_s: float = 0.0
     peak_memory_gb: float = 0.0
@@ -69,6 +72,7 @@ class RunStats:
         self.drafted += drafted
         self.accepted += accepted
         self.rounds_s += wall_s
+        self.block_sizes[drafted + 1] = self.block_sizes.get(drafted + 1, 0) + 1
         while len(self.offered) < drafted:
             self.offered.append(0)
             self.hits.append(0)
@@ -106,6 +110,8 @@ class RunStats:
     def to_dict(self) -> dict:
         return {
             "block_size": self.block_size,
+            "max_block_size": self.max_block_size,
+            "block_sizes": {str(w): n for w, n in sorted(self.block_sizes.items())},
             "prompt_tokens": self.prompt_tokens,
             "prompt_tps": self.prompt_tps,
             "generation_tokens": self.generation_tokens,

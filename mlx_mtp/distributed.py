@@ -137,11 +137,16 @@ class Split:
         finally:
             dog.stop()
 
+    def from_rank0(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (one all-sum): for choices a rank makes from its own
+        timings, such as ``--block-size auto``'s drafts per round, which all ranks must share."""
+        mine = mx.array(value if self.rank == 0 else 0)
+        return int(mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).item())
+
     def shared_seed(self) -> int:
         """A seed drawn on rank 0 and given to every rank: sampling at temperature > 0 must draw
         the same tokens on every rank (each rank feeds its own draw to its layers)."""
-        mine = mx.random.randint(0, 2**31 - 1) if self.rank == 0 else mx.array(0)
-        return int(mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).item())
+        return self.from_rank0(mx.random.randint(0, 2**31 - 1).item() if self.rank == 0 else 0)
 
     def log_cache(self, target, cache, committed: int) -> None:
         """Test hook (``MLX_MTP_DIST_CACHE_LOG``): append ``committed <sha256 of this rank's

@@ -15,8 +15,9 @@ from mlx_lm.sample_utils import make_logits_processors
 from tabulate import tabulate
 
 from . import cpu_blas, loading
-from .cli import (Parser, block_size, cli_main, non_negative_float, non_negative_int, positive_int,
-                  temperature, unit_interval)
+from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
+from .cli import (Parser, block_size, block_size_or_auto, cli_main, non_negative_float,
+                  non_negative_int, positive_int, temperature, unit_interval)
 from .demo import model_or_demo
 from .diagnostics import RunStats
 from .distributed import SPLITS
@@ -37,9 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "or the Gemma 4 assistant (gemma4_assistant; required for Gemma 4)")
     p.add_argument("--prompt", default=None, help="prompt text (default: a short code prompt)")
     p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--block-size", type=block_size, default=DEFAULT_BLOCK_SIZE,
+    p.add_argument("--block-size", type=block_size_or_auto, default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
-                        f"decode through the MTP loop)")
+                        f"decode through the MTP loop), or auto: chosen every round from the "
+                        f"acceptance and round costs measured so far (default)")
+    p.add_argument("--max-block-size", type=block_size, default=DEFAULT_MAX_BLOCK_SIZE,
+                   help=f"the widest block --block-size auto may choose (default "
+                        f"{DEFAULT_MAX_BLOCK_SIZE})")
     p.add_argument("--temp", type=temperature, default=0.0, help="sampling temperature")
     p.add_argument("--top-p", type=unit_interval, default=0.0, help="sampling top-p (0: off)")
     p.add_argument("--min-p", type=unit_interval, default=0.0, help="sampling min-p (0: off)")
@@ -91,7 +96,8 @@ def _without_eos(tokens, tokenizer):
 
 def run(args) -> dict:
     args.model = model_or_demo(args.model, args.drafter)
-    need_head = not args.no_mtp and args.block_size > 1
+    widest = args.max_block_size if args.block_size == AUTO else args.block_size
+    need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
     model, tokenizer = loading.load(args.model, drafter=args.drafter, require_head=need_head,
@@ -116,7 +122,9 @@ def run(args) -> dict:
     else:
         stats = RunStats()
         responses = list(stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
-                                         block_size=args.block_size, sampler=sampler, stats=stats,
+                                         block_size=args.block_size,
+                                         max_block_size=args.max_block_size, sampler=sampler,
+                                         stats=stats,
                                          logits_processors=processors, seed=args.seed,
                                          acceptance=args.acceptance))
     text = "".join(r.text for r in responses)
@@ -151,7 +159,10 @@ def _rows_from_result(result: dict):
     if result["mtp_enabled"]:
         rows += [
             ("acceptance rule", result["acceptance_rule"]),
-            ("block size", result["block_size"]),
+            ("block size", result["block_size"] if result["block_size"] != AUTO
+             else f"auto (up to {result['max_block_size']})"),
+            ("block sizes used (width: rounds)", ", ".join(
+                f"{w}: {n}" for w, n in result["block_sizes"].items()) or "-"),
             ("rounds", result["rounds"]),
             ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),
             ("acceptance rate", f"{result['acceptance_rate']:.3f}"),

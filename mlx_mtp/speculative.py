@@ -16,12 +16,13 @@ a drafter that can sample (``draft_sampled``), the walk is speculative sampling 
 from __future__ import annotations
 
 import time
-from typing import Callable, Generator, List, Optional, Tuple
+from typing import Callable, Generator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import draft_profile, gate, sampling
+from . import draft_profile, gate, keyed_sampling, sampling
+from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
 from .model import MTPModel
@@ -47,6 +48,20 @@ def check_block_size(block_size, name: str = "block_size") -> int:
     return block_size
 
 
+def resolve_block_size(block_size, max_block_size: int) -> Tuple[int, Optional[BlockChooser]]:
+    """``(widest verify width the session may use, chooser or None)``: a fixed integer, ``"auto"``
+    (a default ``BlockChooser`` up to ``max_block_size``) or a ``BlockChooser``."""
+    if isinstance(block_size, BlockChooser):
+        return check_block_size(block_size.max_block_size, "the chooser's max block size"), \
+            block_size
+    if block_size == AUTO:
+        widest = check_block_size(max_block_size, "max_block_size")
+        return widest, BlockChooser(widest - 1)
+    if isinstance(block_size, str):
+        raise MTPError(f"block_size must be an integer or 'auto', got {block_size!r}")
+    return check_block_size(block_size), None
+
+
 def _logprobs(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
@@ -56,12 +71,16 @@ def generate_step(prompt, model: MTPModel, **kwargs
     """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
 
     ``model`` is an ``MTPModel``. ``block_size`` is tokens verified per round (drafts + 1);
-    1 is plain decode through the same loop. ``sampler`` and ``logits_processors`` have mlx-lm's
-    meaning; ``logprobs`` are the processed ones, as mlx-lm yields them. ``acceptance``: ``auto``,
-    ``point-mass`` or ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always
-    ``greedy``). ``seed`` seeds the drafting and acceptance key streams of speculative sampling
-    (default: drawn from mlx's global random state). On a split target
-    (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
+    1 is plain decode through the same loop. ``"auto"`` (the default) chooses the drafts of every
+    round, up to ``max_block_size - 1``, from the acceptance and round costs measured so far
+    (``mlx_mtp.block_chooser``; pass a ``BlockChooser`` to tune it); its sampled output is keyed
+    per output position (``mlx_mtp.keyed_sampling``), so it does not depend on the choices.
+    ``sampler`` and ``logits_processors`` have mlx-lm's meaning; ``logprobs`` are the processed
+    ones, as mlx-lm yields them. ``acceptance``: ``auto``, ``point-mass`` or
+    ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always ``greedy``).
+    ``seed`` seeds the key streams of speculative sampling, or under ``auto`` the per-position
+    keys (default: drawn from mlx's global random state).
+    On a split target (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
     """
     steps = _generate_step(prompt, model, **kwargs)
     if getattr(model, "split", None) is None:
@@ -75,7 +94,8 @@ def _generate_step(
     model: MTPModel,
     *,
     max_tokens: int = 256,
-    block_size: int = 3,
+    block_size: Union[int, str, BlockChooser] = AUTO,
+    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
     sampler: Optional[Callable[[mx.array], mx.array]] = None,
     logits_processors: Optional[List[Callable[[mx.array, mx.array], mx.array]]] = None,
     seed: Optional[int] = None,
@@ -83,7 +103,7 @@ def _generate_step(
     prefill_step_size: int = 2048,
     stats: Optional[RunStats] = None,
 ) -> Generator[Tuple[int, mx.array, bool], None, None]:
-    block_size = check_block_size(block_size)
+    block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise MTPError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
@@ -94,18 +114,23 @@ def _generate_step(
     if block_size > 1 and drafter is None:
         raise MTPError("this model has no MTP head: load one with drafter= (--drafter), "
                        "or use block_size=1")
-    rule = sampling.choose_rule(sampler, drafter, acceptance)
+    rule = (sampling.choose_rule if chooser is None else keyed_sampling.choose_rule)(
+        sampler, drafter, acceptance)
     if isinstance(sampler, sampling.Sampler):
         sampler.check_vocab(target.vocab_size)
     sampler = sampler or greedy_sampler  # argmax over the last axis
     processors = list(logits_processors or [])
-    streams = None
-    if rule == sampling.SPECULATIVE:
+    streams = keys = None
+    if rule == sampling.SPECULATIVE or (chooser is not None and rule != sampling.GREEDY):
         if seed is None:
             seed = mx.random.randint(0, 2**31 - 1).item()
-        streams = sampling.RandomStreams(seed)
+        if chooser is None:
+            streams = sampling.RandomStreams(seed)
+        else:  # auto: every output position draws with its own key (mlx_mtp.keyed_sampling)
+            keys = keyed_sampling.PositionKeys(seed)
     stats = stats if stats is not None else RunStats()
-    stats.block_size = block_size
+    stats.block_size = block_size if chooser is None else AUTO
+    stats.max_block_size = block_size
     stats.acceptance_rule = rule
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # Exact or not at all: where a verify block is not byte-identical to single-token decode on
@@ -144,7 +169,10 @@ def _generate_step(
     for proc in processors:
         logits = proc(history, logits)
     logprobs = _logprobs(logits)
-    bonus = sampler(logprobs) if streams is None else sampler.sample(logprobs, streams.target())
+    if keys is not None:
+        bonus = keyed_sampling.draw(sampler, logprobs, keys, 0)
+    else:
+        bonus = sampler(logprobs) if streams is None else sampler.sample(logprobs, streams.target())
     history = sampling.append_history(history, bonus)
     if drafter is not None:
         drafter.prefill(h, bonus)
@@ -158,17 +186,34 @@ def _generate_step(
         split.log_cache(target, cache, L)
     t_gen = time.perf_counter()
     emitted = 1
+    deferred = []  # auto: (hidden, ids) of rounds without drafts, fed to the drafter when it drafts
     stats.generation_tokens = 1
     yield token, logprobs[0], False
 
     while emitted < max_tokens:
-        t_round = time.perf_counter()
         k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
+        t_round = time.perf_counter()
+        if chooser is not None:
+            k = chooser.choose(k)
+            if split is not None:  # timed choices differ per rank: all verify rank 0's width
+                k = split.from_rank0(k)
+            if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
+                with stats.phase("accept"):
+                    drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
+                                   mx.concatenate([d[1] for d in deferred]))
+                    mx.eval(drafter.state_arrays())
+                deferred = []
+        t_choice = time.perf_counter()
         drafts = q = q_ids = None
         if k > 0:
             with stats.phase("draft"):
                 syncs = drafter.syncs
-                if streams is None:
+                if rule == keyed_sampling.COUPLED:
+                    ds = keyed_sampling.CoupledDraftSampler(sampler, keys, emitted,
+                                                            target.vocab_size, processors, history)
+                    drafter.draft_sampled(k, ds)
+                    drafts = ds.drafts()
+                elif streams is None:
                     drafts = drafter.draft(k)
                 else:
                     ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
@@ -185,7 +230,9 @@ def _generate_step(
                 logits = sampling.process_rows(logits, history, block, processors)
             logprobs = _logprobs(logits)
             parts = [] if drafts is None else [drafts]
-            if streams is None:
+            if keys is not None:
+                toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
+            elif streams is None:
                 toks = sampler(logprobs)
             else:
                 accepted, toks = sampling.rejection_sample(
@@ -209,11 +256,16 @@ def _generate_step(
             split.log_cache(target, cache, L + emitted + a)
         bonus = toks[a : a + 1]
         history = sampling.append_history(history, new_ids)
-        if drafter is not None:
+        if drafter is not None and chooser is not None and k == 0:
+            deferred.append((h[:, :1], new_ids))  # no draft next round, maybe: feed it later
+        elif drafter is not None:
             with stats.phase("accept"):
                 drafter.accept(h[:, : a + 1], new_ids)
                 mx.eval(drafter.state_arrays())
-        stats.record_round(k, a, time.perf_counter() - t_round)
+        t_end = time.perf_counter()
+        stats.record_round(k, a, t_end - t_round)
+        if chooser is not None:
+            chooser.observe(k, a, t_end - t_choice)
         n_out = min(a + 1, max_tokens - emitted)
         emitted += n_out
         stats.generation_tokens = emitted

@@ -10,12 +10,13 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationResponse
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from .diagnostics import RunStats
 from .plain import plain_generate_step
 from .speculative import generate_step
 
 DEFAULT_MAX_TOKENS = 256
-DEFAULT_BLOCK_SIZE = 3
+DEFAULT_BLOCK_SIZE = AUTO
 
 
 @dataclass
@@ -35,15 +36,17 @@ def encode_prompt(tokenizer, prompt: Union[str, List[int], mx.array]) -> mx.arra
 
 
 def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                    block_size: int = DEFAULT_BLOCK_SIZE, sampler=None,
-                    stats: Optional[RunStats] = None, **kwargs) -> Generator:
+                    block_size=DEFAULT_BLOCK_SIZE, max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
+                    sampler=None, stats: Optional[RunStats] = None, **kwargs) -> Generator:
     """Yield mlx-lm-style responses; the last one carries the run's ``stats`` (``RunStats``).
+    ``block_size``: an integer, or ``"auto"`` (drafts chosen per round, up to
+    ``max_block_size - 1``; see ``generate_step``).
 
     Stops at an EOS token like mlx-lm's ``stream_generate``.
     """
     tokenizer, prompt, stats = _start(tokenizer, prompt, stats)
     tokens = generate_step(prompt, model, max_tokens=max_tokens, block_size=block_size,
-                           sampler=sampler, stats=stats, **kwargs)
+                           max_block_size=max_block_size, sampler=sampler, stats=stats, **kwargs)
     yield from _responses(tokens, tokenizer, prompt, max_tokens, stats)
 
 

@@ -9,7 +9,12 @@ record's pictures (``scripts/record_plots.py``; needs the ``bench`` extra, else 
 with one line): tok/s per block size, per-position acceptance, the round split.
 
     python scripts/bench_mtp.py --model PATH [--drafter D] --block-sizes 1,2,3,4,5 --pairs 5
+    python scripts/bench_mtp.py --model PATH --block-sizes 1,3,5,auto --max-block-size 6
     python scripts/bench_mtp.py --render RECORD.json    # redraw a record's pictures, no run
+
+``auto`` is an arm like a block size (``--block-size auto``, widths up to ``--max-block-size``);
+with it the record adds a per-prompt table: auto against the best fixed block size and against
+plain decode on each prompt, and the widths auto chose.
 
 With ``--temp > 0`` both arms sample (mlx_mtp's ``make_sampler``, mlx-lm semantics; the plain arm is
 still mlx-lm's own ``generate_step``), each run seeded with ``--seed`` + run index, and the record
@@ -23,9 +28,11 @@ import datetime as _dt
 import json
 import os
 import platform
+import random
 import shlex
 import socket
 import statistics
+import string
 import subprocess
 import sys
 import time
@@ -52,7 +59,19 @@ DEFAULT_PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
     "prose": "The history of the Python programming language begins in the late 1980s, when",
     "enumeration": "# The days of the week:\n# 1. Monday\n# 2. Tuesday\n# 3.",
+    "random": None,  # filled in below: text no head can predict
 }
+AUTO = "auto"
+
+
+def random_characters(n: int = 64, seed: int = 0) -> str:
+    """Fixed random printable characters (the same every run): text no head can predict."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_letters + string.digits + "!#$%&*+-/=?@^~")
+                   for _ in range(n))
+
+
+DEFAULT_PROMPTS["random"] = random_characters()
 
 
 # ------------------------------------------------------------------------------ measurements
@@ -107,14 +126,14 @@ def plain_decode(mlx_model, prompt: mx.array, n: int, sampler=None):
     return toks, t1 - t0, time.perf_counter() - t1
 
 
-def mtp_decode(model, prompt: mx.array, n: int, block_size: int, sampler=None,
-               acceptance: str = "auto", seed=None):
+def mtp_decode(model, prompt: mx.array, n: int, block_size, sampler=None,
+               acceptance: str = "auto", seed=None, max_block_size: int = 6):
     stats = RunStats()
     t0 = time.perf_counter()
     toks, t1 = [], None
     for tok, _, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
-                                           stats=stats, sampler=sampler, acceptance=acceptance,
-                                           seed=seed):
+                                           max_block_size=max_block_size, stats=stats,
+                                           sampler=sampler, acceptance=acceptance, seed=seed):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)
@@ -126,7 +145,8 @@ def mtp_decode(model, prompt: mx.array, n: int, block_size: int, sampler=None,
 
 def run(args) -> dict:
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
-                                    require_head=max(args.block_sizes) > 1)
+                                    require_head=max(_widest(b, args)
+                                                     for b in args.block_sizes) > 1)
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n = args.max_tokens
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, top_k=args.top_k)
@@ -134,15 +154,15 @@ def run(args) -> dict:
     warm = next(iter(prompts.values()))
     plain_decode(model.mlx_model, warm, 8, sampler)
     for bs in args.block_sizes:
-        mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed)
+        mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed, args.max_block_size)
     run_index = 0
 
-    raw = {"classic": [], **{f"mtp{bs}": [] for bs in args.block_sizes}}
+    raw = {"classic": [], **{_arm(bs): [] for bs in args.block_sizes}}
     exact = {bs: True for bs in args.block_sizes}
     for pair in range(args.pairs):
         for name, prompt in prompts.items():
             order = args.block_sizes if pair % 2 == 0 else list(reversed(args.block_sizes))
-            arms = [("classic", None)] + [(f"mtp{bs}", bs) for bs in order]
+            arms = [("classic", None)] + [(_arm(bs), bs) for bs in order]
             if pair % 2:
                 arms = arms[1:] + arms[:1]  # alternate which arm goes first
             results = {}
@@ -154,13 +174,14 @@ def run(args) -> dict:
                     results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
                 else:
                     toks, ps, gs, st = mtp_decode(model, prompt, n, bs, sampler, args.acceptance,
-                                                  args.seed + run_index)
+                                                  args.seed + run_index, args.max_block_size)
                     results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
                                     "stats": st.to_dict()}
-            for arm, r in results.items():
+            for arm, bs in arms:
+                r = results[arm]
                 r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
-                if arm != "classic":
-                    exact[int(arm[3:])] &= r["tokens"] == results["classic"]["tokens"]
+                if bs is not None:
+                    exact[bs] &= r["tokens"] == results["classic"]["tokens"]
                 raw[arm].append({"pair": pair, "prompt": name, **{k: v for k, v in r.items()
                                                                    if k != "tokens"}})
             print(f"pair {pair} {name}: " + ", ".join(
@@ -176,7 +197,7 @@ def summarize(args, model, raw, exact, bw) -> dict:
     floors = step_bytes(model)
     classic_ms = statistics.median(1e3 / r["tps"] for r in classic)
     for bs in args.block_sizes:
-        arm = raw[f"mtp{bs}"]
+        arm = raw[_arm(bs)]
         ratios = [r["tps"] / by_key[(r["pair"], r["prompt"])]["tps"] for r in arm]
         st = [r["stats"] for r in arm]
         rounds = sum(s["rounds"] for s in st)
@@ -210,6 +231,8 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "mtp_enabled": all(s["mtp_enabled"] for s in st),
             "gate_reason": st[0]["gate_reason"] if st else "",
             "exactness": st[0]["exactness"] if st else {},
+            # rounds per verify width, summed over the arm's runs
+            "block_sizes": _sum_widths(s.get("block_sizes", {}) for s in st),
         })
     result = {
         **record_setup(args.topic),
@@ -222,9 +245,49 @@ def summarize(args, model, raw, exact, bw) -> dict:
         "classic_step_ms": classic_ms,
         "drafter_step_floor_ms": (floors["drafter_step_bytes"] / bw / 1e6
                                   if "drafter_step_bytes" in floors else None),
-        "rows": rows, "raw": raw,
+        "max_block_size": args.max_block_size if AUTO in args.block_sizes else None,
+        "rows": rows, "per_prompt": per_prompt(args, raw), "raw": raw,
     }
     return result
+
+
+def _arm(bs) -> str:
+    return f"mtp{bs}"
+
+
+def _widest(bs, args) -> int:
+    return args.max_block_size if bs == AUTO else bs
+
+
+def _sum_widths(dicts) -> dict:
+    total = {}
+    for d in dicts:
+        for w, n in d.items():
+            total[w] = total.get(w, 0) + n
+    return {w: total[w] for w in sorted(total, key=int)}
+
+
+def per_prompt(args, raw) -> list:
+    """Per prompt: each arm's median tok/s and, for auto, its ratio to the best fixed block size
+    and to plain decode (medians of that prompt's pairs), and the widths it chose."""
+    out = []
+    for name in args.prompts:
+        tps = {arm: statistics.median(r["tps"] for r in runs if r["prompt"] == name)
+               for arm, runs in raw.items()}
+        row = {"prompt": name, "classic_tps": tps["classic"],
+               "mtp_tps": {str(bs): tps[_arm(bs)] for bs in args.block_sizes}}
+        fixed = [bs for bs in args.block_sizes if bs != AUTO]
+        if AUTO in args.block_sizes:
+            auto = tps[_arm(AUTO)]
+            row["auto_vs_plain"] = auto / tps["classic"]
+            if fixed:
+                best = max(fixed, key=lambda b: tps[_arm(b)])
+                row["best_fixed"] = best
+                row["auto_vs_best_fixed"] = auto / tps[_arm(best)]
+            row["auto_block_sizes"] = _sum_widths(
+                r["stats"]["block_sizes"] for r in raw[_arm(AUTO)] if r["prompt"] == name)
+        out.append(row)
+    return out
 
 
 # ------------------------------------------------------------------------------ the record
@@ -322,6 +385,7 @@ def render(r: dict) -> str:
             f"{row['ratio_median']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
             f"{row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | {pp} | "
             f"{_identical_text(row.get('identical_to_classic'))} |")
+    lines += _per_prompt_lines(r)
     lines += ["", "## Round split (ms per round, share)", "",
               "| block | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
     for row in r["rows"]:
@@ -345,6 +409,28 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _per_prompt_lines(r: dict) -> list:
+    rows = r.get("per_prompt") or []
+    if not rows:
+        return []
+    arms = list(rows[0]["mtp_tps"])
+    auto = "auto_vs_plain" in rows[0]
+    head = ["prompt", "classic tok/s"] + [f"block {a} tok/s" for a in arms]
+    if auto:
+        head += ["auto / best fixed", "auto / plain", "widths auto chose (width: rounds)"]
+    lines = ["", "## Per prompt (medians over pairs)", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for p in rows:
+        cells = [p["prompt"], f"{p['classic_tps']:.1f}"] + [f"{p['mtp_tps'][a]:.1f}" for a in arms]
+        if auto:
+            vs_fixed = (f"{p['auto_vs_best_fixed']:.2f}x (block {p['best_fixed']})"
+                        if "auto_vs_best_fixed" in p else "-")
+            cells += [vs_fixed, f"{p['auto_vs_plain']:.2f}x",
+                      ", ".join(f"{w}: {n}" for w, n in p["auto_block_sizes"].items())]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def _sampling_text(r: dict) -> str:
     t = r.get("temperature", 0.0)
     if not t:
@@ -363,7 +449,10 @@ def main(argv=None):
     p.add_argument("--model", help="the target (required unless --render)")
     p.add_argument("--drafter")
     p.add_argument("--topic", default="mtp")
-    p.add_argument("--block-sizes", default="1,2,3,4,5")
+    p.add_argument("--block-sizes", default="1,2,3,4,5",
+                   help="comma-separated arms: block sizes and/or auto, e.g. 1,3,5,auto")
+    p.add_argument("--max-block-size", type=int, default=6,
+                   help="the widest block the auto arm may choose")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration)")
@@ -385,10 +474,16 @@ def main(argv=None):
         return rerender_record(args.render, render, "mtp", args.summary)
     if not args.model:
         p.error("--model is required (or --render RECORD.json)")
-    args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
+    try:
+        args.block_sizes = [b if b == AUTO else int(b) for b in args.block_sizes.split(",")]
+    except ValueError:
+        p.error(f"--block-sizes: expected comma-separated block sizes or auto, got "
+                f"{args.block_sizes!r}")
     args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
-    if args.pairs < 1 or args.max_tokens < 2 or any(b < 1 for b in args.block_sizes):
-        p.error("--pairs >= 1, --max-tokens >= 2 and block sizes >= 1 are required")
+    if (args.pairs < 1 or args.max_tokens < 2 or args.max_block_size < 1
+            or any(b != AUTO and b < 1 for b in args.block_sizes)):
+        p.error("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1 and block sizes >= 1 "
+                "are required")
     watch = idle_check.Watch(args.idle_window, args.allow_busy)
     result = idle_check.attach(run(args), watch, args.allow_busy)
     if args.summary:

@@ -93,12 +93,20 @@ def _tps_range(runs, fallback: float) -> tuple:
     return (min(tps), max(tps)) if tps else (fallback, fallback)
 
 
+def _x_positions(arms) -> list:
+    """Block sizes as x positions; a non-numeric arm ("auto") goes one past the widest fixed."""
+    fixed = [a for a in arms if isinstance(a, int)]
+    extra = (max(fixed) if fixed else 0) + 1
+    return [a if isinstance(a, int) else extra for a in arms]
+
+
 def _mtp_tps(ax, r: dict) -> None:
     rows = r["rows"]
     raw = r.get("raw") or {}
-    bs = [row["block_size"] for row in rows]
+    arms = [row["block_size"] for row in rows]
+    bs = _x_positions(arms)  # an "auto" arm sits one step right of the widest fixed block
     med = [row["mtp_tps"] for row in rows]
-    rng = [_tps_range(raw.get(f"mtp{b}"), m) for b, m in zip(bs, med)]
+    rng = [_tps_range(raw.get(f"mtp{a}"), m) for a, m in zip(arms, med)]
     plain = rows[0]["classic_tps"]
     plo, phi = _tps_range(raw.get("classic"), plain)
     ax.axhspan(plo, phi, color="#8c8c8c", alpha=0.18, lw=0)
@@ -126,7 +134,7 @@ def _mtp_tps(ax, r: dict) -> None:
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xticks(bs)
+    ax.set_xticks(bs, [str(a) for a in arms])
     ax.set_xlim(min(bs) - 0.4, max(bs) + 0.6)
     ax.set_xlabel("block size (tokens verified per round); label: MTP / plain, median of pairs")
     ax.set_ylabel("tok/s (log scale)")

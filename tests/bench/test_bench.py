@@ -24,7 +24,9 @@ def test_bench_writes_markdown_and_json(tmp_path):
     assert all(r["identical_to_classic"] for r in data["rows"])
     three = data["rows"][1]
     assert three["acceptance"] > 0.9 and len(three["per_position_acceptance"]) == 2
-    assert len(data["raw"]["classic"]) == 2 * 3 and len(data["raw"]["mtp3"]) == 2 * 3
+    n_prompts = len(bench_mtp.DEFAULT_PROMPTS)  # code, prose, a repetitive list, random characters
+    assert n_prompts == 4
+    assert len(data["raw"]["classic"]) == 2 * 4 and len(data["raw"]["mtp3"]) == 2 * 4
     assert data["cpu_blas"] == result["cpu_blas"] and data["bandwidth_gbs"] > 0
     text = md[0].read_text()
     assert three["mtp_enabled"] and three["exactness"]["verdict"] == "equal"
@@ -60,3 +62,40 @@ def test_bench_at_temperature_states_the_rule_and_claims_no_identity(tmp_path):
     text = next((tmp_path / "out").glob("hot-*.md")).read_text()
     assert "T=1.0, top-p 0.0, top-k 0, seed 5 (+ run index), acceptance rule point-mass" in text
     assert "| n/a (sampled) |" in text
+
+
+def test_bench_auto_arm_reports_per_prompt_against_the_best_fixed_block(tmp_path):
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    bench_mtp.main(["--model", str(model), "--block-sizes", "1,3,auto", "--max-block-size", "4",
+                    "--pairs", "1", "--max-tokens", "10", "--out", str(tmp_path / "out"),
+                    "--topic", "auto", "--allow-busy"])
+    data = json.loads(next((tmp_path / "out").glob("auto-*.json")).read_text())
+    assert [r["block_size"] for r in data["rows"]] == [1, 3, "auto"]
+    auto = data["rows"][2]
+    assert auto["identical_to_classic"] and auto["mtp_enabled"]
+    assert [w["width"] for w in auto["exactness"]["widths"]] == [2, 3, 4]
+    runs = data["raw"]["mtpauto"]
+    assert sum(auto["block_sizes"].values()) == sum(r["stats"]["rounds"] for r in runs)
+    assert set(auto["block_sizes"]) <= {"1", "2", "3", "4"} and data["max_block_size"] == 4
+    assert [p["prompt"] for p in data["per_prompt"]] == list(bench_mtp.DEFAULT_PROMPTS)
+    for p in data["per_prompt"]:
+        fixed = {b: p["mtp_tps"][b] for b in ("1", "3")}
+        best = max(fixed, key=fixed.get)
+        assert p["best_fixed"] == int(best)
+        assert p["auto_vs_best_fixed"] == p["mtp_tps"]["auto"] / fixed[best]
+        assert p["auto_vs_plain"] == p["mtp_tps"]["auto"] / p["classic_tps"]
+    text = next((tmp_path / "out").glob("auto-*.md")).read_text()
+    assert "## Per prompt (medians over pairs)" in text
+    assert "| prompt | classic tok/s | block 1 tok/s | block 3 tok/s | block auto tok/s | " \
+           "auto / best fixed | auto / plain | widths auto chose (width: rounds) |" in text
+    assert "- block auto: MTP ran; verdict equal; all widths equal" in text
+
+
+def test_bench_rejects_a_bad_arm(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        bench_mtp.main(["--model", "x", "--block-sizes", "1,fast"])
+    assert e.value.code == 2
+    assert "--block-sizes: expected comma-separated block sizes or auto, got '1,fast'" in \
+        capsys.readouterr().err

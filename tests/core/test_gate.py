@@ -259,7 +259,7 @@ def _cli_in_process(argv, capsys):
 
 def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     args = ["--model", str(dense_dir), "--prompt", PROMPT, "--max-tokens", "10",
-            "--ignore-chat-template"]
+            "--block-size", "3", "--ignore-chat-template"]
     rc, out, _ = _cli_in_process(args + ["--json"], capsys)
     result = json.loads(out)
     assert rc == 0 and result["mtp_enabled"] is True
@@ -290,7 +290,7 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
         return MTPModel(model.mlx_model, PerturbedVerify(model.target), model.drafter), tok
 
     args = ["--model", str(dense_dir), "--prompt", PROMPT, "--max-tokens", "10",
-            "--ignore-chat-template"]
+            "--block-size", "3", "--ignore-chat-template"]
     rc, out, _ = _cli_in_process(args + ["--no-mtp", "--json"], capsys)
     plain = json.loads(out)
     monkeypatch.setattr(loading, "load", load_perturbed)

@@ -28,12 +28,13 @@ def main():
     model, _ = mlx_mtp.load(model_dir, split=None if alone else split_kind)
     split = model.split
     result = {"rank": 0 if alone else split.rank}
-    for arm, block in (("mtp", 3),) if alone else (("mtp", 3), ("chain", 1)):
+    arms = (("mtp", 3),) if alone else (("mtp", 3), ("chain", 1), ("auto", "auto"))
+    for arm, block in arms:
         if not alone:
             split.cache_log = f"{out}/{arm}"
         stats = RunStats()
         ids = [t for t, _, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
-                                              block_size=block, stats=stats)]
+                                              block_size=block, max_block_size=4, stats=stats)]
         result[arm] = {"tokens": ids, **{k: v for k, v in stats.to_dict().items()
                                           if k != "draft_profile"}}
     if alone:

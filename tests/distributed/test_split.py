@@ -130,6 +130,19 @@ def test_split_caches_equal_the_chain_after_every_round(split_run):
         assert _log(out / "mtp.rank0")[-1][1] != _log(out / "mtp.rank1")[-1][1]
 
 
+def test_split_auto_block_size_verifies_rank0s_choice_everywhere(split_run):
+    _, _, out, ranks = split_run
+    logs = [_log(out / f"auto.rank{r}") for r in (0, 1)]
+    # Same rounds and committed lengths on both ranks (each times its own rounds, but every rank
+    # verifies rank 0's choice), and each rank's caches are the chain's at those lengths.
+    assert [n for n, _ in logs[0]] == [n for n, _ in logs[1]]
+    for r, res in enumerate(ranks):
+        assert res["auto"]["tokens"] == res["plain"]["tokens"]
+        assert len(logs[r]) == res["auto"]["rounds"] + 1
+        chain = dict(_log(out / f"chain.rank{r}"))
+        assert all(chain[n] == digest for n, digest in logs[r])
+
+
 def test_split_sampling_draws_the_same_tokens_on_every_rank(split_run):
     _, _, out, ranks = split_run
     assert ranks[0]["sampled"]["seed"] == ranks[1]["sampled"]["seed"]

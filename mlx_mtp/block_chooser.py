@@ -1,0 +1,169 @@
+"""``block_size="auto"``: choose each round's number of drafts from what the session measured.
+
+The arithmetic: with conditional acceptances a_1..a_K (a_j = P(draft j kept | drafts 1..j-1
+kept)) a round of k drafts emits on average
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        (the 1 is the target's own token)
+and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide (drafting
+included). The chooser takes the k that maximises E(k) / c(k + 1): expected tokens per second.
+
+What it measures, from the session's own rounds (nothing is assumed about the device):
+- acceptance: per position, counts of the rounds that judged that draft, decaying by ``decay`` at
+  each new one (recent rounds weigh more; a stretch of rounds that never reach a position leaves
+  its estimate as it was), shrunk towards a prior worth ``prior_weight`` rounds: ``prior`` for
+  position 1, the estimate of position j - 1 for position j (a deeper draft is assumed as good as
+  the one before it until measured). The prior keeps one early rejection from ruling drafting out.
+- cost: per width, the median of its last ``cost_window`` round times.
+Exploration, deterministic (no random numbers; the same measurements give the same choices):
+- the first width above the measured ones is valued optimistically at the cost of the dearest
+  measured width below it (a wider round never costs less), so it is tried exactly when
+  that optimistic arithmetic says it could win, and then its own number decides; wider ones wait
+  (exploring upwards, one width at a time, costs little where drafts do not pay);
+- a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
+  rounds is valued the same optimistic way (hill-climbing: an outlier sample or a drift next to the
+  choice gets corrected; far widths keep their last measurement, so text the head cannot predict
+  does not pay for re-measuring wide blocks);
+- width 1 (no drafts) is measured in the first round and re-measured every ``stale_rounds``;
+- after a run of rounds without drafts, one round drafts 1 token (a probe), so a stretch where
+  drafting did not pay does not hide a later one where it does. The run is 4 rounds at first,
+  doubles after each rejected probe up to ``probe_every``, and is 4 again after any other
+  drafting round (an early rejection, or a first round at a width that paid one-time costs, is
+  re-checked soon; text no head predicts pays for few probes).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence
+
+from .errors import MTPError
+
+AUTO = "auto"
+PROBE_FIRST = 4  # rounds without drafts before the first probe
+DEFAULT_MAX_BLOCK_SIZE = 6
+
+
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: tokens a round of ``k`` drafts emits on average."""
+    total, run = 1.0, 1.0
+    for a in acceptance[:k]:
+        run *= a
+        total += run
+    return total
+
+
+def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]]) -> int:
+    """The k in 0..min(len(acceptance), len(costs) - 1) maximising E(k) / costs[k]; ``costs[k]``
+    is the cost of a round of width k + 1 (None: not a candidate). Ties go to the fewer drafts.
+    Pure."""
+    if not costs or costs[0] is None:
+        raise ValueError("costs must hold at least the cost of width 1")
+    best, best_rate = 0, None
+    for k in range(min(len(acceptance), len(costs) - 1) + 1):
+        if costs[k] is None:
+            continue
+        rate = expected_tokens(acceptance, k) / costs[k]
+        if best_rate is None or rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+class BlockChooser:
+    """Chooses the drafts of each round (``choose``) and learns from its outcome (``observe``).
+
+    Pass one as ``block_size`` to ``generate_step`` to tune these settings; ``"auto"`` makes a
+    default one with ``max_drafts = max_block_size - 1``.
+    """
+
+    def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
+                 decay: float = 0.95, cost_window: int = 5, stale_rounds: int = 64,
+                 probe_every: int = 32):
+        if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
+            raise MTPError(f"max_drafts must be a non-negative integer, got {max_drafts!r}")
+        if not 0.0 <= prior <= 1.0 or prior_weight <= 0 or not 0.0 < decay <= 1.0:
+            raise MTPError("BlockChooser needs 0 <= prior <= 1, prior_weight > 0, 0 < decay <= 1")
+        if cost_window < 1 or stale_rounds < 1 or probe_every < 1:
+            raise MTPError("BlockChooser needs cost_window, stale_rounds, probe_every >= 1")
+        self.max_drafts = max_drafts
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.stale_rounds, self.probe_every = stale_rounds, probe_every
+        self.hits = [0.0] * max_drafts  # decayed: rounds that kept draft j + 1
+        self.tests = [0.0] * max_drafts  # decayed: rounds that judged draft j + 1
+        self.samples: Dict[int, Deque[float]] = {w: deque(maxlen=cost_window)
+                                                 for w in range(1, max_drafts + 2)}
+        self.median: Dict[int, float] = {}  # width -> median of its samples (kept current)
+        self.measured_at: Dict[int, int] = {}  # width -> round of its latest sample
+        self.round = 0  # rounds observed
+        self.undrafted = 0  # consecutive rounds without drafts
+        self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
+        self._probing = False  # the last choice was a probe
+
+    @property
+    def max_block_size(self) -> int:
+        return self.max_drafts + 1
+
+    # ------------------------------------------------------------------ estimates
+
+    def acceptance(self) -> List[float]:
+        """Conditional acceptance estimates a_1..a_K."""
+        out, prior = [], self.prior
+        for h, t in zip(self.hits, self.tests):
+            prior = (h + self.prior_weight * prior) / (t + self.prior_weight)
+            out.append(prior)
+        return out
+
+    def _fresh(self, w: int) -> bool:
+        at = self.measured_at.get(w)
+        return at is not None and self.round - at < self.stale_rounds
+
+    def costs(self, refresh: Sequence[int] = ()) -> List[Optional[float]]:
+        """Cost per width 1..K+1 (index w - 1) as the choice uses it: the median of the recent
+        samples, or the optimistic bound for the first unmeasured width above a measured one or a
+        stale one in ``refresh`` (None: not a candidate)."""
+        out: List[Optional[float]] = []
+        bound: Optional[float] = None  # the dearest measured narrower width's cost
+        for w in range(1, self.max_drafts + 2):
+            own = self.median.get(w)
+            fresh = self._fresh(w)
+            if own is None:
+                out.append(bound if bound is not None and w - 1 in self.median else None)
+            elif bound is not None and w in refresh and not fresh:
+                out.append(min(own, bound))
+            else:
+                out.append(own)
+            if own is not None:
+                bound = own if bound is None else max(bound, own)
+        return out
+
+    # ------------------------------------------------------------------ the choice
+
+    def choose(self, limit: Optional[int] = None) -> int:
+        """Drafts for the next round, at most ``limit`` (the token budget's bound)."""
+        limit = self.max_drafts if limit is None else max(0, min(limit, self.max_drafts))
+        if limit == 0 or not self._fresh(1):
+            return 0  # width 1 is the baseline every other width is judged against
+        acceptance = self.acceptance()[:limit]
+        k = best_drafts(acceptance, self.costs()[: limit + 1])
+        neighbours = [w for w in (k, k + 2) if 1 < w <= limit + 1 and not self._fresh(w)]
+        if neighbours:
+            k = best_drafts(acceptance, self.costs(neighbours)[: limit + 1])
+        self._probing = k == 0 and self.undrafted >= self.probe_gap
+        return 1 if self._probing else k
+
+    def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
+        """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
+        self.round += 1
+        for j in range(min(accepted + 1, drafts)):  # drafts past the first rejection: unjudged
+            self.tests[j] = self.tests[j] * self.decay + 1.0
+            self.hits[j] = self.hits[j] * self.decay + (j < accepted)
+        w = drafts + 1
+        self.samples[w].append(wall_s)
+        self.median[w] = statistics.median(self.samples[w])
+        self.measured_at[w] = self.round
+        self.undrafted = self.undrafted + 1 if drafts == 0 else 0
+        if drafts:  # back off after a rejected probe; else start again from the shortest run
+            self.probe_gap = (min(2 * self.probe_gap, self.probe_every)
+                              if self._probing and not accepted
+                              else min(PROBE_FIRST, self.probe_every))
+        self._probing = False
+
