@@ -495,7 +495,7 @@ def main(argv=None):
 def write_record(out: Path, result: dict, render_fn, kind: str = "mtp") -> None:
     """``<topic>-<host>-<date>.json``, the ``.md`` that ``render_fn`` makes of it with the idle
     check in it (``-contended`` in the name when the machine was not idle), and the record's
-    pictures (``record_plots``, ``kind`` "mtp" or "drafter") linked from the ``.md``."""
+    pictures (``record_plots``, ``kind`` "mtp", "drafter" or "server") linked from the ``.md``."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
     stem += "-contended" if idle_check.is_contended(result) else ""

@@ -39,12 +39,15 @@ def available() -> bool:
 
 
 def check(record: dict, kind: str) -> str | None:
-    """Why ``record`` cannot be drawn as ``kind`` ("mtp" or "drafter"), or None if it can."""
+    """Why ``record`` cannot be drawn as ``kind`` ("mtp", "drafter", "server"), or None."""
     if not isinstance(record, dict) or not isinstance(record.get("rows"), list) or not record["rows"]:
         return "not a benchmark record (no 'rows')"
     need = {"mtp": ("block_size", "mtp_tps", "classic_tps", "per_position_acceptance", "round_ms"),
-            "drafter": ("arm", "step_ms", "step_floor_ms", "accept_ms", "round_ms")}[kind]
-    script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py"}[kind]
+            "drafter": ("arm", "step_ms", "step_floor_ms", "accept_ms", "round_ms"),
+            "server": ("prompt", "plain_decode_tps", "mtp_decode_tps", "plain_ttft_ms",
+                       "mtp_ttft_ms")}[kind]
+    script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
+              "server": "bench_server.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
         return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
@@ -254,6 +257,34 @@ def _drafter_rounds(ax, r: dict) -> None:
     _title(ax, r, f"round split per arm, block {r.get('block_size', '?')}")
 
 
+def _server_bars(ax, r: dict, key: str, unit: str, what: str) -> None:
+    """Plain vs MTP per prompt, side by side (bench_server.py: medians of the pairs)."""
+    rows = r["rows"]
+    xs = range(len(rows))
+    top = 0.0
+    for dx, arm, color in ((-0.2, "plain", "#8c8c8c"), (0.2, "mtp", COLORS["verify"])):
+        vals = [row[f"{arm}_{key}"] or 0.0 for row in rows]
+        top = max([top, *vals])
+        ax.bar([x + dx for x in xs], vals, width=0.4, color=color,
+               label="--no-mtp (mlx-lm plain decode)" if arm == "plain" else "MTP")
+    ax.set_ylim(0, top * 1.3 or 1.0)  # headroom: the legend sits above the bars
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([row["prompt"] for row in rows])
+    ax.set_ylabel(unit)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    _title(ax, r, what)
+
+
+def _server_tps(ax, r: dict) -> None:
+    _server_bars(ax, r, "decode_tps", "tok/s (client side, after the first token)",
+                 "streamed decode tok/s per prompt")
+
+
+def _server_ttft(ax, r: dict) -> None:
+    _server_bars(ax, r, "ttft_ms", "ms", "time to first token per prompt")
+
+
 FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "mtp": [("tps", "tok/s per block size", _mtp_tps),
             ("acceptance", "per-position acceptance per block size", _mtp_acceptance),
@@ -261,6 +292,8 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "drafter": [("step", "drafter step and accept hook vs their read floor, per arm",
                  _drafter_step),
                 ("rounds", "round split per arm", _drafter_rounds)],
+    "server": [("tps", "streamed decode tok/s per prompt, MTP vs --no-mtp", _server_tps),
+               ("ttft", "time to first token per prompt, MTP vs --no-mtp", _server_ttft)],
 }
 
 

@@ -1,0 +1,11 @@
+"""``python -m mlx_mtp.server``: an OpenAI-compatible HTTP server that decodes with MTP.
+
+  schema.py     request bodies -> a checked GenerationRequest (mlx_lm.server's fields and defaults)
+  engine.py     the loaded model: prompt ids, then Started / Delta / Finished events
+  worker.py     the one decode thread and its bounded FIFO queue
+  responses.py  OpenAI response bodies, each ending one with usage and an ``mtp`` object
+  app.py        the Starlette routes, server-sent events, disconnects
+  __main__.py   the command line (uvicorn)
+
+Needs the ``server`` extra: ``pip install 'mlx-mtp[server]'`` (starlette, uvicorn).
+"""

@@ -1,0 +1,96 @@
+"""The command line: load once, warm up, serve with uvicorn on 127.0.0.1 by default."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
+from mlx_mtp import MTPError, cli
+from mlx_mtp.demo import model_or_demo
+
+DEFAULT_MAX_QUEUE = 16
+# On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
+GRACEFUL_SHUTDOWN_S = 3
+
+
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog="python -m mlx_mtp.server",
+                   description="OpenAI-compatible HTTP server decoding with MTP (exact at T=0). "
+                               "No authentication: it binds 127.0.0.1 unless --host says "
+                               "otherwise.")
+    p.add_argument("--model", help="local folder or Hugging Face repo id of the target "
+                   "(default: the embedded demo pair)")
+    p.add_argument("--drafter",
+                   help="folder or repo id of a separate MTP head or Gemma 4 assistant")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=cli.non_negative_int, default=8080,
+                   help="port (default: 8080)")
+    p.add_argument("--block-size", type=cli.block_size_or_auto, default=None,
+                   help="tokens verified per round, drafts + 1, or auto (default: the library's)")
+    p.add_argument("--max-block-size", type=cli.block_size, default=None,
+                   help="the widest block --block-size auto may choose (default: the library's)")
+    p.add_argument("--max-queue", type=cli.positive_int, default=DEFAULT_MAX_QUEUE,
+                   help="requests that may wait while one decodes; more get 429 "
+                        f"(default: {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--no-mtp", action="store_true",
+                   help="serve mlx-lm's plain decode of the same target, for comparison")
+    # Defaults for fields a request leaves out, as mlx_lm.server's flags.
+    p.add_argument("--max-tokens", type=cli.positive_int, default=512,
+                   help="default max_tokens (default: 512)")
+    p.add_argument("--temp", type=cli.temperature, default=0.0, help="default temperature (0.0)")
+    p.add_argument("--top-p", type=cli.unit_interval, default=1.0, help="default top_p (1.0)")
+    p.add_argument("--top-k", type=cli.non_negative_int, default=0, help="default top_k (0: off)")
+    p.add_argument("--min-p", type=cli.unit_interval, default=0.0, help="default min_p (0.0)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error", "critical"])
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import uvicorn
+
+        from .app import build_app
+    except ImportError as e:
+        sys.stderr.write(f"error: mlx_mtp.server needs the server extra "
+                         f"(pip install 'mlx-mtp[server]'): {e}\n")
+        return 1
+    from .engine import Engine
+    from .schema import Defaults
+    from .worker import Worker
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    try:
+        model = model_or_demo(args.model, args.drafter)
+    except MTPError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+    worker = Worker(lambda: Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
+                                        block_size=args.block_size,
+                                        max_block_size=args.max_block_size), args.max_queue)
+    try:
+        worker.start()
+    except MTPError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+    mtp = worker.warm_up.mtp
+    model_id = args.model or "mlx_mtp-demo-pair"
+    print(f"mlx_mtp.server: {model_id} on http://{args.host}:{args.port} "
+          f"(MTP {'on' if mtp['mtp_enabled'] else 'off'}: {mtp['gate_reason']}; "
+          f"queue {args.max_queue}; no authentication)", flush=True)
+    defaults = Defaults(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p,
+                        top_k=args.top_k, min_p=args.min_p)
+    try:
+        uvicorn.run(build_app(worker, model_id, defaults), host=args.host, port=args.port,
+                    log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    finally:
+        # uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which ends the process
+        # right there; on any other way out, a cut decode stops before the interpreter does.
+        worker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The Starlette app: routes, the wait for the decode thread, server-sent events, disconnects.
+
+A request is checked (``schema``), queued (429 when the queue is full), and answered once the
+decode thread has prefilled its prompt: errors found there (a prompt longer than the context, a
+chat template that refuses the messages) are still a 4xx. A client that goes away, while queued
+or mid-stream, cancels its job; the decode thread stops it before the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import responses
+from .engine import Delta, Finished, Started
+from .schema import Defaults, RequestError, parse
+from .worker import Job, QueueFull, ServerError, Worker
+
+DISCONNECT_POLL_S = 0.5
+# Far above any prompt a model's context can hold; a bigger body is refused before it is read.
+MAX_BODY_BYTES = 16 * 2**20
+
+
+class ClientGone(Exception):
+    pass
+
+
+def _error(message: str, status: int, param=None, headers=None) -> JSONResponse:
+    return JSONResponse(responses.error(message, status, param), status_code=status,
+                        headers=headers)
+
+
+async def _read_body(request: Request) -> bytes:
+    too_big = RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+    if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+        raise too_big
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY_BYTES:
+            raise too_big
+    return bytes(body)
+
+
+class _Events:
+    """A job's events as its handler awaits them, checking every ``DISCONNECT_POLL_S`` whether
+    the client is still there (while queued, and while a non-streamed answer is generated)."""
+
+    def __init__(self, job: Job, request: Request):
+        self.job = job
+        self.request = request
+        self.checked = time.monotonic()
+
+    async def next(self):
+        while True:
+            if time.monotonic() - self.checked >= DISCONNECT_POLL_S:
+                self.checked = time.monotonic()
+                if await self.request.is_disconnected():
+                    raise ClientGone()
+            try:
+                return await asyncio.wait_for(self.job.events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+
+class _JobStream(StreamingResponse):
+    """A stream that cancels its job however it ends (finished, disconnected, failed)."""
+
+    def __init__(self, job: Job, content):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) -> Starlette:
+    created = int(time.time())
+
+    async def stream_events(job: Job, ids: responses.ResponseIds):
+        req = job.request
+        try:
+            while True:
+                event = await job.events.get()
+                if isinstance(event, Delta):
+                    yield responses.sse(ids.chunk(event.content, event.reasoning))
+                elif isinstance(event, Finished):
+                    yield responses.sse(ids.chunk(done=event))
+                    if req.include_usage:
+                        yield responses.sse(ids.usage_chunk(event))
+                    yield responses.SSE_DONE
+                    return
+                elif isinstance(event, Exception):  # failed after the first token
+                    yield responses.sse(responses.error(str(event), 500))
+                    return
+        finally:
+            job.cancel()
+
+    async def complete(request: Request, kind: str) -> Response:
+        try:
+            req = parse(await _read_body(request), kind, defaults)
+        except RequestError as e:
+            return _error(str(e), e.status, e.param)
+        job = Job(req, asyncio.get_running_loop())
+        try:
+            worker.submit(job)
+        except QueueFull as e:
+            return _error(str(e), 429, headers={"Retry-After": "1"})
+        events = _Events(job, request)
+        try:
+            first = await events.next()
+            if isinstance(first, RequestError):
+                return _error(str(first), first.status, first.param)
+            if isinstance(first, ServerError):
+                return _error(str(first), 500)
+            if not isinstance(first, Started):
+                return _error(f"unexpected first event {type(first).__name__}", 500)
+            ids = responses.ResponseIds(req)
+            if req.stream:
+                return _JobStream(job, stream_events(job, ids))
+            content, reasoning = [], []
+            while True:
+                event = await events.next()
+                if isinstance(event, Delta):
+                    content.append(event.content)
+                    reasoning.append(event.reasoning)
+                elif isinstance(event, Finished):
+                    return JSONResponse(ids.complete("".join(content), "".join(reasoning), event))
+                else:
+                    return _error(str(event), 500)
+        except ClientGone:  # nobody to answer; 499 is what proxies log for this
+            job.cancel()
+            return Response(status_code=499)
+        except BaseException:
+            job.cancel()
+            raise
+
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await complete(request, "text")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_id, "object": "model", "created": created, "owned_by": "mlx_mtp"}]})
+
+    async def health(request: Request) -> Response:
+        ok = worker.alive
+        warm = worker.warm_up
+        return JSONResponse({
+            "status": "ok" if ok else "unavailable", "model": model_id,
+            "mtp_enabled": warm.mtp["mtp_enabled"] if warm else None,
+            "gate_reason": warm.mtp["gate_reason"] if warm else None,
+            "running": worker.running is not None, "queued": worker.queued,
+            "max_queue": worker.max_queue}, status_code=200 if ok else 503)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        # Unknown paths and wrong methods answer in the same JSON shape as everything else.
+        return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code,
+                      headers=exc.headers)
+
+    return Starlette(exception_handlers={HTTPException: http_error}, routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ])

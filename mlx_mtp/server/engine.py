@@ -1,0 +1,209 @@
+"""One loaded model and what a request does with it: prompt ids, then a stream of events.
+
+Runs on the server's one decode thread (``worker.py``) and uses the library's API
+(``mlx_mtp.load``, ``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, and for ``--no-mtp``
+``plain_stream_generate``, as the CLI) plus mlx-lm's own pieces: its chat conversion for
+tokenizers without a template, its logits processors, its stop sequences and text state machine (``mlx_lm.generate``), so stop strings and reasoning text behave
+as in ``mlx_lm.server``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Union
+
+import mlx.core as mx
+from mlx_lm.generate import TextStateMachine, make_stop_sequences, make_text_state_machine
+from mlx_lm.sample_utils import make_logits_processors
+from mlx_lm.server import convert_chat, process_message_content
+
+import mlx_mtp
+from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.stream import plain_stream_generate
+
+from .schema import GenerationRequest, RequestError
+
+NO_MTP_REASON = "--no-mtp: mlx-lm plain decode"
+
+
+@dataclass
+class Started:
+    """The prompt is prefilled and the first token is out: the request is valid."""
+
+    prompt_tokens: int
+
+
+@dataclass
+class Delta:
+    content: str
+    reasoning: str = ""
+
+
+@dataclass
+class Finished:
+    finish_reason: str  # "stop", "length", or "cancelled" (the client went away)
+    prompt_tokens: int
+    completion_tokens: int
+    mtp: dict
+
+
+Event = Union[Started, Delta, Finished]
+
+
+def mtp_summary(stats: RunStats) -> dict:
+    """The ``mtp`` object of a response. Rates are null where nothing was drafted."""
+    return {
+        "mtp_enabled": stats.mtp_enabled,
+        "gate_reason": stats.gate_reason,
+        "block_size": stats.block_size,  # as requested: an integer or "auto"
+        "block_sizes": {str(w): n for w, n in sorted(stats.block_sizes.items())},
+        "acceptance_rule": stats.acceptance_rule,
+        "rounds": stats.rounds,
+        "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
+        "tokens_per_round": stats.tokens_per_round if stats.rounds else None,
+        "per_position_acceptance": stats.per_position_acceptance,
+        "generation_tps": stats.generation_tps,
+    }
+
+
+def context_length(config: dict) -> Optional[int]:
+    text = config.get("text_config", config) if isinstance(config, dict) else {}
+    n = text.get("max_position_embeddings", config.get("max_position_embeddings"))
+    return n if isinstance(n, int) and n > 0 else None
+
+
+class Engine:
+    def __init__(self, model, tokenizer, *, no_mtp: bool = False, block_size=None,
+                 max_block_size: Optional[int] = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.no_mtp = no_mtp
+        # None: the library's defaults (block size "auto" since issue 16)
+        self.block_kwargs = {k: v for k, v in (("block_size", block_size),
+                                               ("max_block_size", max_block_size))
+                             if v is not None}
+        self.context_length = context_length(model.config)
+
+    @classmethod
+    def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
+             block_size=None, max_block_size: Optional[int] = None) -> "Engine":
+        need_head = not no_mtp and block_size != 1
+        m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head)
+        return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size)
+
+    # ------------------------------------------------------------------------------ prompt
+
+    def prompt_ids(self, req: GenerationRequest) -> List[int]:
+        """The request's prompt as token ids, checked against the model's context."""
+        tok = self.tokenizer
+        if req.kind == "chat":
+            messages = copy.deepcopy(req.messages)
+            try:  # text parts -> one string, tool-call arguments parsed, as mlx_lm.server
+                process_message_content(messages)
+            except (ValueError, KeyError, TypeError) as e:
+                raise RequestError(f"messages: {_first_line(e)}", param="messages") from None
+            if tok.has_chat_template:
+                try:
+                    ids = tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                  tokenize=True)
+                except Exception as e:  # a template that rejects the conversation (roles...)
+                    raise RequestError(f"messages: the chat template refused them: "
+                                       f"{_first_line(e)}", param="messages") from None
+                ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            else:
+                ids = tok.encode(convert_chat(messages))
+        else:
+            # Like mlx-lm's stream_generate and the CLI: special tokens unless the text has a BOS.
+            add_special = tok.bos_token is None or not req.prompt.startswith(tok.bos_token)
+            ids = tok.encode(req.prompt, add_special_tokens=add_special)
+        ids = list(ids)
+        if not ids:
+            raise RequestError("prompt is empty: it encodes to no tokens", param="prompt")
+        n = self.context_length
+        if n is not None and len(ids) >= n:
+            raise RequestError(f"the prompt is {len(ids)} tokens: the model's context is {n} "
+                               f"tokens, with room needed for at least one generated token",
+                               param="messages" if req.kind == "chat" else "prompt")
+        return ids
+
+    def _initial_state(self, req: GenerationRequest, ids: List[int]) -> str:
+        """mlx_lm.server's choice: a chat prompt that opens a thinking block starts in it."""
+        tok = self.tokenizer
+        state = "normal"
+        if req.kind == "chat" and tok.has_thinking:
+            if tok.rfind_think_start(ids) > tok.rfind_think_end(ids):
+                state = "reasoning"
+        if req.kind == "chat":
+            state = tok.response_initial_state or state
+        return state
+
+    # ------------------------------------------------------------------------------ decode
+
+    def _responses(self, req: GenerationRequest, ids: List[int], stats: RunStats):
+        sampler = mlx_mtp.make_sampler(temp=req.temperature, top_p=req.top_p, min_p=req.min_p,
+                                       top_k=req.top_k)
+        processors = make_logits_processors(repetition_penalty=req.repetition_penalty,
+                                            repetition_context_size=req.repetition_context_size)
+        if req.seed is not None:
+            mx.random.seed(req.seed)
+        prompt = mx.array(ids)
+        if self.no_mtp:  # mlx-lm's own plain decode of the target, as the CLI's --no-mtp
+            return plain_stream_generate(self.model, self.tokenizer, prompt,
+                                         max_tokens=req.max_tokens, sampler=sampler,
+                                         logits_processors=processors, stats=stats)
+        return mlx_mtp.stream_generate(self.model, self.tokenizer, prompt,
+                                       max_tokens=req.max_tokens, sampler=sampler, stats=stats,
+                                       logits_processors=processors, seed=req.seed,
+                                       **self.block_kwargs)
+
+    def generate(self, req: GenerationRequest, ids: List[int],
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+        """``Started``, ``Delta``s, then one ``Finished``. Checks ``cancelled`` after every token,
+        so a cancelled request stops before the next round and its generator is closed."""
+        tok = self.tokenizer
+        stats = RunStats(block_size=1, mtp_enabled=False, gate_reason=NO_MTP_REASON) \
+            if self.no_mtp else RunStats()
+        matcher = make_stop_sequences(tok, req.stop).matcher()
+        state = make_text_state_machine(tok, req.stop).make_state(self._initial_state(req, ids))
+        responses = self._responses(req, ids, stats)
+        n, finish = 0, "length"
+        try:
+            for gen in responses:
+                n += 1
+                if n == 1:
+                    yield Started(len(ids))
+                stop_word = matcher.advance(gen.token) and gen.token not in tok.eos_token_ids
+                if stop_word:  # mlx_lm.server: drop the held-back start of the stop string
+                    state, _ = TextStateMachine.discard(state)
+                    segments = []
+                else:
+                    state, segments = TextStateMachine.split(state, gen.text)
+                    if gen.finish_reason is not None:
+                        # At EOS or the token budget keep the held-back text (mlx_lm.server
+                        # drops it at EOS; the CLI and mlx-lm's generate keep it).
+                        state, flushed, current = TextStateMachine.flush(state)
+                        segments.append((current, flushed))
+                delta = _delta(segments)
+                if delta.content or delta.reasoning:
+                    yield delta
+                if stop_word or gen.finish_reason is not None:
+                    finish = "stop" if stop_word else gen.finish_reason
+                    break
+                if cancelled():
+                    finish = "cancelled"
+                    break
+        finally:
+            responses.close()
+        yield Finished(finish, len(ids), n, mtp_summary(stats))
+
+
+def _delta(segments) -> Delta:
+    content = "".join(t for s, t in segments if s != "reasoning")
+    reasoning = "".join(t for s, t in segments if s == "reasoning")
+    return Delta(content, reasoning)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

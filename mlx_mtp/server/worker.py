@@ -1,0 +1,161 @@
+"""The one decode thread and its bounded FIFO queue.
+
+A speculative round is not batched, so the model serves one request at a time. The thread
+loads the model too: on mlx 0.32 streams belong to a thread, and an array made lazily on one
+thread cannot be evaluated on another ("There is no Stream(cpu, 0) in current thread"). It never
+returns, it parks: a thread that has used mlx-lm and exits while the process exits makes it abort
+("terminate called without an active exception") about one time in two.
+
+Requests wait in a queue of at most ``max_queue``; past it ``submit`` raises ``QueueFull`` (the
+app answers 429). Events go back to the request's event loop thread-safely; a job its client
+abandoned is skipped if still queued and stopped at its next token if running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Callable, Optional
+
+from mlx_mtp import MTPError
+
+from .engine import Engine, Finished
+from .schema import GenerationRequest, RequestError
+
+logger = logging.getLogger("mlx_mtp.server")
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ServerError(Exception):
+    """An unexpected failure while serving one request (500); the server keeps serving."""
+
+
+class Job:
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.events: asyncio.Queue = asyncio.Queue()
+        self._loop = loop
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def emit(self, event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            pass
+
+
+class Worker:
+    def __init__(self, make_engine: Callable[[], Engine], max_queue: int):
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.max_queue = max_queue
+        self.engine: Optional[Engine] = None
+        self.warm_up: Optional[Finished] = None
+        self.running: Optional[Job] = None
+        self._make_engine = make_engine
+        self._jobs: queue.Queue = queue.Queue()  # bounded by submit (stop's sentinel always fits)
+        self._submit_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._finished = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="mlx_mtp-decode", daemon=True)
+
+    def start(self) -> None:
+        """Load the model on the decode thread and warm it up; re-raise a load error here."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel the running and queued jobs; return once the decode thread is idle for good."""
+        with self._submit_lock:
+            self._stopping.set()  # what runs now, or is picked up next, stops at its next token
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job.cancel()
+            self._jobs.put(None)
+        self._finished.wait(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.warm_up is not None and not self._finished.is_set()
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Job) -> None:
+        with self._submit_lock:
+            if self._jobs.qsize() >= self.max_queue:
+                raise QueueFull(f"server busy: {self.max_queue} requests are already waiting "
+                                f"for the model (--max-queue {self.max_queue}); retry later")
+            self._jobs.put(job)
+
+    def _run(self) -> None:
+        try:
+            self._load_and_serve()
+        finally:
+            self._finished.set()
+            threading.Event().wait()  # park, never return (see the module docstring)
+
+    def _load_and_serve(self) -> None:
+        try:
+            self.engine = self._make_engine()
+            self.warm_up = self._warm_up(self.engine)
+        except BaseException as e:  # handed to start(), which re-raises it on the main thread
+            self._error = e
+            return
+        finally:
+            self._ready.set()
+        while True:
+            job = self._jobs.get()
+            if job is None:  # stop()
+                return
+            if job.cancelled or self._stopping.is_set():
+                continue
+            self.running = job
+            try:
+                self._serve(job)
+            finally:
+                self.running = None
+
+    @staticmethod
+    def _warm_up(engine: Engine) -> Finished:
+        """Two tokens at startup: the exactness gate's probe and first-call costs are paid
+        before the first client, and the log says whether MTP is on."""
+        req = GenerationRequest(kind="text", model="", prompt="Hello", max_tokens=2)
+        return list(engine.generate(req, engine.prompt_ids(req)))[-1]
+
+    def _serve(self, job: Job) -> None:
+        started = False
+        try:
+            ids = self.engine.prompt_ids(job.request)
+            stop = lambda: job.cancelled or self._stopping.is_set()  # noqa: E731
+            for event in self.engine.generate(job.request, ids, stop):
+                started = True
+                job.emit(event)
+        except RequestError as e:
+            job.emit(e)
+        except MTPError as e:  # the library refused the request's settings (e.g. top_k)
+            job.emit(RequestError(str(e)) if not started else ServerError(str(e)))
+        except Exception as e:
+            logger.exception("request failed")
+            job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
