@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm import utils as mlx_lm_utils
 
 from . import fp8
+from .distributed import shard_model
 from .errors import MTPError
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -30,8 +31,9 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def resolve_path(path_or_repo, what: str = "model") -> Path:
-    """A local folder as is; anything else shaped like ``owner/name`` via the Hugging Face Hub."""
+def resolve_path(path_or_repo, what: str = "model", revision: Optional[str] = None) -> Path:
+    """A local folder as is; anything else shaped like ``owner/name`` via the Hugging Face Hub
+    (at ``revision``: a branch, tag or commit, as ``mlx_lm.load`` passes it)."""
     s = str(path_or_repo)
     p = Path(s).expanduser()
     if p.exists():
@@ -41,7 +43,8 @@ def resolve_path(path_or_repo, what: str = "model") -> Path:
     if _REPO_ID.match(s) and not s.startswith("."):
         try:
             return Path(huggingface_hub.snapshot_download(repo_id=s,
-                                                          allow_patterns=_DOWNLOAD_PATTERNS))
+                                                          allow_patterns=_DOWNLOAD_PATTERNS,
+                                                          revision=revision))
         except Exception as e:  # network, auth, missing repo: all one user-facing line
             msg = first_line(e)
             raise MTPError(f"{what} {s} is not a local folder and could not be fetched from "
@@ -152,7 +155,8 @@ def _fp8_classes(block, dtype, model_type: str):
 
 
 def load_mlx_lm_model(path: Path, config: dict, *, lazy: bool = False,
-                      fp8_dtype: Optional[mx.Dtype] = None):
+                      fp8_dtype: Optional[mx.Dtype] = None, model_config: Optional[dict] = None,
+                      trust_remote_code: bool = False):
     """``(model, config)``: mlx-lm's ``load_model`` for ``path``, FP8 block-quantized weights dequantized to
     ``fp8_dtype`` (default: the config's dtype, else bfloat16); errors as one line that keeps the
     first few tensor names."""
@@ -164,11 +168,14 @@ def load_mlx_lm_model(path: Path, config: dict, *, lazy: bool = False,
         dtype = fp8_dtype or config_dtype(config) or mx.bfloat16
         kwargs["get_model_classes"] = _fp8_classes(block, dtype, config.get("model_type"))
     try:
-        model, mlx_config = mlx_lm_utils.load_model(path, lazy=lazy, **kwargs)
+        model, mlx_config = mlx_lm_utils.load_model(path, lazy=lazy, model_config=model_config,
+                                                    trust_remote_code=trust_remote_code, **kwargs)
     except MTPError:
         raise
     except Exception as e:
         msg = loader_message(e)
+        if "trust_remote_code" in msg:  # mlx-lm's refusal of a custom model_file
+            raise MTPError(f"{path}: {msg}") from None
         raise MTPError(f"{path}: weights do not match config.json ({msg})") from None
     if block is not None:  # the model is mlx-lm's own class again once its weights are in
         model.__class__ = model.__class__.mlx_lm_class
@@ -184,8 +191,12 @@ def config_dtype(config: dict) -> Optional[mx.Dtype]:
     return None
 
 
-def load_target(path: Path, dtype: Optional[mx.Dtype] = None, split=None) -> nn.Module:
-    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``). With ``split``
+def load_target(path: Path, dtype: Optional[mx.Dtype] = None, *,
+                model_config: Optional[dict] = None, lazy: bool = False,
+                trust_remote_code: bool = False, adapter_path=None, split=None) -> nn.Module:
+    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``), with ``mlx_lm.load``'s
+    ``model_config``, ``lazy``, ``trust_remote_code`` and ``adapter_path`` (LoRA / DoRA adapters
+    from ``mlx_lm.lora``, applied after the cast to ``dtype``). With ``split``
     (``mlx_mtp.distributed.Split``): loaded lazily and split by mlx-lm's own method, as
     ``mlx_lm.utils.sharded_load`` does, so each rank materializes only its part."""
     files = weight_files(path, "model*.safetensors")
@@ -193,18 +204,34 @@ def load_target(path: Path, dtype: Optional[mx.Dtype] = None, split=None) -> nn.
         raise MTPError(f"{path}: no model*.safetensors weight files found")
     for f in files:
         safetensors_header(f)
-    model, _ = load_mlx_lm_model(path, read_config(path), lazy=split is not None,
-                                 fp8_dtype=dtype)
+    config = read_config(path)
+    config.update(model_config or {})
+    model, _ = load_mlx_lm_model(path, config, fp8_dtype=dtype, lazy=lazy or split is not None,
+                                 model_config=model_config, trust_remote_code=trust_remote_code)
     if split is not None:
-        from .distributed import shard_model
-
         shard_model(model, split, str(path))
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
         model.update(cast_floats(model.parameters(), dtype, predicate))
+    if adapter_path is not None:
+        model = _load_adapters(model, adapter_path)
     if split is not None:
         mx.eval(model.parameters())
         split.barrier("loading the split target")
+    return model
+
+
+def _load_adapters(model: nn.Module, adapter_path) -> nn.Module:
+    """mlx-lm's ``load_adapters`` (what ``mlx_lm.load(adapter_path=...)`` runs), one-line errors."""
+    p = Path(adapter_path).expanduser()
+    if not (p / "adapter_config.json").is_file() or not (p / "adapters.safetensors").is_file():
+        raise MTPError(f"adapter_path {adapter_path}: expected a folder with adapter_config.json "
+                       "and adapters.safetensors (as mlx_lm.lora writes)")
+    try:
+        model = mlx_lm_utils.load_adapters(model, str(p))
+    except Exception as e:
+        raise MTPError(f"adapter_path {adapter_path}: {first_line(e)}") from None
+    model.eval()
     return model
 
 
@@ -235,9 +262,9 @@ def load_checked(module: nn.Module, weights: Dict[str, mx.array], source: str, *
     return module
 
 
-def load_tokenizer(path: Path):
+def load_tokenizer(path: Path, tokenizer_config: Optional[dict] = None, eos_token_ids=None):
     try:
-        return mlx_lm_utils.load_tokenizer(path)
+        return mlx_lm_utils.load_tokenizer(path, tokenizer_config, eos_token_ids=eos_token_ids)
     except Exception as e:
         msg = first_line(e)
         raise MTPError(f"{path}: could not load the tokenizer ({msg})") from None

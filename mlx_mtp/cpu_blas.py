@@ -8,6 +8,13 @@ system library with RTLD_GLOBAL *before* ``mlx.core`` is first imported makes ML
 
 ``MLX_MTP_CPU_BLAS``: unset = the fastest library found; ``off`` = MLX's bundled BLAS; a path =
 that library. This module must not import mlx.
+
+``verify_threads()``: the multi-row products of a speculative round (verify, accept hook) are a
+few rows against small matrices, where a second BLAS thread costs more in hand-off than it saves
+(measured with BLIS on the demo pair, on a contended 2-core machine: a 3-token verify 3.2x a
+decode step with 2 threads, 1.3x with 1). One-row products (decode) do not depend on the thread count, so the round loop runs with
+``MLX_MTP_VERIFY_THREADS`` threads (default 1; ``0`` = leave the count alone), and everything that
+measures a verify's exactness (``row_exact.install``, the probe's block arm) does so too.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import glob
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 ENV = "MLX_MTP_CPU_BLAS"
+VERIFY_THREADS_ENV = "MLX_MTP_VERIFY_THREADS"
 
 # Fastest first, as measured on a 2-core x86 machine (BLIS 0.9 matvec ~2.5x OpenBLAS 0.3.21);
 # BLIS runs one thread fewer than the cores, split over columns (see blis_threads).
@@ -149,3 +158,62 @@ def load() -> BlasState:
         STATE.name, STATE.path, STATE.threads = name, path, threads
         return STATE
     return STATE
+
+
+# ------------------------------------------------------------------------------ thread count
+
+_THREAD_API = {"BLIS": ("bli_thread_get_num_threads", "bli_thread_set_num_threads"),
+               "OpenBLAS": ("openblas_get_num_threads", "openblas_set_num_threads")}
+_api = None
+
+
+def _thread_api():
+    """(get, set) of the bound library's thread count, or None (bundled BLAS, unknown library)."""
+    global _api
+    if _api is None:
+        _api = ()
+        if STATE.path is not None:
+            lib = ctypes.CDLL(STATE.path, mode=ctypes.RTLD_GLOBAL)
+            for get_name, set_name in _THREAD_API.values():
+                if hasattr(lib, get_name) and hasattr(lib, set_name):
+                    get, set_ = getattr(lib, get_name), getattr(lib, set_name)
+                    get.restype, get.argtypes = ctypes.c_long, []
+                    set_.restype = None
+                    set_.argtypes = [ctypes.c_long if get_name.startswith("bli") else ctypes.c_int]
+                    _api = (get, set_)
+                    break
+    return _api or None
+
+
+def verify_thread_count(environ=None) -> int:
+    """``MLX_MTP_VERIFY_THREADS``: unset = 1; 0 = leave the BLAS thread count alone; n >= 1."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(VERIFY_THREADS_ENV, "").strip()
+    if value == "":
+        return 1
+    if not value.isdigit():
+        from .errors import MTPError
+
+        raise MTPError(f"environment variable {VERIFY_THREADS_ENV} must be a whole number of "
+                       f"threads (0 = leave the BLAS default), got {value!r}")
+    return int(value)
+
+
+@contextmanager
+def verify_threads():
+    """Run the body with the BLAS thread count for a round's multi-row products (see above)."""
+    n = verify_thread_count()
+    api = _thread_api() if n else None
+    if api is None:
+        yield
+        return
+    get, set_ = api
+    before = get()
+    if before == n:
+        yield
+        return
+    set_(n)
+    try:
+        yield
+    finally:
+        set_(before)

@@ -29,6 +29,8 @@ class RunStats:
     # block_sizes[w]: rounds whose verify was w tokens wide (w - 1 drafts)
     block_sizes: Dict[int, int] = field(default_factory=dict)
     phase_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    # verify width (tokens in the block) -> [verify phase seconds summed, rounds]
+    verify_by_width: Dict[int, List[float]] = field(default_factory=dict)
     rounds_s: float = 0.0
     peak_memory_gb: float = 0.0
     # greedy / point-mass / speculative-sampling (``mlx_mtp.sampling``); None when no MTP loop ran.
@@ -66,6 +68,15 @@ class RunStats:
             yield
         finally:
             self.phase_s[name] += time.perf_counter() - t0
+
+    def record_verify(self, width: int, seconds: float) -> None:
+        acc = self.verify_by_width.setdefault(width, [0.0, 0])
+        acc[0] += seconds
+        acc[1] += 1
+
+    def verify_ms_by_width(self) -> Dict[int, float]:
+        """Mean verify-phase ms per round, by verify width."""
+        return {w: 1e3 * s / n for w, (s, n) in sorted(self.verify_by_width.items()) if n}
 
     def record_round(self, drafted: int, accepted: int, wall_s: float) -> None:
         self.rounds += 1
@@ -126,6 +137,9 @@ class RunStats:
             "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
             "draft_syncs_per_round": self.draft_syncs / self.rounds if self.rounds else 0.0,
             "phase_ms": self.phase_ms(),
+            "verify_ms_by_width": {str(w): ms for w, ms in self.verify_ms_by_width().items()},
+            "verify_rounds_by_width": {str(w): n for w, (_, n) in
+                                       sorted(self.verify_by_width.items())},
             "peak_memory_gb": self.peak_memory_gb,
             "acceptance_rule": self.acceptance_rule,
             "mtp_enabled": self.mtp_enabled,

@@ -30,6 +30,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from . import cpu_blas
+
 EQUAL, DIVERGES, NOT_RUN = "equal", "diverges", "not_run"
 PROBE_PROMPT_LEN = 8
 PROBE_DRAWS = 3
@@ -45,10 +47,15 @@ class ProbeResult:
     draw: Optional[int] = None  # which draw (0-based) diverged
     draws: int = PROBE_DRAWS
     reason: str = ""  # why the probe could not run
+    config: str = ""  # the cache configuration probed when not the default (kv_bits)
     seconds: float = 0.0  # wall time of the probe run that produced this result
     cached: bool = False  # served from the process memo
 
     def describe(self) -> str:
+        text = self._describe()
+        return f"{text} [{self.config}]" if self.config else text
+
+    def _describe(self) -> str:
         if self.verdict == EQUAL:
             return (f"width {self.width}: verify block equals the single-token chain byte for "
                     f"byte ({self.draws} draws, {self.total_bytes}-byte logits rows)")
@@ -87,20 +94,24 @@ def _eval_cache(target, cache) -> None:
     mx.eval(state(cache) if state is not None else [])
 
 
-def _prefill(target, prompt: Sequence[int]):
-    """Fresh caches and the prompt fed as a session feeds it: all but the last token, then it."""
+def _prefill(target, prompt: Sequence[int], kv=None):
+    """Fresh caches and the prompt fed as a session feeds it: all but the last token, then it.
+    With ``kv`` (``KVSettings``) the caches turn quantized after the first call, as a session's
+    do once they pass ``quantized_kv_start``."""
     cache = target.make_cache()
     ids = mx.array(prompt)[None]
     target.hidden(ids[:, :-1], cache)
+    if kv is not None:
+        kv.quantize_now(cache)
     _eval_cache(target, cache)
     mx.eval(target.hidden(ids[:, -1:], cache))
     _eval_cache(target, cache)
     return cache
 
 
-def chain_rows(target, prompt: Sequence[int], block: Sequence[int]) -> List[mx.array]:
+def chain_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> List[mx.array]:
     """Logits rows of single-token decode steps over ``block`` (what plain decoding computes)."""
-    cache = _prefill(target, prompt)
+    cache = _prefill(target, prompt, kv)
     rows = []
     for t in block:
         h = target.hidden(mx.array([[t]]), cache)
@@ -111,12 +122,13 @@ def chain_rows(target, prompt: Sequence[int], block: Sequence[int]) -> List[mx.a
     return rows
 
 
-def block_rows(target, prompt: Sequence[int], block: Sequence[int]) -> List[mx.array]:
+def block_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> List[mx.array]:
     """Logits rows of one verify forward over ``block`` (what a speculative round computes)."""
-    cache = _prefill(target, prompt)
-    h = target.verify(mx.array(block)[None], cache)
-    logits = target.logits(h[0])
-    mx.eval(logits)
+    cache = _prefill(target, prompt, kv)
+    with cpu_blas.verify_threads():  # as the round loop verifies
+        h = target.verify(mx.array(block)[None], cache)
+        logits = target.logits(h[0])
+        mx.eval(logits)
     if logits.shape[0] != len(block):
         raise ValueError(f"verify returned {logits.shape[0]} rows for a block of {len(block)}")
     return [logits[i] for i in range(len(block))]
@@ -173,7 +185,7 @@ def _error_line(e: Exception) -> str:
     return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
 
-def _run(target, widths: List[int], draws: int) -> Dict[int, ProbeResult]:
+def _run(target, widths: List[int], draws: int, kv=None) -> Dict[int, ProbeResult]:
     """Probe ``widths`` (each >= 2) together: one chain arm per draw serves every width."""
     results: Dict[int, ProbeResult] = {}
     row_bytes: Dict[int, int] = {}
@@ -187,14 +199,14 @@ def _run(target, widths: List[int], draws: int) -> Dict[int, ProbeResult]:
             break
         prompt, block = probe_tokens(vocab, max(pending), draw)
         try:
-            chain = chain_rows(target, prompt, block)
+            chain = chain_rows(target, prompt, block, kv)
         except Exception as e:
             for w in pending:
                 results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=_error_line(e))
             return results
         for w in list(pending):
             try:
-                diff = first_difference(chain[:w], block_rows(target, prompt, block[:w]))
+                diff = first_difference(chain[:w], block_rows(target, prompt, block[:w], kv))
             except Exception as e:
                 results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=_error_line(e))
                 pending.remove(w)
@@ -211,8 +223,9 @@ def _run(target, widths: List[int], draws: int) -> Dict[int, ProbeResult]:
 
 
 def probe_exactness(target, widths: Iterable[int], *, draws: int = PROBE_DRAWS,
-                    memoize: bool = True) -> List[ProbeResult]:
-    """One ``ProbeResult`` per requested width (sorted, each >= 2), memoized for the process."""
+                    memoize: bool = True, kv=None) -> List[ProbeResult]:
+    """One ``ProbeResult`` per requested width (sorted, each >= 2), memoized for the process.
+    ``kv`` (``mlx_mtp.kv_cache.KVSettings``): probe against quantized KV caches instead."""
     widths = sorted(set(widths))
     if any(not isinstance(w, int) or w < 2 for w in widths):
         raise ValueError(f"probe widths must be integers >= 2, got {widths}")
@@ -220,7 +233,8 @@ def probe_exactness(target, widths: Iterable[int], *, draws: int = PROBE_DRAWS,
     if widths and callable(prepare):  # configure the target for these widths as a session does
         prepare(widths[-1])
     memo = _memo_for(target) if memoize else None
-    key = (model_signature(target), str(mx.default_device()), draws)
+    config = kv.describe_cache() if kv is not None else ""
+    key = (model_signature(target), str(mx.default_device()), draws, config)
     out: Dict[int, ProbeResult] = {}
     todo = []
     for w in widths:
@@ -231,10 +245,10 @@ def probe_exactness(target, widths: Iterable[int], *, draws: int = PROBE_DRAWS,
             todo.append(w)
     if todo:
         t0 = time.perf_counter()
-        fresh = _run(target, todo, draws)
+        fresh = _run(target, todo, draws, kv)
         seconds = time.perf_counter() - t0
         for w, r in fresh.items():
-            r = ProbeResult(**{**r.to_dict(), "seconds": seconds})
+            r = ProbeResult(**{**r.to_dict(), "seconds": seconds, "config": config})
             out[w] = r
             if memo is not None:
                 memo[(w,) + key] = r

@@ -84,11 +84,16 @@ def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool) 
                         "plain decoding)", device, probes=probes)
 
 
-def check(model, block_size: int, device: Optional[DeviceFacts] = None) -> GateDecision:
-    """Probe (memoized) every width the session may use, decide, and log the reason once."""
+def check(model, block_size: int, device: Optional[DeviceFacts] = None,
+          kv=None) -> GateDecision:
+    """Probe (memoized) every width the session may use, decide, and log the reason once.
+    ``kv`` (``mlx_mtp.kv_cache.KVSettings``): the session quantizes its KV cache, so its verify
+    blocks run against both caches; both are probed."""
     allow_inexact = allow_inexact_from_env()  # bad values fail before any work
     widths = session_widths(block_size)
     probes = probe_exactness(model.target, widths) if widths else []
+    if widths and kv is not None:
+        probes += probe_exactness(model.target, widths, kv=kv)
     decision = decide(probes, device or current_device_facts(), allow_inexact)
     if decision.override:
         logger.warning("WARNING: MTP output is NOT guaranteed to equal plain decoding. %s",
@@ -100,9 +105,9 @@ def check(model, block_size: int, device: Optional[DeviceFacts] = None) -> GateD
     return decision
 
 
-def apply(model, block_size: int, stats) -> GateDecision:
+def apply(model, block_size: int, stats, kv=None) -> GateDecision:
     """``check`` and write the decision into ``stats`` (``RunStats``)."""
-    decision = check(model, block_size)
+    decision = check(model, block_size, kv=kv)
     stats.mtp_enabled = decision.mtp_enabled
     stats.gate_reason = decision.reason
     stats.exactness = decision.to_dict()

@@ -8,7 +8,9 @@ target, for comparison.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
+import types
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
@@ -27,6 +29,7 @@ from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 from .sampling import REQUESTABLE_RULES, make_sampler
 from .speculative import MAX_BLOCK_SIZE
 from .stream import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_TOKENS, plain_stream_generate, stream_generate
+from .stream import generate as generate_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +188,18 @@ def _rows_from_result(result: dict):
     rows.append(("cpu blas", result["cpu_blas"]))
     return rows
 
+
+class _CallableModule(types.ModuleType):
+    """``mlx_mtp.generate`` names both this module (the CLI: ``python -m mlx_mtp.generate``) and,
+    as in mlx-lm, the ``generate`` function: once Python has imported this module it is the
+    package's ``generate`` attribute, so calling it calls the function."""
+
+    def __call__(self, *args, **kwargs):
+        return generate_text(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+sys.modules[__name__].__signature__ = inspect.signature(generate_text)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,18 +22,21 @@ import mlx.core as mx
 
 
 class Target(Protocol):
+    family: str  # "qwen3_5" or "gemma4": what a saved prompt cache and kv_bits check against
     vocab_size: int
     hidden_size: int
     dtype: Any
 
-    def prepare(self, max_width: int) -> None:
-        """Before verifying blocks of up to ``max_width`` tokens (row-exact set-up)."""
+    def prepare(self, max_width: int, exact: bool = True) -> None:
+        """Before verifying blocks of up to ``max_width`` tokens (row-exact set-up);
+        ``exact=False`` (gate overridden): verify without exactness-only fallbacks."""
 
     def make_cache(self) -> List[Any]:
         """A fresh cache, one entry per cached layer, that ``rollback`` can undo."""
 
-    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
+    def hidden(self, ids: mx.array, cache: List[Any], input_embeddings=None) -> mx.array:
+        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]`` (or ``input_embeddings``
+        in their place); advances the cache by T."""
 
     def embed(self, ids: mx.array) -> mx.array:
         """The input embedding of ``ids`` as the first layer sees it."""
@@ -45,7 +48,12 @@ class Target(Protocol):
         """Like ``hidden``, every row bitwise what single-token decode gives, and undoable."""
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
-        """Keep the first ``keep`` of the ``fed`` tokens of the last verify."""
+        """Keep the first ``keep`` of the ``fed`` tokens of the last verify (graph work only:
+        the loop does not evaluate it; the next round does)."""
+
+    def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
+        """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first
+        ``keep`` (a caller stopped reading mid-round; ``mlx_mtp.prompt_cache``)."""
 
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
         """The arrays that hold the committed state (for eval and bitwise comparisons)."""
@@ -77,6 +85,17 @@ class Drafter(Protocol):
     def describe(self) -> Optional[dict]:
         """What this drafter runs with (for ``--json`` and benchmark records), or None."""
 
+    # Prompt caches across turns (``mlx_mtp.prompt_cache``):
+    def carry(self) -> Optional[list]:
+        """What a prompt cache keeps of this drafter between turns (None: nothing; it starts
+        afresh at the next turn)."""
+
+    def resume(self, carried: list) -> None:
+        """Start a turn from what ``carry`` returned after the previous one."""
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` pairs consumed (verified rows the caller never read)."""
+
 
 class SamplingDrafter(Drafter, Protocol):
     def draft_sampled(self, k: int, sample) -> mx.array:
@@ -88,7 +107,8 @@ class SamplingDrafter(Drafter, Protocol):
 
 class DrafterDefaults:
     """What most drafters leave as is: no cache to bind, no host syncs, not profiled, nothing to
-    describe. A drafter subclasses this and implements the rest of ``Drafter``."""
+    describe, nothing carried across turns. A drafter subclasses this and implements the rest of
+    ``Drafter``."""
 
     syncs = 0
     profiler = None
@@ -98,3 +118,12 @@ class DrafterDefaults:
 
     def describe(self) -> Optional[dict]:
         return None
+
+    def carry(self) -> Optional[list]:
+        return None
+
+    def resume(self, carried: list) -> None:
+        self.reset()
+
+    def rewind(self, n: int) -> None:
+        pass

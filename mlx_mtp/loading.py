@@ -17,8 +17,9 @@ from .qwen3_5.loading import load_qwen3_5_model
 from .qwen3_5.options import DraftOptions
 from .qwen3_5.target import QWEN3_5_MODEL_TYPES
 
-# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options[, split])
-# -> MTPModel; families that mlx-lm can split take ``split`` (SPLITTABLE).
+# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options,
+#                       target_args[, split]) -> MTPModel (target_args: load_target's keywords;
+#                       families that mlx-lm can split take ``split``: SPLITTABLE)
 LOADERS = {
     **{t: load_qwen3_5_model for t in QWEN3_5_MODEL_TYPES},
     **{t: load_gemma4_model for t in GEMMA4_MODEL_TYPES},  # the assistant: a separate checkpoint
@@ -30,15 +31,21 @@ SPLITTABLE = {"qwen3_5": ("pipeline", "tensor"), "qwen3_5_moe": ("pipeline", "te
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-               draft_options: Optional[DraftOptions] = None, split=None) -> MTPModel:
+               draft_options: Optional[DraftOptions] = None, model_config: Optional[dict] = None,
+               adapter_path=None, lazy: bool = False, revision: Optional[str] = None,
+               trust_remote_code: bool = False, split=None) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
-    says: ``mlx_mtp.qwen3_5.options``). ``split``: ``"pipeline"`` or ``"tensor"`` (or a
-    ``mlx_mtp.distributed.Split``) splits the target over the processes ``mlx.launch`` started
-    (``mlx_mtp.distributed``)."""
+    says: ``mlx_mtp.qwen3_5.options``). The other arguments are ``mlx_lm.load``'s; adapters
+    change the target only (the MTP head stays the checkpoint's: acceptance may drop, output
+    stays exact). ``split``: ``"pipeline"`` or ``"tensor"`` (or a ``mlx_mtp.distributed.Split``)
+    splits the target over the processes ``mlx.launch`` started (``mlx_mtp.distributed``)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
-    path = resolve_path(path_or_hf_repo)
+    if model_config is not None and not isinstance(model_config, dict):
+        raise MTPError(f"model_config must be a dict, got {type(model_config).__name__}")
+    path = resolve_path(path_or_hf_repo, revision=revision)
     config = read_config(path)
+    config.update(model_config or {})
     model_type = config.get("model_type")
     loader = LOADERS.get(model_type)
     if loader is None:
@@ -56,9 +63,12 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
                            f"{model_type} that way; use --split "
                            f"{' or '.join(SPLITTABLE[model_type])}")
         kwargs["split"] = split if isinstance(split, Split) else init_split(split)
+    target_args = dict(model_config=model_config, lazy=lazy,
+                       trust_remote_code=trust_remote_code, adapter_path=adapter_path)
     return loader(path, config, drafter=drafter,
                   dtype=default_dtype() if dtype == "auto" else dtype,
-                  require_head=require_head, draft_options=draft_options, **kwargs)
+                  require_head=require_head, draft_options=draft_options,
+                  target_args=target_args, **kwargs)
 
 
 def _mlx_lm_version() -> str:
@@ -67,9 +77,18 @@ def _mlx_lm_version() -> str:
     return mlx_lm.__version__
 
 
-def load(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
-         draft_options: Optional[DraftOptions] = None, split=None):
-    """``(MTPModel, TokenizerWrapper)``, like ``mlx_lm.load``."""
+def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
+         model_config: Optional[dict] = None, adapter_path: Optional[str] = None,
+         lazy: bool = False, return_config: bool = False, revision: Optional[str] = None,
+         trust_remote_code: bool = False, *, drafter=None, dtype="auto",
+         require_head: bool = True, draft_options: Optional[DraftOptions] = None, split=None):
+    """``(MTPModel, TokenizerWrapper)``, or with ``return_config`` ``(model, tokenizer,
+    config)``: ``mlx_lm.load``'s arguments and defaults, plus ours after them (``drafter``,
+    ``dtype``, ``require_head``, ``draft_options``, ``split``)."""
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
-                       draft_options=draft_options, split=split)
-    return model, load_tokenizer(model.path)
+                       draft_options=draft_options, model_config=model_config,
+                       adapter_path=adapter_path, lazy=lazy, revision=revision,
+                       trust_remote_code=trust_remote_code, split=split)
+    tokenizer = load_tokenizer(model.path, tokenizer_config,
+                               eos_token_ids=model.config.get("eos_token_id"))
+    return (model, tokenizer, model.config) if return_config else (model, tokenizer)

@@ -9,9 +9,16 @@ decode and T=0 output can drift.
 ``install`` measures, once per layer shape, whether each linear layer of the target is row-invariant
 for every verify width the session may use, on the layer's own weights and kernel. Layers that are
 not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time, which
-is exactly what decode does. Everything else keeps the fast multi-row path. The price is one extra
-pass over those layers' weights per extra row, so it is cheap for the small projections it usually
-hits (GatedDeltaNet's ``in_proj_a`` / ``in_proj_b``) and expensive for big ones; the exactness
+is exactly what decode does. Everything else keeps the fast multi-row path.
+
+How the rows are computed one at a time (``one_row_products``): a float matrix is split into
+column blocks of at most ``BLOCK_BYTES`` and the T rows times every block are one batched matmul
+whose batch entries are one-row products (MLX runs a batched matmul as one BLAS call per batch
+entry, here each with M = 1, the call decode makes), rows varying fastest. So each block of
+weights is read from memory once and stays in cache for the other rows, in one MLX op. ``install`` checks this
+formulation bitwise against one-row products of the whole matrix on the layer's own weights
+(column blocking assumes the BLAS reduces each output column alike whatever the column count);
+where it differs, or for quantized layers, the rows are separate one-row calls. The exactness
 probe still has the last word.
 """
 
@@ -22,6 +29,9 @@ from typing import Dict, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from . import cpu_blas
 
 _active = 0
 
@@ -40,12 +50,18 @@ def active() -> bool:
     return _active > 0
 
 
+BLOCK_BYTES = 1024 * 1024  # most bytes of weights one column block keeps in cache (an L2)
+
+
 class _RowExact:
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
+    block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
 
     def __call__(self, x):
         call = super().__call__
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
+            if self.block_cols:
+                return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
         return call(x)
 
@@ -54,16 +70,54 @@ class _RowExactEmbedding:
     """A tied LM head (``embed_tokens.as_linear``) is the same product in another method."""
 
     exact_from: int = 2
+    block_cols: int = 0
 
     def as_linear(self, x):
         call = super().as_linear
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
+            if self.block_cols:
+                return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
         return call(x)
 
 
 def _by_rows(call, x):
     return mx.concatenate([call(x[..., i : i + 1, :]) for i in range(x.shape[-2])], axis=-2)
+
+
+def one_row_products(x: mx.array, weight: mx.array, block_cols: int) -> mx.array:
+    """``x @ weight.T`` ([..., T, K] @ [N, K].T) computed as one-row products, ``block_cols``
+    output columns at a time, in one batched matmul: batch entry (block b, row t) multiplies
+    row t by block b, with t varying fastest, so each block of weights is multiplied by all T rows
+    while it is in cache. MLX runs a batched matmul as one BLAS call per batch entry, each here
+    with M = 1: the call decode makes. A ragged last block is a second batched matmul."""
+    *lead, T, K = x.shape
+    rows = x.reshape(-1, K)
+    n, N = rows.shape[0], weight.shape[0]
+    nb = N // block_cols
+    main = nb * block_cols
+    parts = []
+    if nb:
+        w = weight[:main].reshape(nb, block_cols, K).swapaxes(-1, -2)[:, None]  # [nb, 1, K, c]
+        out = mx.broadcast_to(rows[None, :, None, :], (nb, n, 1, K)) @ \
+            mx.broadcast_to(w, (nb, n, K, block_cols))  # [nb, n, 1, c]
+        parts.append(out.reshape(nb, n, block_cols).transpose(1, 0, 2).reshape(n, main))
+    if main < N:
+        rest = weight[main:].T
+        parts.append((rows[:, None, :] @ mx.broadcast_to(rest, (n,) + rest.shape)).reshape(n, -1))
+    out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    return out.reshape(*lead, T, N)
+
+
+def block_columns(weight: mx.array) -> int:
+    """Output columns per block of ``weight`` ([N, K]): 64 (measured best of 16..128 here, with
+    BLIS, for K = 1024 and 3072), fewer where 64 rows of K would not fit BLOCK_BYTES (a multiple
+    of 16, at least 16); the whole matrix when it is narrower."""
+    N, K = weight.shape
+    cols = 64
+    while cols > 16 and cols * K * weight.dtype.size > BLOCK_BYTES:
+        cols //= 2
+    return N if cols >= N else cols
 
 
 class RowExactLinear(_RowExact, nn.Linear):
@@ -91,9 +145,43 @@ _SWAP = {
 _QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 
 
+def _adapter_classes() -> Tuple[type, ...]:
+    """mlx-lm's LoRA / DoRA linear wrappers (``mlx_lm.load(adapter_path=...)``): their
+    ``x @ lora_a @ lora_b`` is a multi-row product of its own, beside the wrapped layer's."""
+    from mlx_lm.tuner.dora import DoRALinear
+    from mlx_lm.tuner.lora import LoRALinear
+
+    return (LoRALinear, DoRALinear)
+
+
+_ROW_EXACT_ADAPTERS: Dict[type, type] = {}
+
+
+def _row_exact_adapter(cls: type) -> type:
+    if cls not in _ROW_EXACT_ADAPTERS:
+        _ROW_EXACT_ADAPTERS[cls] = type(f"RowExact{cls.__name__}", (_RowExact, cls), {})
+    return _ROW_EXACT_ADAPTERS[cls]
+
+
 def _signature(base, layer) -> Tuple:
     return (base.__name__,) + tuple(
-        (k, tuple(v.shape), str(v.dtype)) for k, v in sorted(layer.parameters().items()))
+        (k, tuple(v.shape), str(v.dtype)) for k, v in sorted(tree_flatten(layer.parameters())))
+
+
+def _install_adapter(layer, base, max_width: int, measured: Dict[Tuple, int]) -> int:
+    """An adapter layer: the same measurement, its input the wrapped layer's."""
+    sig = _signature(base, layer) + (max_width,)
+    if sig not in measured:
+        inner = layer.linear
+        dtype = inner.scales.dtype if hasattr(inner, "scales") else inner.weight.dtype
+        measured[sig] = first_divergent_width(layer, max_width, layer.lora_a.shape[0], dtype)
+    width = measured[sig]
+    if width:
+        layer.__class__ = _row_exact_adapter(base)
+        layer.exact_from = width
+    elif type(layer) is not base:
+        layer.__class__ = base
+    return width
 
 
 def first_divergent_width(fn, max_width: int, in_dims: int, dtype) -> int:
@@ -103,12 +191,30 @@ def first_divergent_width(fn, max_width: int, in_dims: int, dtype) -> int:
     rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
     mx.eval(rows)
     for T in range(2, max_width + 1):
-        block = fn(x[:, :T, :])
-        mx.eval(block)
+        with cpu_blas.verify_threads():  # as the round loop verifies
+            block = fn(x[:, :T, :])
+            mx.eval(block)
         for i in range(T):
             if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
                 return T
     return 0
+
+
+def products_equal_rows(fn, weight: mx.array, block_cols: int, max_width: int, dtype) -> bool:
+    """Whether ``one_row_products`` with ``block_cols`` equals ``fn`` (the layer's own one-row
+    call) row for row, bitwise, for every width 2..max_width."""
+    K = weight.shape[1]
+    x = mx.random.normal((1, max_width, K), key=mx.random.key(4321)).astype(dtype)
+    rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
+    mx.eval(rows)
+    for T in range(2, max_width + 1):
+        with cpu_blas.verify_threads():
+            block = one_row_products(x[:, :T, :], weight, block_cols)
+            mx.eval(block)
+        for i in range(T):
+            if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
+                return False
+    return True
 
 
 def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[str, int]:
@@ -119,7 +225,14 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
     if max_width < 2:
         return switched
     measured: Dict[Tuple, int] = {}
+    adapters = _adapter_classes()
     for path, layer in model.named_modules():
+        adapter = next((b for b in type(layer).__mro__ if b in adapters), None)
+        if adapter is not None:
+            width = _install_adapter(layer, adapter, max_width, measured)
+            if width:
+                switched[path] = width
+            continue
         base = next((b for b in type(layer).__mro__ if b in _SWAP), None)
         if base is None:
             continue
@@ -132,11 +245,20 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             in_dims = layer.weight.shape[1] * (32 // layer.bits if quantized else 1)
             dtype = layer.scales.dtype if quantized else layer.weight.dtype
             fn = layer.as_linear if embedding else layer
-            measured[sig] = first_divergent_width(fn, max_width, in_dims, dtype)
-        width = measured[sig]
+            width = first_divergent_width(fn, max_width, in_dims, dtype)
+            cols = 0
+            if width and not quantized and "bias" not in layer:
+                cols = block_columns(layer.weight)
+                if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
+                    cols = layer.weight.shape[0]  # one block: the one-row calls themselves
+                    if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
+                        cols = 0
+            measured[sig] = (width, cols)
+        width, cols = measured[sig]
         if width:
             layer.__class__ = _SWAP[base]
             layer.exact_from = width
+            layer.block_cols = cols
             switched[path] = width
         elif type(layer) is not base:
             layer.__class__ = base

@@ -15,18 +15,23 @@ a drafter that can sample (``draft_sampled``), the walk is speculative sampling 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from typing import Callable, Generator, List, Optional, Tuple, Union
 
 import mlx.core as mx
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import draft_profile, gate, keyed_sampling, sampling
+from . import cpu_blas, draft_profile, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
+from .kv_cache import KVSettings, note_max_kv_size
 from .model import MTPModel
 from .plain import plain_generate_step
+from .prompt_cache import PromptCache, Turn, check_prompt_cache, forget_drafter, make_prompt_cache
 
 MAX_BLOCK_SIZE = 16
 
@@ -66,10 +71,35 @@ def _logprobs(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def generate_step(prompt, model: MTPModel, **kwargs
-                  ) -> Generator[Tuple[int, mx.array, bool], None, None]:
+def generate_step(
+    prompt: mx.array,
+    model: MTPModel,
+    stream=None,
+    *,
+    max_tokens: int = 256,
+    sampler: Optional[Callable[[mx.array], mx.array]] = None,
+    logits_processors: Optional[List[Callable[[mx.array, mx.array], mx.array]]] = None,
+    max_kv_size: Optional[int] = None,
+    prompt_cache: Optional[PromptCache] = None,
+    prefill_step_size: int = 2048,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    input_embeddings: Optional[mx.array] = None,
+    block_size: Union[int, str, BlockChooser] = AUTO,
+    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
+    seed: Optional[int] = None,
+    acceptance: str = "auto",
+    stats: Optional[RunStats] = None,
+) -> Generator[Tuple[int, mx.array, bool], None, None]:
     """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
 
+    Takes mlx-lm ``generate_step``'s arguments with their meaning and defaults (``stream``,
+    ``max_tokens`` (-1: no limit), ``sampler``, ``logits_processors``, ``max_kv_size``,
+    ``prompt_cache`` (from ``mlx_mtp.make_prompt_cache``; updated in place to hold the prompt and
+    every token yielded, as mlx-lm's), ``prefill_step_size``, ``kv_bits``, ``kv_group_size``,
+    ``quantized_kv_start``, ``prompt_progress_callback``, ``input_embeddings``), plus ours:
     ``model`` is an ``MTPModel``. ``block_size`` is tokens verified per round (drafts + 1);
     1 is plain decode through the same loop. ``"auto"`` (the default) chooses the drafts of every
     round, up to ``max_block_size - 1``, from the acceptance and round costs measured so far
@@ -79,41 +109,64 @@ def generate_step(prompt, model: MTPModel, **kwargs
     ones, as mlx-lm yields them. ``acceptance``: ``auto``, ``point-mass`` or
     ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always ``greedy``).
     ``seed`` seeds the key streams of speculative sampling, or under ``auto`` the per-position
-    keys (default: drawn from mlx's global random state).
-    On a split target (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
+    keys (default: drawn from mlx's global random state). On a split target
+    (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
     """
-    steps = _generate_step(prompt, model, **kwargs)
-    if getattr(model, "split", None) is None:
-        yield from steps
-    else:
-        yield from model.split.guard(steps)
-
-
-def _generate_step(
-    prompt: mx.array,
-    model: MTPModel,
-    *,
-    max_tokens: int = 256,
-    block_size: Union[int, str, BlockChooser] = AUTO,
-    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
-    sampler: Optional[Callable[[mx.array], mx.array]] = None,
-    logits_processors: Optional[List[Callable[[mx.array, mx.array], mx.array]]] = None,
-    seed: Optional[int] = None,
-    acceptance: str = "auto",
-    prefill_step_size: int = 2048,
-    stats: Optional[RunStats] = None,
-) -> Generator[Tuple[int, mx.array, bool], None, None]:
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or \
+            not (max_tokens >= 1 or max_tokens == -1):
+        raise MTPError(f"max_tokens must be a positive integer or -1 (no limit), got "
+                       f"{max_tokens!r}")
+    max_tokens = sys.maxsize if max_tokens == -1 else max_tokens
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise MTPError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
-        raise MTPError("the prompt must be a non-empty 1-D array of token ids")
-    target = model.target
+        raise MTPError("the prompt must be a non-empty 1-D array of token ids (with "
+                       "input_embeddings too: the MTP head drafts from token ids)")
+    if input_embeddings is not None and (input_embeddings.ndim != 2 or
+                                         input_embeddings.shape[0] != prompt.size):
+        raise MTPError(f"input_embeddings must be [prompt length, hidden size] = "
+                       f"[{prompt.size}, ...], got shape {tuple(input_embeddings.shape)}")
+    kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start).check(model.target)
+    if prompt_cache is None:  # as in mlx-lm, max_kv_size only matters when making the cache
+        note_max_kv_size(model, max_kv_size)
+        cache = make_prompt_cache(model)
+    else:
+        cache = check_prompt_cache(model, prompt_cache)
     drafter = model.drafter if block_size > 1 else None
     if block_size > 1 and drafter is None:
         raise MTPError("this model has no MTP head: load one with drafter= (--drafter), "
                        "or use block_size=1")
+    # The caller's cache must end holding exactly the tokens yielded (``Turn.settle``).
+    turn = Turn(model, cache, kv, drafter) if prompt_cache is not None else None
+    args = dict(max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+                prefill_step_size=prefill_step_size, progress=prompt_progress_callback,
+                input_embeddings=input_embeddings, block_size=block_size, chooser=chooser, seed=seed,
+                acceptance=acceptance, stats=stats)
+    context = mx.stream(stream) if stream is not None else contextlib.nullcontext()
+    with context:
+        tokens = _rounds(prompt, model, cache, kv, turn, drafter, **args)
+        if getattr(model, "split", None) is not None:
+            tokens = model.split.guard(tokens)
+        yielded = 0
+        settle = turn is not None
+        try:
+            for item in tokens:
+                yielded += 1
+                yield item
+        except BaseException as e:
+            settle = settle and isinstance(e, GeneratorExit)  # an error leaves it as mlx-lm would
+            raise
+        finally:
+            tokens.close()
+            if settle:
+                turn.settle(yielded)
+
+
+def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, logits_processors,
+            prefill_step_size, progress, input_embeddings, block_size, chooser, seed, acceptance,
+            stats):
+    target = model.target
     rule = (sampling.choose_rule if chooser is None else keyed_sampling.choose_rule)(
         sampler, drafter, acceptance)
     if isinstance(sampler, sampling.Sampler):
@@ -135,11 +188,17 @@ def _generate_step(
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # Exact or not at all: where a verify block is not byte-identical to single-token decode on
     # this device, the exactness gate declines and the target decodes plainly (mlx_mtp.gate).
-    if not gate.apply(model, block_size, stats).mtp_enabled:
+    decision = gate.apply(model, block_size, stats, kv=kv if kv.enabled else None)
+    if not decision.mtp_enabled:
         stats.acceptance_rule = None
+        if turn is not None:
+            forget_drafter(cache)
+            turn.last = None  # mlx-lm's own generate_step keeps the cache as mlx-lm does
         yield from plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
                                        logits_processors=processors,
-                                       prefill_step_size=prefill_step_size, stats=stats)
+                                       prefill_step_size=prefill_step_size, stats=stats,
+                                       prompt_cache=cache, kv=kv, progress=progress,
+                                       input_embeddings=input_embeddings)
         return
     stats.draft_profiler = profiler
     split = getattr(model, "split", None)
@@ -147,23 +206,40 @@ def _generate_step(
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
+    progress = progress or (lambda *_: None)
 
-    # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last token.
+    def embeddings(lo, hi):
+        return None if input_embeddings is None else input_embeddings[None, lo:hi]
+
+    # Prefill, chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last
+    # token; KV quantization (kv_bits) after each model call, as there.
     t0 = time.perf_counter()
-    target.prepare(block_size)
-    cache = target.make_cache()
-    if drafter is not None:
+    # Overridden gate: the exactness-only fallbacks buy nothing, so they are skipped.
+    if decision.override:
+        target.prepare(block_size, exact=False)
+    else:
+        target.prepare(block_size)
+    if turn is not None:
+        if drafter is not None:
+            turn.start_drafter()
+            turn.pair_previous(prompt[:1])
+        else:
+            forget_drafter(cache)
+    elif drafter is not None:
         drafter.reset()
         drafter.bind_cache(cache)  # the Gemma 4 assistant reads the target's K/V
+    progress(0, L)
     s = 0
     while L - s > 1:
         e = min(s + prefill_step_size, L - 1)
-        h = target.hidden(prompt[None, s:e], cache)
+        h = target.hidden(prompt[None, s:e], cache, embeddings(s, e))
         if drafter is not None:
             drafter.prefill(h, prompt[s + 1 : e + 1])
+        kv.quantize(cache)
         mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
         s = e
-    h = target.hidden(prompt[None, L - 1 :], cache)
+        progress(s, L)
+    h = target.hidden(prompt[None, L - 1 :], cache, embeddings(L - 1, L))
     history = prompt if processors else None  # mlx-lm feeds processors the whole token history
     logits = target.logits(h[:, -1])
     for proc in processors:
@@ -176,10 +252,14 @@ def _generate_step(
     history = sampling.append_history(history, bonus)
     if drafter is not None:
         drafter.prefill(h, bonus)
+    replaced = kv.quantize(cache)
     mx.eval(bonus, logprobs, drafter.state_arrays() if drafter else [])
+    progress(L, L)
     token = bonus.item()
     stats.prompt_tokens = L
     stats.prompt_s = time.perf_counter() - t0
+    if turn is not None:  # the first token: like a round's bonus, yielded before it is fed
+        turn.round_done(0, h[:, -1:], 0, bonus, replaced)
 
     if split is not None:
         crossings()
@@ -189,83 +269,97 @@ def _generate_step(
     deferred = []  # auto: (hidden, ids) of rounds without drafts, fed to the drafter when it drafts
     stats.generation_tokens = 1
     yield token, logprobs[0], False
+    if drafter is None and keys is None and turn is None and not kv.enabled and split is None:
+        # block size 1: no verify block: decode as mlx-lm does
+        yield from _one_token_steps(target, cache, bonus, logprobs, max_tokens, sampler,
+                                    processors, history, stats, t_gen)
+        return
 
     while emitted < max_tokens:
-        k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
-        t_round = time.perf_counter()
-        if chooser is not None:
-            k = chooser.choose(k)
-            if split is not None:  # timed choices differ per rank: all verify rank 0's width
-                k = split.from_rank0(k)
-            if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
-                with stats.phase("accept"):
-                    drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
-                                   mx.concatenate([d[1] for d in deferred]))
-                    mx.eval(drafter.state_arrays())
-                deferred = []
-        t_choice = time.perf_counter()
-        drafts = q = q_ids = None
-        if k > 0:
-            with stats.phase("draft"):
-                syncs = drafter.syncs
-                if rule == keyed_sampling.COUPLED:
-                    ds = keyed_sampling.CoupledDraftSampler(sampler, keys, emitted,
-                                                            target.vocab_size, processors, history)
-                    drafter.draft_sampled(k, ds)
-                    drafts = ds.drafts()
+        with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
+            k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
+            k = kv.max_drafts(cache, k)  # kv_bits: no verify row across the switch to quantized
+            t_round = time.perf_counter()
+            if chooser is not None:
+                k = chooser.choose(k)
+                if split is not None:  # timed choices differ per rank: all verify rank 0's width
+                    k = split.from_rank0(k)
+                if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
+                    with stats.phase("accept"):
+                        drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
+                                       mx.concatenate([d[1] for d in deferred]))
+                        mx.eval(drafter.state_arrays())
+                    deferred = []
+            t_choice = time.perf_counter()
+            drafts = q = q_ids = None
+            if k > 0:
+                with stats.phase("draft"):
+                    syncs = drafter.syncs
+                    if rule == keyed_sampling.COUPLED:
+                        ds = keyed_sampling.CoupledDraftSampler(sampler, keys, emitted,
+                                                                target.vocab_size, processors, history)
+                        drafter.draft_sampled(k, ds)
+                        drafts = ds.drafts()
+                    elif streams is None:
+                        drafts = drafter.draft(k)
+                    else:
+                        ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
+                                                   processors, history)
+                        drafter.draft_sampled(k, ds)
+                        drafts, q, q_ids = ds.result()
+                    mx.eval(drafts, q if q is not None else [])  # the block's one sync
+                    stats.draft_syncs += 1 + drafter.syncs - syncs
+            t_verify = time.perf_counter()
+            with stats.phase("verify"):
+                block = bonus if drafts is None else mx.concatenate([bonus, drafts])
+                # One token (no drafts) needs no rollback: a plain step.
+                h = target.verify(block[None], cache) if k > 0 else target.hidden(block[None], cache)
+                logits = target.logits(h[0])
+                if processors:
+                    logits = sampling.process_rows(logits, history, block, processors)
+                logprobs = _logprobs(logits)
+                parts = [] if drafts is None else [drafts]
+                if keys is not None:
+                    toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
                 elif streams is None:
-                    drafts = drafter.draft(k)
+                    toks = sampler(logprobs)
                 else:
-                    ds = sampling.DraftSampler(sampler, streams.draft(), target.vocab_size,
-                                               processors, history)
-                    drafter.draft_sampled(k, ds)
-                    drafts, q, q_ids = ds.result()
-                mx.eval(drafts, q if q is not None else [])  # the block's one sync
-                stats.draft_syncs += 1 + drafter.syncs - syncs
-        with stats.phase("verify"):
-            block = bonus if drafts is None else mx.concatenate([bonus, drafts])
-            h = target.verify(block[None], cache)
-            logits = target.logits(h[0])
-            if processors:
-                logits = sampling.process_rows(logits, history, block, processors)
-            logprobs = _logprobs(logits)
-            parts = [] if drafts is None else [drafts]
-            if keys is not None:
-                toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
-            elif streams is None:
-                toks = sampler(logprobs)
+                    accepted, toks = sampling.rejection_sample(
+                        sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
+                    parts.append(accepted.astype(mx.uint32))
+                # The round's one host read: the target's picks, the drafts and any verdicts.
+                host = mx.concatenate([toks, *parts]).tolist()
+                stats.host_syncs += 1
+            stats.record_verify(k + 1, time.perf_counter() - t_verify)
+            t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
+            if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
+                a = sampling.accepted_length([d == t for d, t in zip(d_ids, t_ids)])
             else:
-                accepted, toks = sampling.rejection_sample(
-                    sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
-                parts.append(accepted.astype(mx.uint32))
-            # The round's one host read: the target's picks, the drafts and any verdicts.
-            host = mx.concatenate([toks, *parts]).tolist()
-            stats.host_syncs += 1
-        t_ids, d_ids = host[: k + 1], host[k + 1 : 2 * k + 1]
-        if streams is None:  # greedy / point-mass: keep drafts while they equal the target's picks
-            a = sampling.accepted_length([d == t for d, t in zip(d_ids, t_ids)])
-        else:
-            a = sampling.accepted_length(host[2 * k + 1 :])
-        out_ids = d_ids[:a] + t_ids[a : a + 1]
-        new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
-        with stats.phase("finalize"):
-            target.rollback(cache, fed=k + 1, keep=a + 1)  # on every rank: its own layers
-            mx.eval(target.cache_state(cache))
-        if split is not None:
-            crossings()
-            split.log_cache(target, cache, L + emitted + a)
-        bonus = toks[a : a + 1]
-        history = sampling.append_history(history, new_ids)
-        if drafter is not None and chooser is not None and k == 0:
-            deferred.append((h[:, :1], new_ids))  # no draft next round, maybe: feed it later
-        elif drafter is not None:
-            with stats.phase("accept"):
-                drafter.accept(h[:, : a + 1], new_ids)
-                mx.eval(drafter.state_arrays())
-        t_end = time.perf_counter()
-        stats.record_round(k, a, t_end - t_round)
-        if chooser is not None:
-            chooser.observe(k, a, t_end - t_choice)
+                a = sampling.accepted_length(host[2 * k + 1 :])
+            out_ids = d_ids[:a] + t_ids[a : a + 1]
+            new_ids = toks[:1] if a == 0 else mx.concatenate([drafts[:a], toks[a : a + 1]])
+            if k > 0:  # selecting the kept states is graph work: evaluated with the next round
+                with stats.phase("finalize"):
+                    target.rollback(cache, fed=k + 1, keep=a + 1)
+            replaced = kv.quantize(cache)
+            if split is not None:  # rollback ran on every rank, on its own layers
+                crossings()
+                split.log_cache(target, cache, L + emitted + a)
+            bonus = toks[a : a + 1]
+            history = sampling.append_history(history, new_ids)
+            if drafter is not None and chooser is not None and k == 0 and turn is None:
+                # (a prompt cache's turn needs the drafter current at every round: no deferral)
+                deferred.append((h[:, :1], new_ids))  # no draft next round, maybe: feed it later
+            elif drafter is not None:
+                with stats.phase("accept"):
+                    drafter.accept(h[:, : a + 1], new_ids)
+                    mx.eval(drafter.state_arrays())
+            if turn is not None:
+                turn.round_done(emitted, h[:, : a + 1], a, bonus, replaced)
+            t_end = time.perf_counter()
+            stats.record_round(k, a, t_end - t_round)
+            if chooser is not None:
+                chooser.observe(k, a, t_end - t_choice)
         n_out = min(a + 1, max_tokens - emitted)
         emitted += n_out
         stats.generation_tokens = emitted
@@ -273,5 +367,45 @@ def _generate_step(
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9
         for i in range(n_out):
             yield out_ids[i], logprobs[i], i < a
+    stats.generation_s = time.perf_counter() - t_gen
+    stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+
+def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors, history,
+                     stats, t_gen):
+    """Block size 1: one token per step, pipelined like mlx-lm's ``generate_step``: step n + 1 is
+    queued (``mx.async_eval``) before step n's token is read, so building the graph overlaps the
+    compute. No capture, no rollback, one host read per token."""
+
+    def step(y, history):
+        h = target.hidden(y[None], cache)
+        logits = target.logits(h[:, -1])
+        for proc in processors:
+            logits = proc(history, logits)
+        logprobs = _logprobs(logits)
+        return sampler(logprobs), logprobs
+
+    emitted = 1
+    if emitted >= max_tokens:
+        return
+    nxt = step(y, history)
+    mx.async_eval(*nxt)
+    while emitted < max_tokens:
+        t_round = time.perf_counter()
+        y, logprobs = nxt
+        history = sampling.append_history(history, y)
+        if emitted + 1 < max_tokens:
+            nxt = step(y, history)
+            mx.async_eval(*nxt)
+        token = y.item()
+        stats.host_syncs += 1
+        if emitted % 256 == 0:  # as mlx-lm does
+            mx.clear_cache()
+        stats.record_round(0, 0, time.perf_counter() - t_round)
+        emitted += 1
+        stats.generation_tokens = emitted
+        stats.generation_s = time.perf_counter() - t_gen
+        stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+        yield token, logprobs[0], False
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9

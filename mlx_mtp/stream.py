@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Generator, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationResponse
+from mlx_lm.generate import GenerationResponse, wired_limit
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from .diagnostics import RunStats
+from .errors import MTPError
 from .plain import plain_generate_step
 from .speculative import generate_step
 
@@ -35,19 +36,68 @@ def encode_prompt(tokenizer, prompt: Union[str, List[int], mx.array]) -> mx.arra
     return mx.array(prompt)
 
 
-def stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+def stream_generate(model, tokenizer, prompt: Union[str, mx.array, List[int]],
+                    max_tokens: int = DEFAULT_MAX_TOKENS, draft_model=None, stream=None, *,
                     block_size=DEFAULT_BLOCK_SIZE, max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
-                    sampler=None, stats: Optional[RunStats] = None, **kwargs) -> Generator:
-    """Yield mlx-lm-style responses; the last one carries the run's ``stats`` (``RunStats``).
-    ``block_size``: an integer, or ``"auto"`` (drafts chosen per round, up to
-    ``max_block_size - 1``; see ``generate_step``).
-
-    Stops at an EOS token like mlx-lm's ``stream_generate``.
+                    stats: Optional[RunStats] = None,
+                    **kwargs) -> Generator:
+    """mlx-lm's ``stream_generate``: yields ``GenerationResponse``s (``text``, ``token``,
+    ``logprobs``, ``from_draft``, ``prompt_tokens``, ``prompt_tps``, ``generation_tokens``,
+    ``generation_tps``, ``peak_memory``, ``finish_reason``); the last one also carries the run's
+    ``stats`` (``RunStats``). Stops at an EOS token. ``block_size``: an integer, or ``"auto"``
+    (drafts chosen per round, up to ``max_block_size - 1``; see ``generate_step``). ``kwargs`` go
+    to ``generate_step`` (mlx-lm's arguments and ours). ``draft_model`` must be None: the drafter is the model's MTP head.
+    ``stream``: run on this MLX stream (default: the current one).
     """
+    if draft_model is not None:
+        raise MTPError("draft_model is not supported: mlx_mtp drafts with the target's own MTP "
+                       "head (load it with mlx_mtp.load(..., drafter=...)); for a separate "
+                       "draft model use mlx_lm.stream_generate")
+    if "num_draft_tokens" in kwargs:
+        raise MTPError("num_draft_tokens is mlx-lm's setting for a separate draft model: "
+                       "use block_size (tokens verified per round = drafts + 1)")
+    if max_tokens == 0:
+        raise MTPError("max_tokens must be non-zero (use -1 for no limit)")
     tokenizer, prompt, stats = _start(tokenizer, prompt, stats)
-    tokens = generate_step(prompt, model, max_tokens=max_tokens, block_size=block_size,
-                           max_block_size=max_block_size, sampler=sampler, stats=stats, **kwargs)
-    yield from _responses(tokens, tokenizer, prompt, max_tokens, stats)
+    tokens = generate_step(prompt, model, stream, max_tokens=max_tokens, block_size=block_size,
+                           max_block_size=max_block_size, stats=stats, **kwargs)
+    with wired_limit(model.mlx_model, [stream] if stream is not None else None):
+        yield from _responses(tokens, tokenizer, prompt, max_tokens, stats)
+
+
+def generate(model, tokenizer, prompt: Union[str, List[int]], verbose: bool = False,
+             **kwargs) -> str:
+    """mlx-lm's ``generate``: the whole response as text. ``verbose`` prints the text as it comes
+    and then mlx-lm's speed lines, plus one line on MTP. ``kwargs`` go to ``stream_generate``."""
+    if verbose:
+        print("=" * 10)
+    text, response = "", None
+    for response in stream_generate(model, tokenizer, prompt, **kwargs):
+        if verbose:
+            print(response.text, end="", flush=True)
+        text += response.text
+    if verbose:
+        print()
+        print("=" * 10)
+        if len(text) == 0:
+            print("No text generated for this prompt")
+            return text
+        print(f"Prompt: {response.prompt_tokens} tokens, "
+              f"{response.prompt_tps:.3f} tokens-per-sec")
+        print(f"Generation: {response.generation_tokens} tokens, "
+              f"{response.generation_tps:.3f} tokens-per-sec")
+        print(f"Peak memory: {response.peak_memory:.3f} GB")
+        print(_mtp_line(response.stats))
+    return text
+
+
+def _mtp_line(stats: RunStats) -> str:
+    if not stats.mtp_enabled:
+        return f"MTP: off ({stats.gate_reason})"
+    if stats.block_size == 1:
+        return "MTP: block size 1 (plain decode through the round loop)"
+    return (f"MTP: block size {stats.block_size}, {stats.accepted} of {stats.drafted} drafts "
+            f"accepted ({stats.acceptance_rate:.3f}), {stats.tokens_per_round:.3f} tokens per round")
 
 
 def plain_stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -75,18 +125,20 @@ def _responses(tokens: Iterator[Tuple[int, mx.array, bool]], tokenizer: Tokenize
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     token, logprobs, from_draft, n = None, None, False, 0
-    for n, (token, logprobs, from_draft) in enumerate(tokens, 1):
-        if token in tokenizer.eos_token_ids:
-            break
-        detokenizer.add_token(token)
-        if n == max_tokens:
-            break
-        yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
-                       from_draft=from_draft, prompt_tokens=prompt.size,
-                       prompt_tps=stats.prompt_tps, generation_tokens=n,
-                       generation_tps=stats.generation_tps,
-                       peak_memory=mx.get_peak_memory() / 1e9)
-    tokens.close()
+    try:
+        for n, (token, logprobs, from_draft) in enumerate(tokens, 1):
+            if token in tokenizer.eos_token_ids:
+                break
+            detokenizer.add_token(token)
+            if n == max_tokens:
+                break
+            yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                           from_draft=from_draft, prompt_tokens=prompt.size,
+                           prompt_tps=stats.prompt_tps, generation_tokens=n,
+                           generation_tps=stats.generation_tps,
+                           peak_memory=mx.get_peak_memory() / 1e9)
+    finally:
+        tokens.close()  # a prompt cache now holds the prompt and exactly the tokens yielded
     detokenizer.finalize()
     yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
                    from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=stats.prompt_tps,

@@ -4,6 +4,7 @@ Family adapters add caches, logits, verify and rollback."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, List
 
 import mlx.core as mx
@@ -22,6 +23,7 @@ class TrunkTarget:
         self.trunk = self.lm.model  # returns the post-final-norm hidden states
         self.exact_width = 1  # verify widths made row-exact so far (see ``prepare``)
         self.row_exact_layers = {}
+        self.exact = True  # False: verify without the exactness-only fallbacks (``prepare``)
 
     @property
     def layers(self):
@@ -40,8 +42,11 @@ class TrunkTarget:
     def dtype(self):
         return self.trunk.norm.weight.dtype
 
-    def hidden(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]``; advances the cache by T."""
+    def hidden(self, ids: mx.array, cache: List[Any], input_embeddings=None) -> mx.array:
+        """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]`` (or ``input_embeddings
+        [1, T, H]`` in their place, as mlx-lm's models take them); advances the cache by T."""
+        if input_embeddings is not None:
+            return self.trunk(ids, cache, input_embeddings=input_embeddings)
         return self.trunk(ids, cache)
 
     @property
@@ -53,10 +58,13 @@ class TrunkTarget:
         """The module whose rows project onto the vocabulary (the embedding when tied)."""
         return self.trunk.embed_tokens if self.tied_head else self.lm.lm_head
 
-    def prepare(self, max_width: int) -> None:
+    def prepare(self, max_width: int, exact: bool = True) -> None:
         """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
-        kernel is not row-invariant at those widths compute verify rows one at a time."""
-        if max_width > self.exact_width:
+        kernel is not row-invariant at those widths compute verify rows one at a time.
+        ``exact=False`` (the gate overridden by MLX_MTP_ALLOW_INEXACT=1): verify with the plain
+        multi-row kernels, no row-exact products, no per-row attention."""
+        self.exact = exact
+        if exact and max_width > self.exact_width:
             self.row_exact_layers = row_exact.install(self.model, max_width,
                                                       tied_head=self.tied_head)
             self.exact_width = max_width
@@ -64,7 +72,7 @@ class TrunkTarget:
     def project(self, hidden: mx.array) -> mx.array:
         """The LM head (tied or own). Decode projects one row at a time, so several rows are
         the verify case: row-exact."""
-        with row_exact.verifying():
+        with self._verifying():
             if self.tied_head:
                 return self.trunk.embed_tokens.as_linear(hidden)
             logits = self.lm.lm_head(hidden)
@@ -84,8 +92,12 @@ class TrunkTarget:
         for c in flagged:
             setattr(c, flag, True)
         try:
-            with row_exact.verifying():
+            with self._verifying():
                 return self.trunk(ids, cache)
         finally:
             for c in flagged:
                 setattr(c, flag, False)
+
+    def _verifying(self):
+        """The row-exact context of a verify, unless exactness was waived (``prepare``)."""
+        return row_exact.verifying() if self.exact else nullcontext()

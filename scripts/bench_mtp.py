@@ -212,6 +212,7 @@ def summarize(args, model, raw, exact, bw) -> dict:
                        for s in st if len(s["per_position_rounds"]) > j)
             per_pos.append(hits / offered if offered else 0.0)
         draft_steps = sum(max(s["drafted"] - s["rounds"], 0) for s in st)
+        verify_ms = verify_ms_by_width(st)
         rows.append({
             "block_size": bs,
             "classic_tps": statistics.median(r["tps"] for r in classic),
@@ -222,6 +223,10 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "tokens_per_round": sum(s["accepted"] + s["rounds"] for s in st) / max(rounds, 1),
             "per_position_acceptance": per_pos,
             "round_ms": phase,
+            # Mean verify-phase ms per round by verify width, and as a multiple of the plain
+            # (mlx-lm) decode step of the same run: what a verify of w tokens costs in steps.
+            "verify_ms_by_width": verify_ms,
+            "verify_over_step_by_width": {w: ms / classic_ms for w, ms in verify_ms.items()},
             "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in st) / draft_steps
                                 if draft_steps else None),
             # Only meaningful at T=0; sampled runs are not expected to match token for token.
@@ -249,6 +254,17 @@ def summarize(args, model, raw, exact, bw) -> dict:
         "rows": rows, "per_prompt": per_prompt(args, raw), "raw": raw,
     }
     return result
+
+
+def verify_ms_by_width(stats: list) -> dict:
+    """Round-weighted mean verify ms per verify width over runs' ``RunStats.to_dict()``."""
+    total, rounds = {}, {}
+    for s in stats:
+        for w, ms in s.get("verify_ms_by_width", {}).items():
+            n = s["verify_rounds_by_width"][w]
+            total[w] = total.get(w, 0.0) + ms * n
+            rounds[w] = rounds.get(w, 0) + n
+    return {int(w): total[w] / rounds[w] for w in sorted(total, key=int) if rounds[w]}
 
 
 def _arm(bs) -> str:
@@ -393,6 +409,17 @@ def render(r: dict) -> str:
         cells = " | ".join(f"{row['round_ms'][p]:.2f} ({100 * row['round_ms'][p] / tot:.0f}%)"
                            for p in ("verify", "draft", "accept", "finalize", "residual"))
         lines.append(f"| {row['block_size']} | {cells} |")
+    widest = max([int(w) for row in r["rows"] for w in row.get("verify_ms_by_width", {})] + [1])
+    lines += ["", "## Verify cost per width (verify-phase ms per round / plain decode step ms)", "",
+              f"Plain (mlx-lm) decode step: {r['classic_step_ms']:.2f} ms.", "",
+              "| block | " + " | ".join(f"w={w}" for w in range(1, widest + 1)) + " |",
+              "|---|" + "---|" * widest]
+    for row in r["rows"]:
+        by_w = {int(w): v for w, v in row.get("verify_over_step_by_width", {}).items()}
+        ms = {int(w): v for w, v in row.get("verify_ms_by_width", {}).items()}
+        cells = [f"{ms[w]:.2f} ms ({by_w[w]:.2f}x)" if w in by_w else "-"
+                 for w in range(1, widest + 1)]
+        lines.append(f"| {row['block_size']} | " + " | ".join(cells) + " |")
     lines += ["", "## The floor", "",
               f"- Measured streaming-read bandwidth: {r['bandwidth_gbs']:.1f} GB/s",
               f"- Target step reads {r['target_step_bytes'] / 1e6:.1f} MB: floor "

@@ -200,5 +200,16 @@ class Gemma4AssistantDrafter(DrafterDefaults):
         protocol): full-vocabulary logits, -inf outside the centroid head's candidates."""
         return self._draft(k, lambda hn: sample(self.assistant.logits(hn)))
 
+    # -- prompt caches across turns: nothing of its own to carry (it reads the target's K/V) --
+
+    def carry(self) -> list:
+        return []
+
+    def resume(self, carried: list) -> None:
+        self.reset()
+
+    def rewind(self, n: int) -> None:
+        """Nothing to undo: the next prefill re-arms from the target's cache."""
+
     def state_arrays(self) -> list:
         return [a for a in (self.hidden, self.bonus) if a is not None]

@@ -30,12 +30,13 @@ _ASSISTANT_ARCH = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input
 
 
 def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head: bool,
-                      draft_options: Optional[DraftOptions]) -> MTPModel:
+                      draft_options: Optional[DraftOptions],
+                      target_args: Optional[dict] = None) -> MTPModel:
     if draft_options is not None and draft_options != DraftOptions():
         raise MTPError("the drafter options (--draft-vocab, --draft-bits, --draft-group-size, "
                        "--draft-quantize-fc) apply to the Qwen MTP head, not to a Gemma 4 "
                        "assistant")
-    target = Gemma4Target(load_target(path, dtype))
+    target = Gemma4Target(load_target(path, dtype, **(target_args or {})))
     assistant = None
     if drafter is None and (path / EMBEDDED_ASSISTANT / "config.json").is_file():
         drafter = path / EMBEDDED_ASSISTANT  # a folder written by python -m mlx_mtp.convert

@@ -28,6 +28,8 @@ class Gemma4Target(TrunkTarget):
     """What the round loop, the exactness probe and the assistant drafter need from a Gemma 4
     target. Same interface as ``Qwen3_5Target``."""
 
+    family = "gemma4"
+
     def __init__(self, model: nn.Module):
         super().__init__(model)
         if not isinstance(self.lm, _gemma4_text.Model):
@@ -73,6 +75,12 @@ class Gemma4Target(TrunkTarget):
         their state after row ``keep``; they raise rather than trim less)."""
         for c in cache:
             c.trim(fed - keep)
+
+    def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
+        """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first
+        ``keep`` (the caller stopped reading mid-round): the caches still hold those rows' states."""
+        for c in cache:
+            c.trim(kept - keep)
 
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
         """The caches' buffers as they are now (for eval, and for bitwise comparison with the

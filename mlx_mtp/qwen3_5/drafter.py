@@ -162,6 +162,21 @@ class QwenMTPDrafter(DrafterDefaults):
             self.in_round = 0
             self.prefill(hidden, next_ids)
 
+    # -- prompt caches across turns (mlx_mtp.prompt_cache) ------------------------------------
+
+    def carry(self) -> list:
+        """What a prompt cache keeps between turns: the head's KV caches (exact entries only)."""
+        return self.cache
+
+    def resume(self, carried: list) -> None:
+        self.reset()
+        self.cache = carried
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` pairs consumed (rows the caller never read)."""
+        for c in self.cache:
+            c.trim(n)
+
     def state_arrays(self) -> list:
         out = [self.first_draft, self.first_draft_hidden]
         for c in self.cache:

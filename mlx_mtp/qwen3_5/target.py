@@ -1,7 +1,9 @@
 """Target adapter for the hybrid Qwen families: Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
 Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
-GatedDeltaNet instances for a subclass that can stash verify-time inputs, so a partial accept can
-be rolled back by replaying the recurrence for the kept tokens (spec §3.2, option A).
+GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
+token of the block, so a partial accept is rolled back by selecting the state at the accepted
+length (no recompute). Where mlx-lm would run its Metal kernel instead of the ops recurrence, the
+inputs are stashed and the kept tokens replayed (spec §3.2, option A).
 
 Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
 ``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
@@ -16,8 +18,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
-from mlx_lm.models.cache import ArraysCache, KVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
+from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_delta_update,
+                                       normalize_qk)
 
 from .. import row_exact
 from ..trunk import TrunkTarget
@@ -26,17 +30,48 @@ QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 class SpecArraysCache(ArraysCache):
-    """mlx-lm's GDN cache (conv state, recurrent state) plus the stash of the last verify."""
+    """mlx-lm's GDN cache (conv state, recurrent state) plus what the last verify kept for a
+    rollback: ``("states", per-token states, conv_input)`` or ``("replay", inputs..., conv_input)``."""
+
+    capture = False
+    stash = None
+    keep_stash = False  # a prompt-cache turn keeps the last verify's stash for ``rewind``
 
     def __init__(self):
         super().__init__(size=2)
-        self.capture = False
-        self.stash = None
+
+
+def uses_ops_recurrence(k: mx.array, use_kernel: bool) -> bool:
+    """Whether mlx-lm's ``gated_delta_update`` runs its ops loop here (else its Metal kernel)."""
+    return (not use_kernel or mx.default_device() != mx.gpu or not mx.metal.is_available()
+            or k.shape[-1] < 32 or k.shape[-1] % 32 != 0)
+
+
+def gated_delta_states(q, k, v, a, b, A_log, dt_bias, state):
+    """mlx-lm's ops recurrence (``gated_delta_update`` -> ``gated_delta_ops``, unmasked), op for
+    op, except that it returns the state after every token: ``(y [B,T,Hv,Dv], [state_1..state_T])``.
+    The states exist anyway while the loop runs; keeping them makes a rollback a selection."""
+    beta = mx.sigmoid(b)
+    g = compute_g(A_log, a, dt_bias)
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    if state is None:
+        state = mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
+    if (repeat := Hv // Hk) > 1:
+        q = mx.repeat(q, repeat, -2)
+        k = mx.repeat(k, repeat, -2)
+    ys, states = [], []
+    for t in range(T):
+        y, state = _gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None)
+        ys.append(y)
+        states.append(state)
+    return mx.stack(ys, axis=1), states
 
 
 class _CapturingGDN:
-    """Mixin: when the cache asks for capture, run the parent's forward while keeping
-    ``(q, k, v, a, b, state_in, conv_input)`` on the cache. Otherwise defer to the parent."""
+    """Mixin: when the cache asks for capture, run the parent's forward while keeping what a
+    rollback needs on the cache (the per-token states, or the inputs to replay where mlx-lm runs
+    a kernel that only returns the last state). Otherwise defer to the parent."""
 
     def _project(self, inputs):  # -> (mixed_qkv [B,S,conv_dim], z [B,S,Hv,Dv], b, a)
         raise NotImplementedError
@@ -69,19 +104,28 @@ class _CapturingGDN:
         ]
         state_in = cache[1]
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
-        out, state = gated_delta_update(
-            q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask, use_kernel=not self.training
-        )
-        cache[1] = state
+        if mask is None and uses_ops_recurrence(k, not self.training):
+            out, states = gated_delta_states(q, k, v, a, b, self.A_log, self.dt_bias, state_in)
+            cache[1] = states[-1]
+            cache.stash = ("states", states, conv_input)
+        else:
+            out, cache[1] = gated_delta_update(
+                q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask,
+                use_kernel=not self.training)
+            cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
         cache.advance(S)
-        cache.stash = (q, k, v, a, b, state_in, conv_input)
         out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
         return out if group is None else mx.distributed.all_sum(out, group=group)
 
-    def replay(self, cache: SpecArraysCache, keep: int) -> None:
+    def rewind(self, cache: SpecArraysCache, keep: int) -> None:
         """Set the cache to the state after the first ``keep`` tokens of the last verify."""
-        q, k, v, a, b, state_in, conv_input = cache.stash
+        kind, *stash = cache.stash
+        conv_input = stash[-1]
         cache[0] = mx.contiguous(conv_input[:, keep : keep + self.conv_kernel_size - 1, :])
+        if kind == "states":
+            cache[1] = stash[0][keep - 1]
+            return
+        q, k, v, a, b, state_in, _ = stash
         _, cache[1] = gated_delta_update(
             q[:, :keep], k[:, :keep], v[:, :keep], a[:, :keep], b[:, :keep],
             self.A_log, self.dt_bias, state_in, None, use_kernel=not self.training,
@@ -114,7 +158,7 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         B, L, D = x.shape
-        if not row_exact.active() or L == 1 or cache is None or hasattr(cache, "bits"):
+        if not row_exact.active() or L == 1 or cache is None:
             return super().__call__(x, mask, cache)
         # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA.
         queries, gate = mx.split(self.q_proj(x).reshape(B, L, self.num_attention_heads, -1), 2, axis=-1)
@@ -126,15 +170,22 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         start = cache.offset
         queries = self.rope(queries, offset=start)
         keys = self.rope(keys, offset=start)
-        keys, values = cache.update_and_fetch(keys, values)
+        keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
         rows = [
-            mx.fast.scaled_dot_product_attention(
-                queries[:, :, i : i + 1], keys[..., : start + i + 1, :],
-                values[..., : start + i + 1, :], scale=self.scale, mask=None)
+            scaled_dot_product_attention(
+                queries[:, :, i : i + 1], _first(keys, start + i + 1),
+                _first(values, start + i + 1), cache=cache, scale=self.scale, mask=None)
             for i in range(L)
         ]
         output = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output * mx.sigmoid(gate))
+
+
+def _first(kv, n: int):
+    """Positions ``0..n-1`` of a cache's keys or values (an array, or a quantized tuple)."""
+    if isinstance(kv, (tuple, list)):  # (packed, scales, biases)
+        return tuple(x[..., :n, :] for x in kv)
+    return kv[..., :n, :]
 
 
 _SPEC_GDN = {
@@ -148,6 +199,8 @@ class Qwen3_5Target(TrunkTarget):
 
     ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
     """
+
+    family = "qwen3_5"
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -180,10 +233,23 @@ class Qwen3_5Target(TrunkTarget):
         for layer, c in zip(self.layers, cache):
             if isinstance(c, SpecArraysCache):
                 if keep < fed:
-                    layer.linear_attn.replay(c, keep)
-                c.stash = None
+                    layer.linear_attn.rewind(c, keep)
+                if not c.keep_stash:
+                    c.stash = None
             elif keep < fed:
                 c.trim(fed - keep)
+
+    def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
+        """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first ``keep``
+        (the caller stopped reading mid-round). Selects (or replays) from the stash ``keep_stash`` retained."""
+        for layer, c in zip(self.layers, cache):
+            if isinstance(c, SpecArraysCache):
+                if c.stash is None:
+                    raise RuntimeError("rewind needs the last verify's stash (keep_stash)")
+                layer.linear_attn.rewind(c, keep)
+                c.stash = None
+            else:
+                c.trim(kept - keep)
 
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
         """The arrays that hold the committed state (for eval and for bitwise comparisons)."""
@@ -192,6 +258,9 @@ class Qwen3_5Target(TrunkTarget):
             if isinstance(c, KVCache):
                 if c.keys is not None:
                     out += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+            elif isinstance(c, QuantizedKVCache):  # kv_bits: (packed, scales, biases) each
+                if c.keys is not None:
+                    out += [x[..., : c.offset, :] for x in (*c.keys, *c.values)]
             else:
                 out += [x for x in c.cache if x is not None]
         return out

@@ -31,8 +31,15 @@ def test_bench_writes_markdown_and_json(tmp_path):
     text = md[0].read_text()
     assert three["mtp_enabled"] and three["exactness"]["verdict"] == "equal"
     assert "- block 3: MTP ran; verdict equal; all widths equal" in md[0].read_text()
+    # verify ms per width (3 drafts-full rounds, and the budget's shorter last rounds) and the
+    # same as a multiple of the plain decode step
+    assert "3" in three["verify_ms_by_width"] and data["rows"][0]["verify_ms_by_width"] == {}
+    for w, ms in three["verify_ms_by_width"].items():
+        assert ms > 0
+        assert abs(three["verify_over_step_by_width"][w] - ms / data["classic_step_ms"]) < 1e-12
+    assert f"{three['verify_ms_by_width']['3']:.2f} ms ({three['verify_over_step_by_width']['3']:.2f}x)" in text
     for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
-                    "## The floor", "## Idle check", "smoke run"):
+                    "## Verify cost per width", "## The floor", "## Idle check", "smoke run"):
         assert section in text
     # The idle check is in the record; a busy machine (--allow-busy) is labelled, not hidden.
     check = data["idle_check"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import mlx_mtp
 from mlx_mtp import cpu_blas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,7 @@ def run(code, **env):
 
 STATE = """
 import json, os, mlx_mtp
+import mlx_mtp
 from mlx_mtp import cpu_blas
 s = cpu_blas.STATE
 """ + ROW_CHECK + """
@@ -117,3 +119,40 @@ except mlx_mtp.MTPError as e:
 """
     out, _ = run(code, MLX_MTP_CPU_BLAS="/no/such/libblas.so")
     assert out["error"].startswith("MLX_MTP_CPU_BLAS=/no/such/libblas.so: cannot load this library (")
+
+
+THREADS = """
+import json, os, mlx_mtp
+import mlx_mtp
+from mlx_mtp import cpu_blas
+api = cpu_blas._thread_api()
+get = (lambda: api[0]()) if api else (lambda: None)
+before = get()
+with cpu_blas.verify_threads():
+    inside = get()
+print(json.dumps({"name": cpu_blas.STATE.name, "before": before, "inside": inside,
+                  "after": get()}))
+"""
+
+
+@pytest.mark.parametrize("lib", ["BLIS", "OpenBLAS"])
+def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
+    path = next((p for n, p in cpu_blas.find() if n == lib), None)
+    if path is None:
+        pytest.skip(f"{lib} is not installed here")
+    out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path)
+    n = len(os.sched_getaffinity(0))  # the default thread count
+    assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, 1, n)
+    out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path, MLX_MTP_VERIFY_THREADS="0")
+    assert out["before"] == out["inside"] == out["after"]
+    out, _ = run(THREADS, MLX_MTP_CPU_BLAS="off")
+    assert (out["name"], out["inside"]) == ("bundled", None)  # nothing to set
+
+
+def test_a_bad_verify_thread_count_is_one_line_naming_the_variable():
+    assert cpu_blas.verify_thread_count({}) == 1
+    assert cpu_blas.verify_thread_count({"MLX_MTP_VERIFY_THREADS": "3"}) == 3
+    with pytest.raises(mlx_mtp.MTPError) as e:
+        cpu_blas.verify_thread_count({"MLX_MTP_VERIFY_THREADS": "two"})
+    assert str(e.value) == ("environment variable MLX_MTP_VERIFY_THREADS must be a whole number "
+                            "of threads (0 = leave the BLAS default), got 'two'")

@@ -8,7 +8,8 @@ from conftest import reference_greedy
 from oracle import OracleDrafter
 
 import mlx_mtp
-from mlx_mtp import MTPError, generate
+import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
+from mlx_mtp import MTPError
 from mlx_mtp.diagnostics import RunStats
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES
 from mlx_mtp.qwen3_5.options import DraftOptions

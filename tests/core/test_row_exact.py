@@ -58,3 +58,103 @@ def test_first_divergent_width_sees_a_row_dependent_function():
 
     assert row_exact.first_divergent_width(leaky, 4, 16, mx.float32) == 2
     assert row_exact.first_divergent_width(lambda x: x * 2.0, 4, 16, mx.float32) == 0
+
+
+def test_one_row_products_equal_one_row_calls_per_block_size():
+    """The column-blocked batched formulation equals the one-row product of the whole matrix,
+    bitwise, with this BLAS, for shapes where a plain multi-row product differs (BLIS: K > 512,
+    outputs not a multiple of 8) and for every block size tried, ragged last block included."""
+    for K, N in ((1024, 640), (768, 36), (256, 512)):
+        w = mx.random.normal((N, K), key=mx.random.key(K + N))
+        x = mx.random.normal((1, 4, K), key=mx.random.key(5))
+        rows = [x[:, i : i + 1] @ w.T for i in range(4)]
+        for cols in (N, 256, 96, 64, 16):
+            got = row_exact.one_row_products(x, w, cols)
+            mx.eval(got, rows)
+            assert got.shape == (1, 4, N)
+            assert all(bitwise(got[:, i : i + 1], rows[i]) for i in range(4)), (K, N, cols)
+
+
+def test_block_columns_keeps_a_block_within_block_bytes():
+    assert row_exact.block_columns(mx.zeros((8192, 1024))) == 64
+    assert row_exact.block_columns(mx.zeros((1024, 8192))) == 32  # 64 x 8192 x 4 > 1 MiB
+    assert row_exact.block_columns(mx.zeros((1024, 65536))) == 16  # the floor
+    assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # narrower than a block: whole
+
+
+def test_install_uses_blocked_one_row_products_for_float_layers():
+    layer = nn.Linear(1024, 8192, bias=False)
+    mx.eval(layer.parameters())
+    calls = []
+    original = row_exact.one_row_products
+
+    def spy(x, w, cols):
+        calls.append(cols)
+        return original(x, w, cols)
+
+    divergent = row_exact.first_divergent_width(layer, 3, 1024, mx.float32)
+    switched = row_exact.install(layer, 3)
+    assert switched == ({"": divergent} if divergent else {})
+    if not divergent:  # this BLAS (bundled) reduces 3 rows like 1 here: the layer stays plain
+        assert type(layer) is nn.Linear
+        return
+    assert layer.block_cols == 64
+    row_exact.one_row_products = spy
+    try:
+        assert check_rows(layer, 1024, 3)
+    finally:
+        row_exact.one_row_products = original
+    assert calls == [64]
+
+
+def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeypatch):
+    """prepare(exact=False) (the gate overridden): a verify is the plain multi-row forward, with
+    no row-exact products and no per-row attention; prepare() turns them back on."""
+    from mlx_mtp.qwen3_5 import target as qwen3_5
+
+    model = mlx_mtp.load_model(dense_dir, require_head=False)
+    target = model.target
+    calls = []
+    for name in ("one_row_products", "_by_rows"):
+        original = getattr(row_exact, name)
+        monkeypatch.setattr(row_exact, name,
+                            lambda *a, _o=original, _n=name: calls.append(_n) or _o(*a))
+    per_row = []
+    sdpa = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(qwen3_5.mx.fast, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: per_row.append(q.shape[2]) or sdpa(q, *a, **kw))
+    ids = mx.array([[3, 1, 4, 1]])
+
+    def run(fn):
+        cache = target.make_cache()
+        mx.eval(target.hidden(mx.array([[2, 7, 1, 8, 2]]), cache))
+        calls.clear(), per_row.clear()
+        out = target.logits(fn(ids, cache)[0])
+        mx.eval(out)
+        return out
+
+    target.prepare(4, exact=False)
+    waived = run(target.verify)
+    assert calls == [] and set(per_row) == {4}  # whole-block products and attention
+    plain = run(target.hidden)
+    assert bitwise(waived, plain)
+    target.prepare(4)
+    run(target.verify)
+    assert set(per_row) == {1}  # each query row on its own again
+    assert bool(calls) == bool(target.row_exact_layers)
+
+
+def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch):
+    """Column blocks 7 wide: BLIS reduces a one-row product narrower than its 8-column kernel
+    differently, so the blocked formulation differs there and install must not use it."""
+    layer = nn.Linear(1024, 640, bias=False)
+    mx.eval(layer.parameters())
+    blocked_ok = row_exact.products_equal_rows(layer, layer.weight, 7, 3, mx.float32)
+    if cpu_blas.STATE.name == "BLIS":
+        assert not blocked_ok
+    monkeypatch.setattr(row_exact, "block_columns", lambda w: 7)
+    if row_exact.install(layer, 3):
+        assert layer.block_cols == (7 if blocked_ok else 640)
+        assert check_rows(layer, 1024, 3)
+    else:  # a BLAS that reduces 3 rows like 1 here (bundled): nothing switched
+        assert cpu_blas.STATE.name != "BLIS" and type(layer) is nn.Linear

@@ -19,7 +19,8 @@ from mlx_lm.utils import load_model as mlx_load_model
 from oracle import OracleDrafter
 
 import mlx_mtp
-from mlx_mtp import MTPError, generate, sampling
+import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
+from mlx_mtp import MTPError, sampling
 from mlx_mtp.diagnostics import RunStats
 from mlx_mtp.model import MTPModel
 

@@ -243,7 +243,7 @@ def test_unreadable_sidecars_are_errors(dense_dir, sidecar, tmp_path):
 
 
 def test_cli_takes_a_draft_vocabulary(capsys, dense_dir, sidecar):
-    from mlx_mtp import generate
+    import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
 
     assert generate.main(["--model", str(dense_dir), "--max-tokens", "8", "--json",
                           "--ignore-chat-template", "--draft-vocab", str(sidecar)]) == 0

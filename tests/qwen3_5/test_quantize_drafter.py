@@ -92,7 +92,7 @@ def test_quantized_agreeing_head_is_accepted_and_exact(tmp_path):
 
 
 def test_cli_draft_bits_flag(capsys, dense_dir):
-    from mlx_mtp import generate
+    import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
 
     assert generate.main(["--model", str(dense_dir), "--max-tokens", "8", "--json",
                           "--ignore-chat-template", "--draft-bits", "4"]) == 0

@@ -1,10 +1,12 @@
-"""The capturing GatedDeltaNet subclasses match mlx-lm's classes bitwise; replay equals decode."""
+"""The capturing GatedDeltaNet subclasses match mlx-lm's classes bitwise; rewinding to any kept
+length (selecting a kept per-token state, or replaying where mlx-lm runs a kernel) equals decode."""
 
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
 
 from mlx_mtp import row_exact
+from mlx_mtp.qwen3_5 import target as qwen3_5
 from mlx_mtp.qwen3_5.target import Qwen3_5Target, SpecArraysCache
 
 
@@ -12,8 +14,11 @@ def bitwise(a, b):
     return a.shape == b.shape and bytes(memoryview(a)) == bytes(memoryview(b))
 
 
+@pytest.mark.parametrize("rewind", ["states", "replay"])
 @pytest.mark.parametrize("kind", ["dense", "next"])
-def test_capture_and_replay_are_bitwise_exact(kind, request):
+def test_capture_and_rewind_are_bitwise_exact(kind, rewind, request, monkeypatch):
+    if rewind == "replay":  # as where mlx-lm runs its Metal kernel: stash inputs, replay on rewind
+        monkeypatch.setattr(qwen3_5, "uses_ops_recurrence", lambda k, use_kernel: False)
     path = request.getfixturevalue(f"{kind}_dir")
     pristine, _ = mlx_load_model(path)
     wrapped, _ = mlx_load_model(path)
@@ -47,9 +52,9 @@ def test_capture_and_replay_are_bitwise_exact(kind, request):
     mx.eval(y_parent, y_spec, c_parent.cache, c_spec.cache)
     assert bitwise(y_parent, y_spec)
     assert bitwise(c_parent[0], c_spec[0]) and bitwise(c_parent[1], c_spec[1])
-    assert c_spec.stash is not None
+    assert c_spec.stash[0] == rewind
 
-    # Inside a verify (row-exact layers installed, as the round loop does), replaying the first
+    # Inside a verify (row-exact layers installed, as the round loop does), rewinding to the first
     # `keep` tokens gives the sequential decode states bitwise.
     target.prepare(4)
     c_verify = SpecArraysCache()
@@ -58,8 +63,10 @@ def test_capture_and_replay_are_bitwise_exact(kind, request):
     with row_exact.verifying():
         layer(block, None, c_verify)
     c_verify.capture = False
-    for keep in range(1, 4):
-        layer.replay(c_verify, keep)
+    stash = c_verify.stash
+    for keep in range(1, 5):
+        c_verify.stash = stash
+        layer.rewind(c_verify, keep)
         mx.eval(c_verify.cache)
         conv, state = seq_states[keep - 1]
         assert bitwise(c_verify[0], conv), keep
