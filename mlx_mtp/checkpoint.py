@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm import utils as mlx_lm_utils
 
 from . import fp8
+from .distributed import shard_model
 from .errors import MTPError
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -192,10 +193,12 @@ def config_dtype(config: dict) -> Optional[mx.Dtype]:
 
 def load_target(path: Path, dtype: Optional[mx.Dtype] = None, *,
                 model_config: Optional[dict] = None, lazy: bool = False,
-                trust_remote_code: bool = False, adapter_path=None) -> nn.Module:
+                trust_remote_code: bool = False, adapter_path=None, split=None) -> nn.Module:
     """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``), with ``mlx_lm.load``'s
     ``model_config``, ``lazy``, ``trust_remote_code`` and ``adapter_path`` (LoRA / DoRA adapters
-    from ``mlx_lm.lora``, applied after the cast to ``dtype``)."""
+    from ``mlx_lm.lora``, applied after the cast to ``dtype``). With ``split``
+    (``mlx_mtp.distributed.Split``): loaded lazily and split by mlx-lm's own method, as
+    ``mlx_lm.utils.sharded_load`` does, so each rank materializes only its part."""
     files = weight_files(path, "model*.safetensors")
     if not files:
         raise MTPError(f"{path}: no model*.safetensors weight files found")
@@ -203,13 +206,18 @@ def load_target(path: Path, dtype: Optional[mx.Dtype] = None, *,
         safetensors_header(f)
     config = read_config(path)
     config.update(model_config or {})
-    model, _ = load_mlx_lm_model(path, config, fp8_dtype=dtype, lazy=lazy,
+    model, _ = load_mlx_lm_model(path, config, fp8_dtype=dtype, lazy=lazy or split is not None,
                                  model_config=model_config, trust_remote_code=trust_remote_code)
+    if split is not None:
+        shard_model(model, split, str(path))
     if dtype is not None:
         predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
         model.update(cast_floats(model.parameters(), dtype, predicate))
     if adapter_path is not None:
         model = _load_adapters(model, adapter_path)
+    if split is not None:
+        mx.eval(model.parameters())
+        split.barrier("loading the split target")
     return model
 
 

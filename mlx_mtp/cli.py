@@ -89,6 +89,8 @@ def cli_main(parser, run_fn, show, argv=None) -> int:
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
+    if result.get("rank", 0) != 0:  # a split run: rank 0 speaks for all ranks
+        return 0
     if args.json:
         print(json.dumps(result))
     else:

@@ -42,6 +42,25 @@ class RunStats:
     # mlx_mtp.draft_profile.DraftProfiler of the run (None when no MTP loop ran)
     draft_profiler: Optional[Any] = None
 
+    # A split target (mlx_mtp.distributed): this rank's collectives and their payload bytes
+    # from the prefill on (the exactness probe excluded); None when not split.
+    split: Optional[str] = None
+    split_messages: int = 0
+    split_bytes: int = 0
+
+    def count_split(self, split):
+        """Start counting ``split``'s collectives; returns the function that brings the counts
+        up to date (a no-op when not split)."""
+        if split is None:
+            return lambda: None
+        self.split = split.describe()
+        base = split.counter.snapshot()
+
+        def update():
+            m, b = split.counter.snapshot()
+            self.split_messages, self.split_bytes = m - base[0], b - base[1]
+        return update
+
     @contextmanager
     def phase(self, name: str):
         t0 = time.perf_counter()
@@ -126,6 +145,13 @@ class RunStats:
             "mtp_enabled": self.mtp_enabled,
             "gate_reason": self.gate_reason,
             "exactness": self.exactness,
+            "split": self.split,
+            "split_messages": self.split_messages,
+            "split_bytes": self.split_bytes,
+            "split_messages_per_token": (self.split_messages / self.generation_tokens
+                                         if self.generation_tokens else 0.0),
+            "split_bytes_per_token": (self.split_bytes / self.generation_tokens
+                                      if self.generation_tokens else 0.0),
             "draft_profile": (self.draft_profiler.report(self.phase_s, self.rounds)
                               if self.draft_profiler is not None else None),
         }

@@ -22,6 +22,7 @@ from .cli import (Parser, block_size, block_size_or_auto, cli_main, non_negative
                   non_negative_int, positive_int, temperature, unit_interval)
 from .demo import model_or_demo
 from .diagnostics import RunStats
+from .distributed import SPLITS
 from .draft_profile import table_rows as draft_profile_rows
 from .gate import table_rows as gate_table_rows
 from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plain decode of the same target through mlx-lm, for comparison")
     p.add_argument("--ignore-chat-template", action="store_true",
                    help="feed the prompt as is, even if the tokenizer has a chat template")
+    p.add_argument("--split", choices=SPLITS, default=None,
+                   help="split the target over the processes mlx.launch started: pipeline "
+                        "(layers) or tensor (heads); output on rank 0 only")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
 
@@ -100,7 +104,7 @@ def run(args) -> dict:
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
     model, tokenizer = loading.load(args.model, drafter=args.drafter, require_head=need_head,
-                            draft_options=options)
+                            draft_options=options, split=args.split)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
                              args.ignore_chat_template)
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, min_p=args.min_p,
@@ -108,6 +112,8 @@ def run(args) -> dict:
     sampler.check_vocab(model.target.vocab_size)
     processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
                                         repetition_context_size=args.repetition_context_size)
+    if args.seed is None and model.split is not None and args.temp > 0:
+        args.seed = model.split.shared_seed()  # every rank must draw the same tokens
     if args.seed is not None:  # after loading: building the model draws from the global stream
         mx.random.seed(args.seed)
     if args.no_mtp:  # mlx-lm's own plain decode of the target, for comparison
@@ -132,6 +138,8 @@ def run(args) -> dict:
     out.update(sampler.describe(), seed=args.seed, repetition_penalty=args.repetition_penalty,
                repetition_context_size=args.repetition_context_size)
     out.update(stats.to_dict())
+    if model.split is not None:  # only rank 0 prints (mlx_mtp.cli.cli_main)
+        out["rank"] = model.split.rank
     return out
 
 
@@ -171,6 +179,11 @@ def _rows_from_result(result: dict):
         for phase, ms in result["phase_ms"].items():
             rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
         rows += draft_profile_rows(result.get("draft_profile"))
+    if result.get("split"):
+        rows.append(("split", result["split"]))
+        rows.append(("collectives per token (rank 0)",
+                     f"{result['split_messages_per_token']:.2f} "
+                     f"({result['split_bytes_per_token'] / 1e3:.1f} kB)"))
     rows.append(("peak memory", f"{result['peak_memory_gb']:.3f} GB"))
     rows.append(("cpu blas", result["cpu_blas"]))
     return rows

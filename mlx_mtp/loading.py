@@ -8,6 +8,7 @@ from typing import Optional
 
 from . import cpu_blas
 from .checkpoint import default_dtype, load_tokenizer, read_config, resolve_path
+from .distributed import Split, init_split
 from .errors import MTPError
 from .gemma4.loading import load_gemma4_model
 from .gemma4.target import GEMMA4_MODEL_TYPES
@@ -17,22 +18,27 @@ from .qwen3_5.options import DraftOptions
 from .qwen3_5.target import QWEN3_5_MODEL_TYPES
 
 # model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options,
-#                       target_args) -> MTPModel (target_args: load_target's keywords)
+#                       target_args[, split]) -> MTPModel (target_args: load_target's keywords;
+#                       families that mlx-lm can split take ``split``: SPLITTABLE)
 LOADERS = {
     **{t: load_qwen3_5_model for t in QWEN3_5_MODEL_TYPES},
     **{t: load_gemma4_model for t in GEMMA4_MODEL_TYPES},  # the assistant: a separate checkpoint
 }
 SUPPORTED_MODEL_TYPES = tuple(LOADERS)
+# model_type -> the splits mlx-lm 0.32 has for it (qwen3_next: ``pipeline`` but no ``shard``)
+SPLITTABLE = {"qwen3_5": ("pipeline", "tensor"), "qwen3_5_moe": ("pipeline", "tensor"),
+              "qwen3_next": ("pipeline",)}
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
                draft_options: Optional[DraftOptions] = None, model_config: Optional[dict] = None,
                adapter_path=None, lazy: bool = False, revision: Optional[str] = None,
-               trust_remote_code: bool = False) -> MTPModel:
+               trust_remote_code: bool = False, split=None) -> MTPModel:
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
     says: ``mlx_mtp.qwen3_5.options``). The other arguments are ``mlx_lm.load``'s; adapters
     change the target only (the MTP head stays the checkpoint's: acceptance may drop, output
-    stays exact)."""
+    stays exact). ``split``: ``"pipeline"`` or ``"tensor"`` (or a ``mlx_mtp.distributed.Split``)
+    splits the target over the processes ``mlx.launch`` started (``mlx_mtp.distributed``)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
     if model_config is not None and not isinstance(model_config, dict):
@@ -45,26 +51,44 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
     if loader is None:
         raise MTPError(f"{path / 'config.json'}: unknown model_type {model_type!r}, expected one "
                        f"of {', '.join(SUPPORTED_MODEL_TYPES)}")
+    kwargs = {}
+    if split is not None:
+        kind = getattr(split, "kind", split)
+        if model_type not in SPLITTABLE:
+            raise MTPError(f"{path}: --split {kind}: mlx-lm {_mlx_lm_version()} cannot split "
+                           f"{model_type} (no pipeline or shard method); only Qwen3.5 / 3.6 / "
+                           "Qwen3-Next targets can be split")
+        if kind in ("pipeline", "tensor") and kind not in SPLITTABLE[model_type]:
+            raise MTPError(f"{path}: --split {kind}: mlx-lm {_mlx_lm_version()} cannot split "
+                           f"{model_type} that way; use --split "
+                           f"{' or '.join(SPLITTABLE[model_type])}")
+        kwargs["split"] = split if isinstance(split, Split) else init_split(split)
     target_args = dict(model_config=model_config, lazy=lazy,
                        trust_remote_code=trust_remote_code, adapter_path=adapter_path)
     return loader(path, config, drafter=drafter,
                   dtype=default_dtype() if dtype == "auto" else dtype,
                   require_head=require_head, draft_options=draft_options,
-                  target_args=target_args)
+                  target_args=target_args, **kwargs)
+
+
+def _mlx_lm_version() -> str:
+    import mlx_lm
+
+    return mlx_lm.__version__
 
 
 def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
          model_config: Optional[dict] = None, adapter_path: Optional[str] = None,
          lazy: bool = False, return_config: bool = False, revision: Optional[str] = None,
          trust_remote_code: bool = False, *, drafter=None, dtype="auto",
-         require_head: bool = True, draft_options: Optional[DraftOptions] = None):
+         require_head: bool = True, draft_options: Optional[DraftOptions] = None, split=None):
     """``(MTPModel, TokenizerWrapper)``, or with ``return_config`` ``(model, tokenizer,
     config)``: ``mlx_lm.load``'s arguments and defaults, plus ours after them (``drafter``,
-    ``dtype``, ``require_head``, ``draft_options``)."""
+    ``dtype``, ``require_head``, ``draft_options``, ``split``)."""
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
                        draft_options=draft_options, model_config=model_config,
                        adapter_path=adapter_path, lazy=lazy, revision=revision,
-                       trust_remote_code=trust_remote_code)
+                       trust_remote_code=trust_remote_code, split=split)
     tokenizer = load_tokenizer(model.path, tokenizer_config,
                                eos_token_ids=model.config.get("eos_token_id"))
     return (model, tokenizer, model.config) if return_config else (model, tokenizer)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import mlx.nn as nn
 
@@ -18,3 +18,4 @@ class MTPModel:
     drafter: Optional[Drafter]  # None when no head was loaded
     config: dict = field(default_factory=dict)
     path: Optional[Path] = None
+    split: Optional[Any] = None  # mlx_mtp.distributed.Split when split across processes

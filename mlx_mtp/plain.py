@@ -23,16 +23,21 @@ def plain_generate_step(prompt: mx.array, model, *, max_tokens: int,
     with mlx-lm's meaning."""
     from mlx_lm.generate import generate_step as mlx_generate_step
 
+    split = getattr(model, "split", None)
+    crossings = stats.count_split(split)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     stats.prompt_tokens = prompt.size
     n = 0
-    for n, (token, logprobs) in enumerate(
-            mlx_generate_step(prompt, model.mlx_model, max_tokens=max_tokens, sampler=sampler,
+    steps = mlx_generate_step(prompt, model.mlx_model, max_tokens=max_tokens, sampler=sampler,
                               logits_processors=logits_processors or None,
                               prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
                               prompt_progress_callback=progress,
-                              input_embeddings=input_embeddings, **_kv_args(kv)), 1):
+                              input_embeddings=input_embeddings, **_kv_args(kv))
+    if split is not None:  # every step bounded by the split's watchdog (mlx_mtp.distributed)
+        steps = split.guard(steps)
+    for n, (token, logprobs) in enumerate(steps, 1):
+        crossings()
         now = time.perf_counter()
         if n == 1:
             stats.prompt_s = now - t0

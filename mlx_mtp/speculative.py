@@ -109,7 +109,8 @@ def generate_step(
     ones, as mlx-lm yields them. ``acceptance``: ``auto``, ``point-mass`` or
     ``speculative-sampling`` (see ``mlx_mtp.sampling``; temperature 0 is always ``greedy``).
     ``seed`` seeds the key streams of speculative sampling, or under ``auto`` the per-position
-    keys (default: drawn from mlx's global random state).
+    keys (default: drawn from mlx's global random state). On a split target
+    (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
     """
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or \
             not (max_tokens >= 1 or max_tokens == -1):
@@ -145,6 +146,8 @@ def generate_step(
     context = mx.stream(stream) if stream is not None else contextlib.nullcontext()
     with context:
         tokens = _rounds(prompt, model, cache, kv, turn, drafter, **args)
+        if getattr(model, "split", None) is not None:
+            tokens = model.split.guard(tokens)
         yielded = 0
         settle = turn is not None
         try:
@@ -198,6 +201,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                        input_embeddings=input_embeddings)
         return
     stats.draft_profiler = profiler
+    split = getattr(model, "split", None)
+    crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
@@ -256,12 +261,15 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     if turn is not None:  # the first token: like a round's bonus, yielded before it is fed
         turn.round_done(0, h[:, -1:], 0, bonus, replaced)
 
+    if split is not None:
+        crossings()
+        split.log_cache(target, cache, L)
     t_gen = time.perf_counter()
     emitted = 1
     deferred = []  # auto: (hidden, ids) of rounds without drafts, fed to the drafter when it drafts
     stats.generation_tokens = 1
     yield token, logprobs[0], False
-    if drafter is None and keys is None and turn is None and not kv.enabled:
+    if drafter is None and keys is None and turn is None and not kv.enabled and split is None:
         # block size 1: no verify block: decode as mlx-lm does
         yield from _one_token_steps(target, cache, bonus, logprobs, max_tokens, sampler,
                                     processors, history, stats, t_gen)
@@ -274,6 +282,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             t_round = time.perf_counter()
             if chooser is not None:
                 k = chooser.choose(k)
+                if split is not None:  # timed choices differ per rank: all verify rank 0's width
+                    k = split.from_rank0(k)
                 if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
                     with stats.phase("accept"):
                         drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
@@ -332,6 +342,9 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                 with stats.phase("finalize"):
                     target.rollback(cache, fed=k + 1, keep=a + 1)
             replaced = kv.quantize(cache)
+            if split is not None:  # rollback ran on every rank, on its own layers
+                crossings()
+                split.log_cache(target, cache, L + emitted + a)
             bonus = toks[a : a + 1]
             history = sampling.append_history(history, new_ids)
             if drafter is not None and chooser is not None and k == 0 and turn is None:

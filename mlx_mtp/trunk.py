@@ -9,6 +9,7 @@ from typing import Any, List
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import gather_last_axis
 
 from . import row_exact
 
@@ -26,7 +27,8 @@ class TrunkTarget:
 
     @property
     def layers(self):
-        return self.trunk.layers
+        """This process's layers (all of them unless mlx-lm's ``pipeline`` split the trunk)."""
+        return getattr(self.trunk, "pipeline_layers", self.trunk.layers)
 
     @property
     def hidden_size(self) -> int:
@@ -73,7 +75,15 @@ class TrunkTarget:
         with self._verifying():
             if self.tied_head:
                 return self.trunk.embed_tokens.as_linear(hidden)
-            return self.lm.lm_head(hidden)
+            logits = self.lm.lm_head(hidden)
+            if self.head_group is not None:  # tensor split: each rank holds a vocab slice
+                logits = gather_last_axis(logits, self.head_group)
+            return logits
+
+    @property
+    def head_group(self):
+        """The group an untied LM head is split over by mlx-lm's ``shard`` (else None)."""
+        return None if self.tied_head else getattr(self.lm, "sharding_group", None)
 
     def flagged_trunk(self, ids: mx.array, cache: List[Any], cache_type, flag: str) -> mx.array:
         """A verify: ``hidden`` with the row-exact layers on and ``flag`` set on the caches of

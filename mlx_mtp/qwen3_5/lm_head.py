@@ -14,6 +14,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..errors import MTPError
+
 
 @dataclass
 class HeadTensors:
@@ -90,6 +92,10 @@ class DraftLMHead:
         self.ids = None if ids is None else ids.astype(mx.uint32)
         self.fused = fused
         self.chunk = chunk
+        if (ids is not None or fused) and getattr(target, "head_group", None) is not None:
+            raise MTPError("a reduced draft vocabulary (--draft-vocab) or the fused draft argmax "
+                           "needs the whole LM head: not available with --split tensor on a "
+                           "target whose LM head is not tied (mlx-lm splits it by vocabulary)")
         full = HeadTensors.of(target.lm_head_module)
         self.tensors = full if ids is None else full.take(self.ids)
         if ids is not None:
@@ -97,7 +103,7 @@ class DraftLMHead:
 
     @property
     def size(self) -> int:
-        return self.tensors.rows
+        return self.target.vocab_size if self.ids is None else self.tensors.rows
 
     def project(self, x: mx.array) -> mx.array:
         if self.ids is None:

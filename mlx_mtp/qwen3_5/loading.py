@@ -177,10 +177,10 @@ def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
 
 def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head: bool,
                        draft_options: Optional[DraftOptions],
-                       target_args: Optional[dict] = None) -> MTPModel:
+                       target_args: Optional[dict] = None, split=None) -> MTPModel:
     if text_config(config).get("mtp_use_dedicated_embeddings"):
         raise MTPError(f"{path / 'config.json'}: mtp_use_dedicated_embeddings=true is not supported")
-    mlx_model = load_target(path, dtype, **(target_args or {}))
+    mlx_model = load_target(path, dtype, split=split, **(target_args or {}))
     target = Qwen3_5Target(mlx_model)
     options = draft_options or DraftOptions()
     embedded = path / EMBEDDED_HEAD
@@ -206,4 +206,5 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
                  if head is not None else None),
         config=config,
         path=path,
+        split=split,
     )

@@ -79,8 +79,11 @@ class _CapturingGDN:
     def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         if not getattr(cache, "capture", False):
             return super().__call__(inputs, mask, cache)
-        if cache.lengths is not None or getattr(self, "sharding_group", None) is not None:
-            raise NotImplementedError("speculative capture supports batch 1 without sharding")
+        if cache.lengths is not None:
+            raise NotImplementedError("speculative capture supports batch 1")
+        # Tensor-split (mlx-lm's ``shard``): this rank holds a slice of the heads; capture and
+        # replay work on the local heads, and the out projection is summed over the ranks.
+        group = getattr(self, "sharding_group", None)
         B, S, _ = inputs.shape
         qkv, z, b, a = self._project(inputs)
         conv_state = cache[0]
@@ -111,8 +114,8 @@ class _CapturingGDN:
                 use_kernel=not self.training)
             cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
         cache.advance(S)
-        out = self.norm(out, z)
-        return self.out_proj(out.reshape(B, S, -1))
+        out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
+        return out if group is None else mx.distributed.all_sum(out, group=group)
 
     def rewind(self, cache: SpecArraysCache, keep: int) -> None:
         """Set the cache to the state after the first ``keep`` tokens of the last verify."""

@@ -1,0 +1,165 @@
+"""Benchmark MTP on a target split over processes (issue 18) against plain decode of the same split.
+
+Starts ``mlx.launch --backend ring`` over ``--hosts`` (default: 2 processes on this machine) once
+per split; every rank loads the target split by mlx-lm (``--split pipeline`` / ``tensor``), then
+runs the two arms alternated in the same processes (each warmed up once, a fixed token budget with
+EOS ignored, temperature 0, every prompt, ``--pairs`` times): MTP at ``--block-size`` and
+mlx-lm's plain decode. Rank 0 reports tok/s (medians over the pairs) and the collectives and
+payload bytes rank 0 exchanged per generated token (prefill included, the exactness probe not),
+and whether both arms gave the same ids. Writes benchmark_results/split-<host>-<date>.md / .json
+(refused when the machine was not idle: ``scripts/idle_check.py``; ``--no-write`` skips both).
+
+    python scripts/bench_split.py                                   # the demo pair, both splits
+    python scripts/bench_split.py --model PATH --splits pipeline --pairs 5 --max-tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import idle_check  # noqa: E402  (scripts/: refuses a record taken on a busy machine)
+
+PROMPTS = {
+    "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
+    "class": "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+}
+
+
+def worker(args) -> None:
+    """One rank: load split, alternate the arms, rank 0 writes the JSON result."""
+    import mlx_mtp  # noqa: F401  (first: binds the system BLAS)
+    from mlx_mtp.diagnostics import RunStats
+    from mlx_mtp.plain import plain_generate_step
+    from mlx_mtp.speculative import generate_step
+    from mlx_mtp.stream import encode_prompt
+
+    model, tokenizer = mlx_mtp.load(args.model, split=args.split)
+    arms = {
+        "mtp": lambda p, s: generate_step(p, model, max_tokens=args.max_tokens,
+                                          block_size=args.block_size, stats=s),
+        "plain": lambda p, s: plain_generate_step(p, model, max_tokens=args.max_tokens,
+                                                  sampler=None, prefill_step_size=2048, stats=s),
+    }
+    runs = {arm: [] for arm in arms}
+    ids = {}
+    for name, text in PROMPTS.items():
+        prompt = encode_prompt(tokenizer, text)
+        for pair in range(args.pairs + 1):  # pair 0 warms both arms up
+            for arm, run in arms.items():
+                stats = RunStats()
+                toks = [t for t, _, _ in run(prompt, stats)]
+                ids[(name, arm)] = toks
+                if pair:
+                    d = stats.to_dict()
+                    runs[arm].append({k: d[k] for k in (
+                        "generation_tps", "split_messages_per_token", "split_bytes_per_token",
+                        "tokens_per_round", "mtp_enabled")})
+    if model.split.rank != 0:
+        return
+    summary = {}
+    for arm, rs in runs.items():
+        summary[arm] = {k: statistics.median(r[k] for r in rs)
+                        for k in ("generation_tps", "split_messages_per_token",
+                                  "split_bytes_per_token", "tokens_per_round")}
+        summary[arm]["mtp_enabled"] = all(r["mtp_enabled"] for r in rs)
+    summary["identical"] = all(ids[(n, "mtp")] == ids[(n, "plain")] for n in PROMPTS)
+    summary["ranks"] = model.split.size
+    Path(args.result).write_text(json.dumps(summary))
+
+
+def launch(args, split: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "rank0.json"
+        hosts = ["--hosts", args.hosts] if args.hosts else ["-n", str(args.ranks)]
+        cmd = ["mlx.launch", "--backend", "ring", *hosts, "--starting-port", str(args.port),
+               "--", sys.executable, str(Path(__file__).resolve()), "--worker",
+               "--model", args.model, "--split", split, "--block-size", str(args.block_size),
+               "--max-tokens", str(args.max_tokens), "--pairs", str(args.pairs),
+               "--result", str(result)]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
+        return json.loads(result.read_text())
+
+
+def render(records: dict, args) -> str:
+    lines = [f"# MTP on a split target: {args.model_name}", "",
+             f"{args.ranks if not args.hosts else args.hosts} ranks (ring), block size "
+             f"{args.block_size}, {args.max_tokens} tokens, {len(PROMPTS)} prompts x "
+             f"{args.pairs} pairs, T=0; medians. Collectives and bytes: rank 0, per generated "
+             "token, prefill included.", "",
+             "| split | arm | tok/s | collectives/token | kB/token | tokens/round | MTP on | "
+             "ids equal |", "|---|---|---|---|---|---|---|---|"]
+    for split, rec in records.items():
+        for arm in ("mtp", "plain"):
+            r = rec[arm]
+            mtp = arm == "mtp"  # the plain arm has no rounds and no gate
+            per_round = f"{r['tokens_per_round']:.2f}" if mtp else "-"
+            enabled = r["mtp_enabled"] if mtp else "-"
+            lines.append(f"| {split} | {arm} | {r['generation_tps']:.1f} | "
+                         f"{r['split_messages_per_token']:.2f} | "
+                         f"{r['split_bytes_per_token'] / 1e3:.1f} | {per_round} | {enabled} | "
+                         f"{rec['identical']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="target folder or repo id (default: demo pair)")
+    p.add_argument("--splits", default="pipeline,tensor")
+    p.add_argument("--block-size", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=2, help="local processes (without --hosts)")
+    p.add_argument("--hosts", default=None, help="mlx.launch --hosts (IPs) instead of local")
+    p.add_argument("--port", type=int, default=42323, help="mlx.launch --starting-port")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds per split launch")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
+    p.add_argument("--no-write", action="store_true",
+                   help="print the table, write nothing (no idle check)")
+    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
+    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--split", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.model is None:
+        from mlx_mtp.demo import demo_path
+
+        args.model = str(demo_path())
+    if args.worker:
+        worker(args)
+        return 0
+    args.model_name = Path(args.model).name
+    watch = None if args.no_write else idle_check.Watch(args.idle_window, args.allow_busy)
+    records = {s: launch(args, s) for s in args.splits.split(",")}
+    text = render(records, args)
+    if args.no_write:
+        print(text)
+        return 0
+    result = idle_check.attach(
+        {"model": args.model, "block_size": args.block_size, "max_tokens": args.max_tokens,
+         "pairs": args.pairs, "hosts": args.hosts or f"{args.ranks} local", "splits": records},
+        watch, args.allow_busy)
+    text = idle_check.annotate(text, result["idle_check"])
+    print(text)
+    stem = f"split-{socket.gethostname()}-{_dt.date.today().isoformat()}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
