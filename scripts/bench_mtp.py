@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -519,16 +520,17 @@ def main(argv=None):
     return result
 
 
-def write_record(out: Path, result: dict, render_fn, kind: str = "mtp") -> None:
+def write_record(out: Path, result: dict, render_fn, kind: Optional[str] = "mtp") -> None:
     """``<topic>-<host>-<date>.json``, the ``.md`` that ``render_fn`` makes of it with the idle
     check in it (``-contended`` in the name when the machine was not idle), and the record's
-    pictures (``record_plots``, ``kind`` "mtp", "drafter" or "server") linked from the ``.md``."""
+    pictures (``record_plots``, ``kind`` "mtp", "drafter" or "server"; None: a record without
+    pictures) linked from the ``.md``."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
     stem += "-contended" if idle_check.is_contended(result) else ""
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     try:
-        pictures = record_plots.draw(result, out / stem, kind)
+        pictures = record_plots.draw(result, out / stem, kind) if kind else []
     except ImportError as e:  # matplotlib is an optional extra: the record stands without it
         print(e)
         pictures = []

@@ -161,7 +161,7 @@ def main(argv=None):
     result = idle_check.attach(result, watch, args.allow_busy)
     if args.summary:
         result["summary"] = args.summary
-    bench_mtp.write_record(args.out, result, render)
+    bench_mtp.write_record(args.out, result, render, kind=None)
     return result
 
 

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         rows += synthetic_rows(args.repeats)
     if args.record:
         result = idle_check.attach(record(args, rows), watch, args.allow_busy)
-        bench_mtp.write_record(args.out, result, render)
+        bench_mtp.write_record(args.out, result, render, kind=None)
     if args.json:
         print(json.dumps({"mlx_version": mx.__version__, "device": str(mx.default_device()),
                           "rows": rows}))
