@@ -89,7 +89,16 @@ def launch(args, split: str) -> dict:
                "--max-tokens", str(args.max_tokens), "--pairs", str(args.pairs),
                "--result", str(result)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
+        # stdin stays an open, silent pipe: mlx.launch polls its stdin, and on /dev/null (a
+        # background job) that poll spins a whole core beside the ranks being timed.
+        with subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE) as proc:
+            try:
+                rc = proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+        if rc:
+            raise subprocess.CalledProcessError(rc, cmd)
         return json.loads(result.read_text())
 
 
