@@ -47,9 +47,9 @@ SCRIPTS = ([0, 0, 3, 5, 1, 0, 2, 4, 0, 0, 5], [5, 1, 1, 0, 4], [0])
 
 
 def tokens(model, prompt, block_size, max_tokens=MAX_TOKENS, **kw):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model,
-                                                   max_tokens=max_tokens,
-                                                   block_size=block_size, **kw)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model,
+                                                max_tokens=max_tokens,
+                                                block_size=block_size, **kw)]
 
 
 def code_prompt(path):
