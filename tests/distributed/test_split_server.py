@@ -27,14 +27,14 @@ pytest.importorskip("uvicorn")
 
 N = 16
 CODE = "def add(a, b):\n    return"
-TIMEOUT_S = 8  # MLX_MTP_DIST_TIMEOUT: the watchdog's bound, short for the hung-rank test
+TIMEOUT_S = 10  # MLX_MTP_DIST_TIMEOUT of the hung-rank test's server: the watchdog's bound
 EQUAL = "equal the single-token chain byte for byte"
 
 
 class SplitServer(ServerProcess):
-    def __init__(self, model, split):
+    def __init__(self, model, split, **env):
         super().__init__("--model", model, "--block-size", 3, "--log-level", "warning",
-                         split=split, env=dict(os.environ, MLX_MTP_DIST_TIMEOUT=str(TIMEOUT_S)))
+                         split=split, env=dict(os.environ, **env))
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
                                     timeout=120)
 
@@ -144,7 +144,7 @@ def test_a_killed_rank_gives_an_error_response(pipeline_server):
 
 
 def test_a_hung_rank_gives_an_error_response(agree_dir):
-    server = SplitServer(agree_dir, "pipeline")
+    server = SplitServer(agree_dir, "pipeline", MLX_MTP_DIST_TIMEOUT=str(TIMEOUT_S))
     rank1 = server.rank_pids()[1]
     try:
         stream = server.stream_first_chunk(max_tokens=3000)
