@@ -12,6 +12,7 @@ time.
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -124,7 +125,8 @@ def test_stop_reaches_every_rank(tensor_server):
     t0 = time.monotonic()
     assert tensor_server.stop() == 0
     assert time.monotonic() - t0 < 30
-    assert "exited with code" not in tensor_server.output()  # mlx.launch's line for rc != 0
+    # mlx.launch exits 0 whatever its ranks do; a rank that failed or that it ended has a line.
+    assert not re.search(r"Node with rank \d+ (exited|was killed)", tensor_server.output())
     assert all(_gone(pid) for pid in pids.values())
 
 
