@@ -5,7 +5,8 @@ with the ``openai`` client. Rank 0 serves; rank 1 follows it request by request.
 The reference is one unsplit process's CLI (``python -m mlx_mtp.generate --json``, block 3, T=0):
 the split server's gate must say its probe found the split target equal to the single-token
 chain, and then its text is the CLI's. Then: a streamed and a second request give the same text;
-SIGTERM to rank 0 ends every rank with exit 0; a killed rank 1 gives the client an error response
+a client gone mid-stream stops both ranks and the next request is still exact; SIGTERM to rank 0
+ends every rank with exit 0; a killed rank 1 gives the client an error response
 and ends the launch; a stopped (hung) rank 1 gives the client the watchdog's error in bounded
 time.
 """
@@ -109,6 +110,18 @@ def test_pipeline_server_answers_as_one_process(pipeline_server, reference):
 
 def test_tensor_server_answers_as_one_process(tensor_server, reference):
     _answers_as_one_process(tensor_server, reference)
+
+
+def test_a_client_gone_mid_stream_stops_every_rank(pipeline_server, reference):
+    """Rank 0's early stop reaches rank 1: the ranks stay in step for the next request."""
+    stream = pipeline_server.stream_first_chunk(max_tokens=3000)
+    stream.close()
+    deadline = time.monotonic() + 30
+    while pipeline_server.get("/health")["running"]:
+        assert time.monotonic() < deadline, "the abandoned decode never stopped"
+        time.sleep(0.1)
+    r = pipeline_server.complete()
+    _assert_as_reference(r.choices[0].text, r.model_extra["mtp"], reference, "pipeline")
 
 
 def _gone(pid):
