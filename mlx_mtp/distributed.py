@@ -220,8 +220,10 @@ class _Watchdog:
                 os._exit(WATCHDOG_EXIT)
 
 
-def init_split(kind: str, timeout_s: Optional[float] = None) -> Split:
-    """The process group this process was launched into, for a ``kind`` split."""
+def init_split(kind: str, timeout_s: Optional[float] = None,
+               program: str = "mlx_mtp.generate") -> Split:
+    """The process group this process was launched into, for a ``kind`` split (``program``:
+    the module the error line's example launches)."""
     if kind not in SPLITS:
         raise MTPError(f"split must be one of {', '.join(SPLITS)}, got {kind!r}")
     if not mx.distributed.is_available():
@@ -229,7 +231,7 @@ def init_split(kind: str, timeout_s: Optional[float] = None) -> Split:
     group = mx.distributed.init()
     if group.size() < 2:
         raise MTPError(f"--split {kind} needs 2 or more processes: start it with mlx.launch "
-                       "(e.g. mlx.launch --backend ring -n 2 -- python -m mlx_mtp.generate ...)")
+                       f"(e.g. mlx.launch --backend ring -n 2 -- python -m {program} ...)")
     split = Split(kind, group, timeout_s if timeout_s is not None else timeout_from_env(),
                   cache_log=os.environ.get(CACHE_LOG_ENV) or None)
     split.counter.install()

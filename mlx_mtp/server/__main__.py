@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         model = model_or_demo(args.model, args.drafter)
-        split = init_split(args.split) if args.split else None
+        split = init_split(args.split, program="mlx_mtp.server") if args.split else None
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
