@@ -13,9 +13,10 @@ What it measures, from the session's own rounds (nothing is assumed about the de
   without drafts leave the counts as they are. The estimate shrinks the counts towards a prior
   worth ``prior_weight`` rounds: ``prior`` for position 1, the estimate of position j - 1 for
   position j (a deeper draft is assumed as good as the one before it until measured).
-- cost: per width, the median of its last ``cost_window`` round times. A width measured between
-  two measured widths is pooled with the straight line through their medians, the line worth
-  ``pooling`` samples: one noisy round does not make a width look dear or cheap for long.
+- cost: per width, the median of its last ``cost_window`` round times, lowered where the straight
+  line through its measured neighbours' medians (for the widest measured width: the two below
+  it) says it is cheaper: pooled with that line, the line worth ``pooling`` samples. One slow
+  round does not keep a width out of use; a width that looks cheap is chosen, so measured.
 Exploration, deterministic (no random numbers; the same measurements give the same choices):
 - the choice values deeper acceptance optimistically: a_j + ``optimism`` / sqrt(n_j + 1) (at
   most 1) for j >= 2, n_j the decayed count of rounds that judged draft j; a deeper draft that
@@ -88,7 +89,7 @@ class BlockChooser:
     """
 
     def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
-                 decay: float = 0.9, optimism: float = 0.4, pooling: float = 1.0,
+                 decay: float = 0.9, optimism: float = 0.4, pooling: float = 2.0,
                  cost_window: int = 5, stale_rounds: int = 64, probe_every: int = 32):
         if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
             raise MTPError(f"max_drafts must be a non-negative integer, got {max_drafts!r}")
@@ -138,11 +139,20 @@ class BlockChooser:
         return at is not None and self.round - at < self.stale_rounds
 
     def pooled(self) -> Dict[int, float]:
-        """Per measured width: its median, pooled (for a width between two measured ones) with
-        the line through their medians, the line worth ``pooling`` samples."""
+        """Per measured width: its median, or, where cheaper, that median pooled with the line
+        through the medians of the measured widths on either side (for the widest measured
+        width: the two below it), the line worth ``pooling`` samples. Only ever lower: a width
+        that one slow round made look dear gets tried again, while one that looks cheap is
+        chosen and so measured (an error that way corrects itself)."""
         widths = sorted(self.median)
         out = {w: self.median[w] for w in widths}
-        for lo, w, hi in zip(widths, widths[1:], widths[2:]):
+        for i, w in enumerate(widths):
+            if 0 < i < len(widths) - 1:
+                lo, hi = widths[i - 1], widths[i + 1]
+            elif i == len(widths) - 1 and i >= 2:
+                lo, hi = widths[i - 2], widths[i - 1]
+            else:
+                continue
             line = self.median[lo] + (self.median[hi] - self.median[lo]) * (w - lo) / (hi - lo)
             n = len(self.samples[w])
             out[w] = min(self.median[w],

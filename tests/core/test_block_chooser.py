@@ -61,14 +61,18 @@ def test_first_round_measures_width_one_then_explores_upwards_optimistically():
     assert c.costs() == [0.010, 0.010, None, None, None, None]
     assert c.choose() == 1  # 1.5 / 0.010 > 1 / 0.010
     c.observe(1, 1, 0.012)
-    # a_1 = a_2 = (1 + 0.5) / 2 = 0.75: E(2) / 0.012 = 2.3125 / 0.012 = 193 beats
-    # E(1) / 0.012 = 146 and 1 / 0.010 = 100
+    # a_1 = (1 + 0.5) / 2 = 0.75; a_2 = a_1 never judged, valued at 0.75 + 0.4 / sqrt(1), at most
+    # 1: E(2) / 0.012 = 2.5 / 0.012 = 208 beats E(1) / 0.012 = 146 and 1 / 0.010 = 100
+    assert c.optimistic_acceptance() == [0.75, 1.0, 1.0, 1.0, 1.0]
     assert c.costs() == [0.010, 0.012, 0.012, None, None, None]
     assert c.choose() == 2
     assert c.choose(limit=1) == 1  # the token budget bounds it
     c.observe(2, 0, 0.030)  # a dear width 3 that kept nothing
-    assert c.costs() == [0.010, 0.012, 0.030, 0.030, None, None]
-    # a_1 = (0.95 + 0.5) / (1.95 + 1) = 0.4915: E(1) / 0.012 = 124 beats 1 / 0.010 = 100
+    # width 3, the widest measured, pooled with the line through widths 1 and 2 (0.014 at 3),
+    # worth 2 samples: (0.030 + 2 x 0.014) / 3 = 0.01933; width 4 waits at that bound
+    assert c.costs() == pytest.approx([0.010, 0.012, 0.058 / 3, 0.058 / 3, None, None])
+    # a_1 = (0.9 + 0.5) / (1.9 + 1) = 0.4828 (draft 2 unjudged: a_2 = a_1 + 0.4 = 0.8828):
+    # E(1) / 0.012 = 124 beats E(3) / 0.01933 = 2.285 / 0.01933 = 118 and 1 / 0.010 = 100
     assert c.choose() == 1
 
 
@@ -174,17 +178,20 @@ def test_bad_settings(kw, msg):
 
 
 def test_pooled_cost_is_the_median_or_the_line_through_its_neighbours_if_cheaper():
+    observed = [(1, 0.010), (2, 0.030), (3, 0.020), (3, 0.022), (4, 0.040), (5, 0.090)]
     c = BlockChooser(4, pooling=1.0)
-    for w, wall in [(1, 0.010), (2, 0.030), (3, 0.020), (3, 0.022), (4, 0.030)]:
+    for w, wall in observed:
         c.observe(w - 1, w - 1, wall)
     # width 2, between 1 (0.010) and 3 (0.021): (1 x 0.030 + 1 x 0.0155) / 2 = 0.02275
-    # width 3, between 2 (0.030) and 4 (0.030): its median 0.021 is below the line: kept
-    assert c.pooled() == pytest.approx({1: 0.010, 2: 0.02275, 3: 0.021, 4: 0.030})
-    assert c.costs()[:4] == pytest.approx([0.010, 0.02275, 0.021, 0.030])
+    # width 3, between 2 (0.030) and 4 (0.040): the line says 0.035, dearer: its median 0.021
+    # width 4, between 3 (0.021) and 5 (0.090): the line says 0.0555, dearer: 0.040
+    # width 5, the widest, on the line through 3 and 4 (0.059): (0.090 + 0.059) / 2 = 0.0745
+    assert c.pooled() == pytest.approx({1: 0.010, 2: 0.02275, 3: 0.021, 4: 0.040, 5: 0.0745})
+    assert c.costs() == pytest.approx([0.010, 0.02275, 0.021, 0.040, 0.0745])
     raw = BlockChooser(4, pooling=0.0)
-    for w, wall in [(1, 0.010), (2, 0.030), (3, 0.020), (3, 0.022), (4, 0.030)]:
+    for w, wall in observed:
         raw.observe(w - 1, w - 1, wall)
-    assert raw.pooled() == pytest.approx({1: 0.010, 2: 0.030, 3: 0.021, 4: 0.030})
+    assert raw.pooled() == pytest.approx({1: 0.010, 2: 0.030, 3: 0.021, 4: 0.040, 5: 0.090})
 
 
 # Round costs per width of the BLIS demo-pair record (benchmark_results/demo-pair-blis-vm-
@@ -215,6 +222,6 @@ def test_on_recorded_traces_it_climbs_to_the_widest_block_and_stays():
     got = replay_trace(BlockChooser(5), traces["enumeration"]["L"])
     assert "".join(map(str, got)) == "0123455555555555555555552"  # the last cut by the budget
     stuck = replay_trace(BlockChooser(5, optimism=0.0), traces["enumeration"]["L"])
-    assert "".join(map(str, stuck)) == "0123242225222222222555555555555555"
+    assert "".join(map(str, stuck)) == "0123425222222222222555555555555552"
     got = replay_trace(BlockChooser(5), traces["prose"]["L"])
     assert "".join(map(str, got)) == "01234555555555555555555555555555"
