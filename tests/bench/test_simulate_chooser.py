@@ -65,3 +65,22 @@ def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
     sim.main(["--seeds", "1"])
     out = capsys.readouterr().out
     assert "| enumeration |" in out and "auto / best fixed" in out
+
+
+def test_acceptance_traces_agree_with_real_runs_on_a_tiny_pair(tmp_path):
+    """The trace script's replay one position at a time and its check against real fixed-block
+    and auto runs (which raises on any round that kept other than min(L(p), k))."""
+    import tiny_checkpoints as tc
+    import acceptance_traces
+
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    out = tmp_path / "traces.json"
+    acceptance_traces.main(["--model", str(model), "--max-tokens", "16", "--drafts", "3",
+                            "--out", str(out)])
+    got = json.loads(out.read_text())
+    assert (got["max_tokens"], got["drafts"]) == (16, 3)
+    assert list(got["prompts"]) == ["code", "prose", "enumeration", "random"]
+    for tr in got["prompts"].values():
+        assert len(tr["L"]) == 15 and len(tr["tokens"]) == 16
+        assert all(0 <= x <= 3 for x in tr["L"])
+    assert any(x > 0 for tr in got["prompts"].values() for x in tr["L"])  # the head agrees
