@@ -170,6 +170,8 @@ def test_width_one_is_remeasured_when_stale():
                                       "0 < decay <= 1"),
     ({"max_drafts": 2, "probe_every": 0}, "BlockChooser needs cost_window, stale_rounds, "
                                           "probe_every >= 1"),
+    ({"max_drafts": 2, "optimism": -0.1}, "BlockChooser needs optimism >= 0, pooling >= 0"),
+    ({"max_drafts": 2, "pooling": -1.0}, "BlockChooser needs optimism >= 0, pooling >= 0"),
 ])
 def test_bad_settings(kw, msg):
     with pytest.raises(MTPError) as e:
