@@ -19,9 +19,9 @@ import argparse
 import datetime as _dt
 import json
 import os
+import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import idle_check  # noqa: E402  (scripts/: refuses a record taken on a busy machine)
+from mlx_mtp import launch as mlx_launch  # noqa: E402
 
 PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
@@ -82,23 +83,23 @@ def worker(args) -> None:
 def launch(args, split: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "rank0.json"
-        hosts = ["--hosts", args.hosts] if args.hosts else ["-n", str(args.ranks)]
-        cmd = ["mlx.launch", "--backend", "ring", *hosts, "--starting-port", str(args.port),
-               "--", sys.executable, str(Path(__file__).resolve()), "--worker",
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
                "--model", args.model, "--split", split, "--block-size", str(args.block_size),
                "--max-tokens", str(args.max_tokens), "--pairs", str(args.pairs),
                "--result", str(result)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        # stdin stays an open, silent pipe: mlx.launch polls its stdin, and on /dev/null (a
-        # background job) that poll spins a whole core beside the ranks being timed.
-        with subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE) as proc:
-            try:
-                rc = proc.wait(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise
-        if rc:
-            raise subprocess.CalledProcessError(rc, cmd)
+        # mlx_launch.start keeps mlx.launch's stdin an open, silent pipe: on /dev/null (a
+        # background job) its stdin poll spins a whole core beside the ranks being timed.
+        proc = mlx_launch.start(cmd, ranks=args.ranks, hosts=args.hosts,
+                                starting_port=args.port, env=env)
+        try:
+            proc.wait(timeout=args.timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if not result.exists():  # mlx.launch exits 0 whatever its ranks do
+            raise SystemExit(f"error: the {split} launch wrote no result (see its output above)")
         return json.loads(result.read_text())
 
 
