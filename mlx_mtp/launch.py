@@ -54,3 +54,38 @@ def start(command: Sequence[str], *, ranks: int = 2, hosts: Optional[str] = None
     finally:
         if out is not log:
             out.close()  # the child holds its own copy
+
+
+class LocalRanks:
+    """``ranks`` local processes of ``command`` joined by the ring backend, started the way
+    mlx.launch starts them (``MLX_RANK``, a ``MLX_HOSTFILE`` of ``127.0.0.1`` ports) but without
+    the launcher, whose threads keep polling the ranks' pipes (about a quarter of a core here):
+    for benchmarks, where nothing but the ranks may use the CPU. Output is inherited."""
+
+    def __init__(self, command: Sequence[str], *, ranks: int = 2,
+                 starting_port: Optional[int] = None, env: Optional[Dict[str, str]] = None):
+        import json
+        import tempfile
+
+        port = starting_port if starting_port is not None else free_port_pair()
+        hosts = [[f"127.0.0.1:{port + r}"] for r in range(ranks)]
+        fd, self.hostfile = tempfile.mkstemp(prefix="mlx_mtp-hosts-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(hosts, f)
+        base = dict(os.environ if env is None else env, MLX_HOSTFILE=self.hostfile)
+        self.procs = [subprocess.Popen(list(map(str, command)), stdin=subprocess.DEVNULL,
+                                       env={**base, "MLX_RANK": str(r)})
+                      for r in range(ranks)]
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """The first non-zero exit code of the ranks (0 when all succeed); on a timeout or an
+        error every rank still running is killed."""
+        try:
+            codes = [p.wait(timeout=timeout) for p in self.procs]
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            os.unlink(self.hostfile)
+        return next((c for c in codes if c), 0)

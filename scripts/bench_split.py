@@ -1,7 +1,8 @@
 """Benchmark MTP on a target split over processes (issue 18) against plain decode of the same split.
 
-Starts ``mlx.launch --backend ring`` over ``--hosts`` (default: 2 processes on this machine) once
-per split; every rank loads the target split by mlx-lm (``--split pipeline`` / ``tensor``), then
+Starts the ring backend's ranks once per split: ``mlx.launch`` over ``--hosts``, or (default) 2
+processes on this machine started as mlx.launch starts them but without the launcher, whose
+polling threads would share the cores being timed; every rank loads the target split by mlx-lm (``--split pipeline`` / ``tensor``), then
 runs the two arms alternated in the same processes (each warmed up once, a fixed token budget with
 EOS ignored, temperature 0, every prompt, ``--pairs`` times): MTP at ``--block-size`` and
 mlx-lm's plain decode. Rank 0 reports tok/s (medians over the pairs) and the collectives and
@@ -88,16 +89,19 @@ def launch(args, split: str) -> dict:
                "--max-tokens", str(args.max_tokens), "--pairs", str(args.pairs),
                "--result", str(result)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        # mlx_launch.start keeps mlx.launch's stdin an open, silent pipe: on /dev/null (a
-        # background job) its stdin poll spins a whole core beside the ranks being timed.
-        proc = mlx_launch.start(cmd, ranks=args.ranks, hosts=args.hosts,
-                                starting_port=args.port, env=env)
-        try:
-            proc.wait(timeout=args.timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if args.hosts:  # mlx.launch with an open stdin (on /dev/null its poll spins a core)
+            proc = mlx_launch.start(cmd, hosts=args.hosts, starting_port=args.port, env=env)
+            try:
+                proc.wait(timeout=args.timeout)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        else:  # local ranks without the launcher, whose polling threads would share the cores
+            rc = mlx_launch.LocalRanks(cmd, ranks=args.ranks, starting_port=args.port,
+                                       env=env).wait(timeout=args.timeout)
+            if rc:
+                raise SystemExit(f"error: a rank of the {split} run exited with code {rc}")
         if not result.exists():  # mlx.launch exits 0 whatever its ranks do
             raise SystemExit(f"error: the {split} launch wrote no result (see its output above)")
         return json.loads(result.read_text())
