@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import cpu_blas, draft_profile, gate, keyed_sampling, sampling
+from . import cpu_blas, draft_profile, env, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
@@ -34,6 +34,9 @@ from .plain import plain_generate_step
 from .prompt_cache import PromptCache, Turn, check_prompt_cache, forget_drafter, make_prompt_cache
 
 MAX_BLOCK_SIZE = 16
+# 1: evaluate the draft and the accept hook before the next phase starts, so that the round
+# split (RunStats.phase_ms) times each phase's device work; slower (see ``_rounds``).
+SYNC_PHASES_ENV = "MLX_MTP_SYNC_PHASES"
 
 
 def block_size_problem(block_size: int) -> Optional[str]:
@@ -119,6 +122,7 @@ def generate_step(
     max_tokens = sys.maxsize if max_tokens == -1 else max_tokens
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
     cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
+    env.flag(SYNC_PHASES_ENV)  # as a bad MLX_MTP_SYNC_PHASES does
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise MTPError("the prompt must be a non-empty 1-D array of token ids (with "
@@ -201,6 +205,11 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                        input_embeddings=input_embeddings)
         return
     stats.draft_profiler = profiler
+    # The draft and the accept hook are queued (async_eval), not waited for: the verify graph is
+    # built in Python while they compute, as mlx-lm's generate_step builds step n + 1 while step n
+    # computes. The round's one host read waits for all of it; only the timing split changes.
+    stats.phases_synced = env.flag(SYNC_PHASES_ENV)
+    settle = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     K = block_size - 1
@@ -288,7 +297,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                     with stats.phase("accept"):
                         drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
                                        mx.concatenate([d[1] for d in deferred]))
-                        mx.eval(drafter.state_arrays())
+                        settle(drafter.state_arrays())
                     deferred = []
             t_choice = time.perf_counter()
             drafts = q = q_ids = None
@@ -307,7 +316,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                                    processors, history)
                         drafter.draft_sampled(k, ds)
                         drafts, q, q_ids = ds.result()
-                    mx.eval(drafts, q if q is not None else [])  # the block's one sync
+                    settle(drafts, q if q is not None else [])  # the block's one evaluation
                     stats.draft_syncs += 1 + drafter.syncs - syncs
             t_verify = time.perf_counter()
             with stats.phase("verify"):
@@ -353,7 +362,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             elif drafter is not None:
                 with stats.phase("accept"):
                     drafter.accept(h[:, : a + 1], new_ids)
-                    mx.eval(drafter.state_arrays())
+                    settle(drafter.state_arrays())
             if turn is not None:
                 turn.round_done(emitted, h[:, : a + 1], a, bonus, replaced)
             t_end = time.perf_counter()
