@@ -284,13 +284,28 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                     processors, history, stats, t_gen)
         return
 
+    # auto: a stretch of rounds the chooser gives no drafts runs as pipelined one-token steps
+    # (a round without drafts waits for its token before building the next forward).
+    stretches = chooser is not None and turn is None and not kv.enabled and split is None
     while emitted < max_tokens:
+        chosen = None
+        if stretches:
+            t_round = time.perf_counter()
+            chosen = chooser.choose(min(K, max_tokens - emitted - 1))
+            n = min(chooser.undrafted_stretch(), max_tokens - emitted) if chosen == 0 else 0
+            if n > 1:
+                bonus, history = yield from _undrafted_steps(
+                    target, cache, bonus, history, n, emitted, sampler, keys, processors,
+                    deferred if drafter is not None else None, chooser, stats, t_gen)
+                emitted += n
+                continue
         with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
             k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
             k = kv.max_drafts(cache, k)  # kv_bits: no verify row across the switch to quantized
-            t_round = time.perf_counter()
+            if chosen is None:
+                t_round = time.perf_counter()
             if chooser is not None:
-                k = chooser.choose(k)
+                k = chooser.choose(k) if chosen is None else chosen
                 if split is not None:  # timed choices differ per rank: all verify rank 0's width
                     k = split.from_rank0(k)
                 if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
@@ -378,6 +393,47 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             yield out_ids[i], logprobs[i], i < a
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+
+def _undrafted_steps(target, cache, y, history, n, emitted, sampler, keys, processors, deferred,
+                     chooser, stats, t_gen):
+    """auto: ``n`` rounds the chooser gave no drafts, as one-token steps pipelined like
+    ``_one_token_steps`` (each step queued before the previous token is read). Each is what a
+    round without drafts computes (``target.hidden`` of the last token, the draw at its
+    position); the chooser observes each step's time; the drafter gets the (hidden, id) pairs
+    later (``deferred``). Yields the tokens; returns ``(y, history)`` for the next round."""
+
+    def step(y, history, pos):
+        h = target.hidden(y[None], cache)
+        logits = target.logits(h[0])
+        if processors:
+            logits = sampling.process_rows(logits, history, y, processors)
+        logprobs = _logprobs(logits)
+        tok = (keyed_sampling.draw(sampler, logprobs, keys, pos) if keys is not None
+               else sampler(logprobs))
+        return h, tok, logprobs
+
+    nxt = step(y, history, emitted)
+    mx.async_eval(nxt[1], nxt[2])
+    for i in range(n):
+        t_step = time.perf_counter()
+        h, y, logprobs = nxt
+        history = sampling.append_history(history, y)
+        if deferred is not None:
+            deferred.append((h, y))
+        if i + 1 < n:
+            nxt = step(y, history, emitted + i + 1)
+            mx.async_eval(nxt[1], nxt[2])
+        token = y.item()
+        stats.host_syncs += 1
+        wall = time.perf_counter() - t_step
+        stats.record_round(0, 0, wall)
+        chooser.observe(0, 0, wall)
+        stats.undrafted_steps += 1
+        stats.generation_tokens = emitted + i + 1
+        stats.generation_s = time.perf_counter() - t_gen
+        yield token, logprobs[0], False
+    return y, history
 
 
 def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors, history,
