@@ -38,6 +38,8 @@ Exploration, deterministic (no random numbers; the same measurements give the sa
   doubles after each rejected probe up to ``probe_every``, and is 4 again after any other
   drafting round (an early rejection, or a first round at a width that paid one-time costs, is
   re-checked soon; text no head predicts pays for few probes).
+A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
+loop runs them as pipelined one-token steps, as fast as plain decode, observing each.
 The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
 BLIS record's costs with noisy round times (``scripts/simulate_chooser.py``).
 """
@@ -113,6 +115,7 @@ class BlockChooser:
         self.undrafted = 0  # consecutive rounds without drafts
         self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
         self._probing = False  # the last choice was a probe
+        self._stretch = 1  # rounds without drafts the last choice commits to (undrafted_stretch)
 
     @property
     def max_block_size(self) -> int:
@@ -184,6 +187,7 @@ class BlockChooser:
     def choose(self, limit: Optional[int] = None) -> int:
         """Drafts for the next round, at most ``limit`` (the token budget's bound)."""
         limit = self.max_drafts if limit is None else max(0, min(limit, self.max_drafts))
+        self._stretch = 1
         if limit == 0 or not self._fresh(1):
             return 0  # width 1 is the baseline every other width is judged against
         acceptance = self.optimistic_acceptance()[:limit]
@@ -192,7 +196,16 @@ class BlockChooser:
         if neighbours:
             k = best_drafts(acceptance, self.costs(neighbours)[: limit + 1])
         self._probing = k == 0 and self.undrafted >= self.probe_gap
+        if k == 0 and not self._probing:
+            self._stretch = self.probe_gap - self.undrafted
         return 1 if self._probing else k
+
+    def undrafted_stretch(self) -> int:
+        """After ``choose`` gave no drafts: the rounds in a row, this one first, that it commits
+        to drafting nothing, up to the next probe (1 where the choice only re-measured width 1 or
+        met the token budget). The loop runs them as pipelined one-token steps, observing each; a
+        new width-1 sample inside the stretch does not reopen the choice until it ends."""
+        return max(1, self._stretch)
 
     def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
         """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""

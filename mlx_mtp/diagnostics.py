@@ -23,6 +23,12 @@ class RunStats:
     accepted: int = 0
     host_syncs: int = 0
     draft_syncs: int = 0  # evaluations / host reads while drafting (one per block: phase 1)
+    # auto: rounds without drafts run as pipelined one-token steps (a stretch up to the next probe)
+    undrafted_steps: int = 0
+    # True (MLX_MTP_SYNC_PHASES=1): each phase was evaluated before the next, so phase_s times its
+    # device work. False: the draft and accept hook were queued, and their device work is timed in
+    # the phase that waits for it (the verify's host read).
+    phases_synced: bool = False
     # offered[j] / hits[j]: rounds in which a draft at position j + 1 was made / accepted.
     offered: List[int] = field(default_factory=list)
     hits: List[int] = field(default_factory=list)
@@ -136,6 +142,8 @@ class RunStats:
             "per_position_rounds": list(self.offered),
             "host_syncs_per_round": self.host_syncs / self.rounds if self.rounds else 0.0,
             "draft_syncs_per_round": self.draft_syncs / self.rounds if self.rounds else 0.0,
+            "undrafted_steps": self.undrafted_steps,
+            "phases_synced": self.phases_synced,
             "phase_ms": self.phase_ms(),
             "verify_ms_by_width": {str(w): ms for w, ms in self.verify_ms_by_width().items()},
             "verify_rounds_by_width": {str(w): n for w, (_, n) in

@@ -25,7 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import cpu_blas, draft_profile, gate, keyed_sampling, sampling
+from . import cpu_blas, draft_profile, env, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
@@ -35,6 +35,9 @@ from .plain import plain_generate_step
 from .prompt_cache import PromptCache, Turn, check_prompt_cache, forget_drafter, make_prompt_cache
 
 MAX_BLOCK_SIZE = 16
+# 1: evaluate the draft and the accept hook before the next phase starts, so that the round
+# split (RunStats.phase_ms) times each phase's device work; slower (see ``_rounds``).
+SYNC_PHASES_ENV = "MLX_MTP_SYNC_PHASES"
 
 
 def block_size_problem(block_size: int) -> Optional[str]:
@@ -126,6 +129,7 @@ def speculative_generate_step(
     max_tokens = sys.maxsize if max_tokens == -1 else max_tokens
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
     cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
+    env.flag(SYNC_PHASES_ENV)  # as a bad MLX_MTP_SYNC_PHASES does
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise MTPError("the prompt must be a non-empty 1-D array of token ids (with "
@@ -239,6 +243,11 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                        input_embeddings=input_embeddings)
         return
     stats.draft_profiler = profiler
+    # The draft and the accept hook are queued (async_eval), not waited for: the verify graph is
+    # built in Python while they compute, as mlx-lm's generate_step builds step n + 1 while step n
+    # computes. The round's one host read waits for all of it; only the timing split changes.
+    stats.phases_synced = env.flag(SYNC_PHASES_ENV)
+    settle = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     K = block_size - 1
@@ -313,20 +322,35 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                     processors, history, stats, t_gen)
         return
 
+    # auto: a stretch of rounds the chooser gives no drafts runs as pipelined one-token steps
+    # (a round without drafts waits for its token before building the next forward).
+    stretches = chooser is not None and turn is None and not kv.enabled and split is None
     while emitted < max_tokens:
+        chosen = None
+        if stretches:
+            t_round = time.perf_counter()
+            chosen = chooser.choose(min(K, max_tokens - emitted - 1))
+            n = min(chooser.undrafted_stretch(), max_tokens - emitted) if chosen == 0 else 0
+            if n > 1:
+                bonus, history = yield from _undrafted_steps(
+                    target, cache, bonus, history, n, emitted, sampler, keys, processors,
+                    deferred if drafter is not None else None, chooser, stats, t_gen)
+                emitted += n
+                continue
         with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
             k = min(K, max_tokens - emitted - 1)  # never draft past the token budget
             k = kv.max_drafts(cache, k)  # kv_bits: no verify row across the switch to quantized
-            t_round = time.perf_counter()
+            if chosen is None:
+                t_round = time.perf_counter()
             if chooser is not None:
-                k = chooser.choose(k)
+                k = chooser.choose(k) if chosen is None else chosen
                 if split is not None:  # timed choices differ per rank: all verify rank 0's width
                     k = split.from_rank0(k)
                 if k > 0 and deferred:  # catch the drafter up, outside the round's measured cost
                     with stats.phase("accept"):
                         drafter.accept(mx.concatenate([d[0] for d in deferred], axis=1),
                                        mx.concatenate([d[1] for d in deferred]))
-                        mx.eval(drafter.state_arrays())
+                        settle(drafter.state_arrays())
                     deferred = []
             t_choice = time.perf_counter()
             drafts = q = q_ids = None
@@ -345,7 +369,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                                    processors, history)
                         drafter.draft_sampled(k, ds)
                         drafts, q, q_ids = ds.result()
-                    mx.eval(drafts, q if q is not None else [])  # the block's one sync
+                    settle(drafts, q if q is not None else [])  # the block's one evaluation
                     stats.draft_syncs += 1 + drafter.syncs - syncs
             t_verify = time.perf_counter()
             with stats.phase("verify"):
@@ -391,7 +415,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             elif drafter is not None:
                 with stats.phase("accept"):
                     drafter.accept(h[:, : a + 1], new_ids)
-                    mx.eval(drafter.state_arrays())
+                    settle(drafter.state_arrays())
             if turn is not None:
                 turn.round_done(emitted, h[:, : a + 1], a, bonus, replaced)
             t_end = time.perf_counter()
@@ -407,6 +431,47 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             yield out_ids[i], logprobs[i], i < a
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+
+def _undrafted_steps(target, cache, y, history, n, emitted, sampler, keys, processors, deferred,
+                     chooser, stats, t_gen):
+    """auto: ``n`` rounds the chooser gave no drafts, as one-token steps pipelined like
+    ``_one_token_steps`` (each step queued before the previous token is read). Each is what a
+    round without drafts computes (``target.hidden`` of the last token, the draw at its
+    position); the chooser observes each step's time; the drafter gets the (hidden, id) pairs
+    later (``deferred``). Yields the tokens; returns ``(y, history)`` for the next round."""
+
+    def step(y, history, pos):
+        h = target.hidden(y[None], cache)
+        logits = target.logits(h[0])
+        if processors:
+            logits = sampling.process_rows(logits, history, y, processors)
+        logprobs = _logprobs(logits)
+        tok = (keyed_sampling.draw(sampler, logprobs, keys, pos) if keys is not None
+               else sampler(logprobs))
+        return h, tok, logprobs
+
+    nxt = step(y, history, emitted)
+    mx.async_eval(nxt[1], nxt[2])
+    for i in range(n):
+        t_step = time.perf_counter()
+        h, y, logprobs = nxt
+        history = sampling.append_history(history, y)
+        if deferred is not None:
+            deferred.append((h, y))
+        if i + 1 < n:
+            nxt = step(y, history, emitted + i + 1)
+            mx.async_eval(nxt[1], nxt[2])
+        token = y.item()
+        stats.host_syncs += 1
+        wall = time.perf_counter() - t_step
+        stats.record_round(0, 0, wall)
+        chooser.observe(0, 0, wall)
+        stats.undrafted_steps += 1
+        stats.generation_tokens = emitted + i + 1
+        stats.generation_s = time.perf_counter() - t_gen
+        yield token, logprobs[0], False
+    return y, history
 
 
 def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors, history,

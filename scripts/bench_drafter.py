@@ -11,6 +11,7 @@ Arms, all at one block size (default 3):
   default     the shipping defaults (``DraftOptions()``)
   all+prof, default+prof   the same with MLX_MTP_DRAFT_PROFILE=1: the per-stage split (its syncs
               slow the step; the record quotes the unprofiled arms as the cost)
+Every MTP arm waits for each phase (MLX_MTP_SYNC_PHASES=1) so the phases time their own work.
 Per arm: tok/s, the drafter step (draft phase / steps) and accept hook against their bandwidth
 floors (weight bytes they read / the streaming bandwidth measured in the same run), the round
 split, acceptance. Writes benchmark_results/<topic>-<host>-<date>.md and .json.
@@ -53,6 +54,7 @@ from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
 from mlx_mtp.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
 from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.model import MTPModel  # noqa: E402
+from mlx_mtp.speculative import SYNC_PHASES_ENV  # noqa: E402
 from mlx_mtp.qwen3_5.quantize import quantize_head  # noqa: E402
 
 PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
@@ -153,11 +155,15 @@ def make_arms(base, vocab_ids, group_size: int) -> dict:
 
 
 def run_arm(model, prompt, n, block_size, profiled: bool):
+    # The drafter step and accept hook are timed as phases: each must wait for its own device
+    # work (by default the round queues them and the verify waits).
     os.environ[PROFILE_ENV] = "1" if profiled else "0"
+    os.environ[SYNC_PHASES_ENV] = "1"
     try:
         return bench_mtp.mtp_decode(model, prompt, n, block_size)
     finally:
         os.environ.pop(PROFILE_ENV, None)
+        os.environ.pop(SYNC_PHASES_ENV, None)
 
 
 # ------------------------------------------------------------------------------ the run

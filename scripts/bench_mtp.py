@@ -227,9 +227,14 @@ def summarize(args, model, raw, exact, bw) -> dict:
             # Mean verify-phase ms per round by verify width, and as a multiple of the plain
             # (mlx-lm) decode step of the same run: what a verify of w tokens costs in steps.
             "verify_ms_by_width": verify_ms,
+            # False: draft and accept were queued, their device work timed in the verify phase
+            # (records from before the field waited for each phase).
+            "phases_synced": all(s.get("phases_synced", True) for s in st),
             "verify_over_step_by_width": {w: ms / classic_ms for w, ms in verify_ms.items()},
+            # (only when the draft phase waited for its device work: MLX_MTP_SYNC_PHASES=1)
             "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in st) / draft_steps
-                                if draft_steps else None),
+                                if draft_steps and all(s.get("phases_synced", True) for s in st)
+                                else None),
             # Only meaningful at T=0; sampled runs are not expected to match token for token.
             "identical_to_classic": exact[bs] if args.temp == 0 else None,
             "acceptance_rule": st[0]["acceptance_rule"] if st else None,
@@ -403,8 +408,11 @@ def render(r: dict) -> str:
             f"{row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | {pp} | "
             f"{_identical_text(row.get('identical_to_classic'))} |")
     lines += _per_prompt_lines(r)
-    lines += ["", "## Round split (ms per round, share)", "",
-              "| block | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Round split (ms per round, share)", ""]
+    if not all(row.get("phases_synced", True) for row in r["rows"]):
+        lines += ["Draft and accept hook queued (the default): their device work is timed in the "
+                  "verify that waits for it. `MLX_MTP_SYNC_PHASES=1` times each phase on its own.", ""]
+    lines += ["| block | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
     for row in r["rows"]:
         tot = sum(row["round_ms"].values()) or 1.0
         cells = " | ".join(f"{row['round_ms'][p]:.2f} ({100 * row['round_ms'][p] / tot:.0f}%)"

@@ -41,6 +41,10 @@ def test_bench_writes_markdown_and_json(tmp_path):
     for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
                     "## Verify cost per width", "## The floor", "## Idle check", "smoke run"):
         assert section in text
+    # Queued phases (the default): the split says so, and no drafter step is claimed from them.
+    assert three["phases_synced"] is False and three["drafter_step_ms"] is None
+    assert ("Draft and accept hook queued (the default): their device work is timed in the "
+            "verify that waits for it.") in text
     # The idle check is in the record; a busy machine (--allow-busy) is labelled, not hidden.
     check = data["idle_check"]
     assert check["verdict"] in ("idle", "contended") and check["during"]["total"]["wall_s"] > 0

@@ -1,6 +1,7 @@
 """The drafter ablation writes a complete record (smoke run on a tiny head-agreeing pair)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
                           "default+prof"]
     assert all(r["identical_to_classic"] and r["mtp_enabled"] for r in rows.values())
     assert len(data["raw"]["classic"]) == 2 and len(data["raw"]["all"]) == 2
+    # The drafter's phases are timed on their own work: every MTP run waited for each phase.
+    assert all(r["stats"]["phases_synced"] for name in rows for r in data["raw"][name])
+    assert "MLX_MTP_SYNC_PHASES" not in os.environ
     # Each arm runs what it says.
     assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "fused_argmax": True,
                                     "vocab_size": 128,

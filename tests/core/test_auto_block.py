@@ -46,6 +46,24 @@ class ScriptedChooser(BlockChooser):
 SCRIPTS = ([0, 0, 3, 5, 1, 0, 2, 4, 0, 0, 5], [5, 1, 1, 0, 4], [0])
 
 
+class StretchChooser(ScriptedChooser):
+    """Scripted, where ``("stretch", n)`` gives no drafts and commits to ``n`` rounds without
+    (the loop runs them as pipelined one-token steps)."""
+
+    def choose(self, limit=None):
+        entry = self.script[self.asked % len(self.script)]
+        self.asked += 1
+        if isinstance(entry, tuple):
+            self._stretch = entry[1]
+            return 0
+        self._stretch = 1
+        return min(entry, self.max_drafts if limit is None else limit)
+
+
+STRETCHES = [("stretch", 3), 2, ("stretch", 5), 0, 4, ("stretch", 2), 1]
+
+
+
 def tokens(model, prompt, block_size, max_tokens=MAX_TOKENS, **kw):
     return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model,
                                                 max_tokens=max_tokens,
@@ -73,6 +91,19 @@ def test_auto_is_mlx_lm_greedy_with_the_real_head(kind, request):
     assert [w["width"] for w in stats.exactness["widths"]] == [2, 3, 4, 5, 6]
     for script in SCRIPTS:
         assert tokens(model, prompt, ScriptedChooser(5, script)) == ref, script
+
+
+def test_stretches_without_drafts_are_mlx_lm_greedy(dense_dir):
+    """Rounds the chooser commits to drafting nothing run as pipelined one-token steps: the
+    output stays mlx-lm's greedy decode, each step is observed, and the drafter catches up."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompt = code_prompt(dense_dir)
+    ref = reference_greedy(dense_dir, prompt, MAX_TOKENS)
+    chooser, stats = StretchChooser(5, STRETCHES), RunStats()
+    assert tokens(model, prompt, chooser, stats=stats) == ref
+    assert stats.undrafted_steps >= 3 + 5  # the first two stretches fit in any 24 tokens
+    assert chooser.observed.count(0) >= stats.undrafted_steps
+    assert stats.host_syncs == stats.rounds  # one read per step or round
 
 
 def test_auto_with_forced_acceptance_and_every_width_is_exact(dense_dir):
@@ -199,6 +230,10 @@ def test_sampled_auto_is_keyed_plain_sampling_whatever_the_choices(soft_dir, sof
         assert tokens(soft_model, prompt, ScriptedChooser(5, script), max_tokens=n,
                       sampler=sampler, seed=7, acceptance=acceptance, stats=scripted) == want
         assert scripted.accepted > 0 or script == [0], script  # drafts were kept, not just made
+    stretched = RunStats()
+    assert tokens(soft_model, prompt, StretchChooser(5, STRETCHES), max_tokens=n,
+                  sampler=sampler, seed=7, acceptance=acceptance, stats=stretched) == want
+    assert stretched.undrafted_steps >= 3 + 5
     assert tokens(soft_model, prompt, "auto", max_tokens=n, sampler=sampler, seed=8,
                   acceptance=acceptance) != want
 

@@ -227,3 +227,21 @@ def test_on_recorded_traces_it_climbs_to_the_widest_block_and_stays():
     assert "".join(map(str, stuck)) == "0123425222222222222555555555555552"
     got = replay_trace(BlockChooser(5), traces["prose"]["L"])
     assert "".join(map(str, got)) == "01234555555555555555555555555555"
+
+
+def test_a_choice_without_drafts_commits_to_the_rounds_before_the_next_probe():
+    """undrafted_stretch: the rounds from this one to the next probe, as the choices that follow
+    would give them (the loop runs them pipelined); 1 for a re-measurement of width 1."""
+    c = BlockChooser(5, probe_every=32)
+    cost = [0.010 + 0.005 * w for w in range(6)]
+    assert c.choose() == 0 and c.undrafted_stretch() == 1  # width 1 not measured yet
+    choices, stretches = [], []
+    for _ in range(80):
+        k = c.choose()
+        choices.append(k)
+        stretches.append(c.undrafted_stretch() if k == 0 else None)
+        c.observe(k, 0, cost[k])
+    for i, (k, n) in enumerate(zip(choices, stretches)):
+        if k == 0 and i + n < len(choices):
+            assert choices[i : i + n] == [0] * n and choices[i + n] == 1, i  # then a probe
+    assert max(n for n in stretches if n) == 32
