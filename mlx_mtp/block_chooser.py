@@ -7,13 +7,23 @@ and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide (
 included). The chooser takes the k that maximises E(k) / c(k + 1): expected tokens per second.
 
 What it measures, from the session's own rounds (nothing is assumed about the device):
-- acceptance: per position, counts of the rounds that judged that draft, decaying by ``decay`` at
-  each new one (recent rounds weigh more; a stretch of rounds that never reach a position leaves
-  its estimate as it was), shrunk towards a prior worth ``prior_weight`` rounds: ``prior`` for
-  position 1, the estimate of position j - 1 for position j (a deeper draft is assumed as good as
-  the one before it until measured). The prior keeps one early rejection from ruling drafting out.
-- cost: per width, the median of its last ``cost_window`` round times.
+- acceptance: per position, counts of the rounds that judged that draft. Every round that drafts
+  multiplies all positions' counts by ``decay`` before adding its own judgments (recent drafting
+  rounds weigh more, and the evidence about a position no recent round reached fades); rounds
+  without drafts leave the counts as they are. The estimate shrinks the counts towards a prior
+  worth ``prior_weight`` rounds: ``prior`` for position 1, the estimate of position j - 1 for
+  position j (a deeper draft is assumed as good as the one before it until measured).
+- cost: per width, the median of its last ``cost_window`` round times, lowered where the straight
+  line through its measured neighbours' medians (for the widest measured width: the two below
+  it) says it is cheaper: pooled with that line, the line worth ``pooling`` samples. One slow
+  round does not keep a width out of use; a width that looks cheap is chosen, so measured.
 Exploration, deterministic (no random numbers; the same measurements give the same choices):
+- the choice values deeper acceptance optimistically: a_j + ``optimism`` / sqrt(n_j + 1) (at
+  most 1) for j >= 2, n_j the decayed count of rounds that judged draft j; a deeper draft that
+  few recent rounds judged gets tried, and its own counts then decide (on a 128-token run an
+  early rejection at a deep position, never judged again, otherwise kept the block narrow).
+  Position 1 is judged by every drafting round and re-checked by the probes below: no bonus
+  there, so text the head cannot predict does not keep drafting on hope;
 - the first width above the measured ones is valued optimistically at the cost of the dearest
   measured width below it (a wider round never costs less), so it is tried exactly when
   that optimistic arithmetic says it could win, and then its own number decides; wider ones wait
@@ -28,10 +38,13 @@ Exploration, deterministic (no random numbers; the same measurements give the sa
   doubles after each rejected probe up to ``probe_every``, and is 4 again after any other
   drafting round (an early rejection, or a first round at a width that paid one-time costs, is
   re-checked soon; text no head predicts pays for few probes).
+The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
+BLIS record's costs with noisy round times (``scripts/simulate_chooser.py``).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence
@@ -76,16 +89,19 @@ class BlockChooser:
     """
 
     def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
-                 decay: float = 0.95, cost_window: int = 5, stale_rounds: int = 64,
-                 probe_every: int = 32):
+                 decay: float = 0.9, optimism: float = 0.4, pooling: float = 2.0,
+                 cost_window: int = 5, stale_rounds: int = 64, probe_every: int = 32):
         if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
             raise MTPError(f"max_drafts must be a non-negative integer, got {max_drafts!r}")
         if not 0.0 <= prior <= 1.0 or prior_weight <= 0 or not 0.0 < decay <= 1.0:
             raise MTPError("BlockChooser needs 0 <= prior <= 1, prior_weight > 0, 0 < decay <= 1")
+        if optimism < 0 or pooling < 0:
+            raise MTPError("BlockChooser needs optimism >= 0, pooling >= 0")
         if cost_window < 1 or stale_rounds < 1 or probe_every < 1:
             raise MTPError("BlockChooser needs cost_window, stale_rounds, probe_every >= 1")
         self.max_drafts = max_drafts
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.optimism, self.pooling = optimism, pooling
         self.stale_rounds, self.probe_every = stale_rounds, probe_every
         self.hits = [0.0] * max_drafts  # decayed: rounds that kept draft j + 1
         self.tests = [0.0] * max_drafts  # decayed: rounds that judged draft j + 1
@@ -112,18 +128,46 @@ class BlockChooser:
             out.append(prior)
         return out
 
+    def optimistic_acceptance(self) -> List[float]:
+        """What the choice uses: a_1, then a_j + optimism / sqrt(n_j + 1), at most 1."""
+        a = self.acceptance()
+        return a[:1] + [min(1.0, x + self.optimism / math.sqrt(t + 1.0))
+                        for x, t in zip(a[1:], self.tests[1:])]
+
     def _fresh(self, w: int) -> bool:
         at = self.measured_at.get(w)
         return at is not None and self.round - at < self.stale_rounds
 
+    def pooled(self) -> Dict[int, float]:
+        """Per measured width: its median, or, where cheaper, that median pooled with the line
+        through the medians of the measured widths on either side (for the widest measured
+        width: the two below it), the line worth ``pooling`` samples. Only ever lower: a width
+        that one slow round made look dear gets tried again, while one that looks cheap is
+        chosen and so measured (an error that way corrects itself)."""
+        widths = sorted(self.median)
+        out = {w: self.median[w] for w in widths}
+        for i, w in enumerate(widths):
+            if 0 < i < len(widths) - 1:
+                lo, hi = widths[i - 1], widths[i + 1]
+            elif i == len(widths) - 1 and i >= 2:
+                lo, hi = widths[i - 2], widths[i - 1]
+            else:
+                continue
+            line = self.median[lo] + (self.median[hi] - self.median[lo]) * (w - lo) / (hi - lo)
+            n = len(self.samples[w])
+            out[w] = min(self.median[w],
+                         (n * self.median[w] + self.pooling * line) / (n + self.pooling))
+        return out
+
     def costs(self, refresh: Sequence[int] = ()) -> List[Optional[float]]:
-        """Cost per width 1..K+1 (index w - 1) as the choice uses it: the median of the recent
-        samples, or the optimistic bound for the first unmeasured width above a measured one or a
-        stale one in ``refresh`` (None: not a candidate)."""
+        """Cost per width 1..K+1 (index w - 1) as the choice uses it: the pooled median of the
+        recent samples, or the optimistic bound for the first unmeasured width above a measured
+        one or a stale one in ``refresh`` (None: not a candidate)."""
         out: List[Optional[float]] = []
         bound: Optional[float] = None  # the dearest measured narrower width's cost
+        pooled = self.pooled()
         for w in range(1, self.max_drafts + 2):
-            own = self.median.get(w)
+            own = pooled.get(w)
             fresh = self._fresh(w)
             if own is None:
                 out.append(bound if bound is not None and w - 1 in self.median else None)
@@ -142,7 +186,7 @@ class BlockChooser:
         limit = self.max_drafts if limit is None else max(0, min(limit, self.max_drafts))
         if limit == 0 or not self._fresh(1):
             return 0  # width 1 is the baseline every other width is judged against
-        acceptance = self.acceptance()[:limit]
+        acceptance = self.optimistic_acceptance()[:limit]
         k = best_drafts(acceptance, self.costs()[: limit + 1])
         neighbours = [w for w in (k, k + 2) if 1 < w <= limit + 1 and not self._fresh(w)]
         if neighbours:
@@ -153,9 +197,12 @@ class BlockChooser:
     def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
         """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
         self.round += 1
+        if drafts:  # a drafting round: all evidence fades, then its own judgments count
+            self.tests = [t * self.decay for t in self.tests]
+            self.hits = [h * self.decay for h in self.hits]
         for j in range(min(accepted + 1, drafts)):  # drafts past the first rejection: unjudged
-            self.tests[j] = self.tests[j] * self.decay + 1.0
-            self.hits[j] = self.hits[j] * self.decay + (j < accepted)
+            self.tests[j] += 1.0
+            self.hits[j] += j < accepted
         w = drafts + 1
         self.samples[w].append(wall_s)
         self.median[w] = statistics.median(self.samples[w])

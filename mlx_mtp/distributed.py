@@ -8,11 +8,12 @@ computes the same logits and runs its own copy of the MTP head: drafts, the walk
 happen on every rank without a message; only the target's forward crosses ranks (one verify per
 round). Output is printed by rank 0 only.
 
-A rank that dies or hangs must not hang the others: ``Split.guard`` turns the backend's "peer
-lost" error (a rank that died: its sockets close) into one ``MTPError`` line, and bounds every step
-of a token iterator (prefill, probe, one round) by ``timeout_s`` with a watchdog thread that prints
-one error line and ends the process with exit code 3 (a rank that hangs keeps its sockets open;
-``os._exit`` because a thread stuck in a collective cannot be interrupted otherwise).
+A rank that dies or hangs must not hang the others: ``Split.step`` (and ``guard``, every step of
+a token iterator: prefill, probe, one round) turns the backend's "peer lost" error (a rank that
+died: its sockets close) into one ``SplitFailed`` line, and bounds the step by ``timeout_s`` with
+a watchdog thread that prints one error line, calls ``on_stall`` (a server answers its clients)
+and ends the process with exit code 3 (a rank that hangs keeps its sockets open; ``os._exit``
+because a thread stuck in a collective cannot be interrupted otherwise).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -36,6 +38,10 @@ DEFAULT_TIMEOUT_S = 120.0
 CACHE_LOG_ENV = "MLX_MTP_DIST_CACHE_LOG"  # test hook: per-round cache hashes, one file per rank
 WATCHDOG_EXIT = 3
 _BACKEND_PREFIXES = ("[ring]", "[mpi]", "[jaccl]", "[nccl]")  # mx.distributed's error messages
+
+
+class SplitFailed(MTPError):
+    """Another rank died: this split cannot go on (a server stops, not just the request)."""
 
 
 def timeout_from_env(environ=None) -> float:
@@ -95,6 +101,10 @@ class Split:
     timeout_s: float = DEFAULT_TIMEOUT_S
     counter: CollectiveCounter = field(default_factory=CollectiveCounter)
     cache_log: Optional[str] = None
+    # Called by the watchdog with its message before it ends the process (a server answers the
+    # requests it holds); must return within a few seconds.
+    on_stall: Optional[Callable[[str], None]] = None
+    _dog: Optional["_Watchdog"] = field(default=None, repr=False)
 
     @property
     def rank(self) -> int:
@@ -107,35 +117,37 @@ class Split:
     def describe(self) -> str:
         return f"{self.kind} over {self.size} ranks"
 
-    def guard(self, steps: Iterator, what: str = "generation") -> Iterator:
-        """``steps`` with every ``next`` bounded by ``timeout_s`` (see the module doc)."""
-        dog = _Watchdog(self, what)
+    @contextmanager
+    def step(self, what: str):
+        """A step every rank must take together, bounded by ``timeout_s``; a lost peer is one
+        ``SplitFailed`` line. Steps may nest (the outer one stays bounded from its start)."""
+        if self._dog is None:
+            self._dog = _Watchdog(self)
+        self._dog.arm(what)
         try:
-            while True:
-                dog.arm()
+            yield
+        except RuntimeError as e:  # the backend saw a peer go: one clear line
+            if not str(e).startswith(_BACKEND_PREFIXES):
+                raise
+            raise SplitFailed(f"rank {self.rank} of {self.size} ({self.kind} split): "
+                              f"{what} failed, another rank died ({e})") from None
+        finally:
+            self._dog.disarm()
+
+    def guard(self, steps: Iterator, what: str = "generation") -> Iterator:
+        """``steps`` with every ``next`` a ``step`` (see the module doc)."""
+        while True:
+            with self.step(what):
                 try:
                     item = next(steps)
                 except StopIteration:
                     return
-                except RuntimeError as e:  # the backend saw a peer go: one clear line
-                    if not str(e).startswith(_BACKEND_PREFIXES):
-                        raise
-                    raise MTPError(f"rank {self.rank} of {self.size} ({self.kind} split): "
-                                   f"{what} failed, another rank died ({e})") from None
-                finally:
-                    dog.disarm()
-                yield item
-        finally:
-            dog.stop()
+            yield item
 
     def barrier(self, what: str) -> None:
         """One all-sum every rank must reach, bounded by the watchdog."""
-        dog = _Watchdog(self, what)
-        dog.arm()
-        try:
+        with self.step(what):
             mx.eval(mx.distributed.all_sum(mx.array(1.0), group=self.group, stream=mx.cpu))
-        finally:
-            dog.stop()
 
     def from_rank0(self, value: int) -> int:
         """Rank 0's ``value`` on every rank (one all-sum): for choices a rank makes from its own
@@ -147,6 +159,18 @@ class Split:
         """A seed drawn on rank 0 and given to every rank: sampling at temperature > 0 must draw
         the same tokens on every rank (each rank feeds its own draw to its layers)."""
         return self.from_rank0(mx.random.randint(0, 2**31 - 1).item() if self.rank == 0 else 0)
+
+    def bytes_from_rank0(self, data: bytes = b"") -> bytes:
+        """Rank 0's ``data`` on every rank (the others pass nothing): its length, then its bytes
+        as int32 words summed with the others' zeros (exact), two all-sums."""
+        n = self.from_rank0(len(data))
+        if n == 0:
+            return b""
+        words = (n + 3) // 4
+        mine = (np.frombuffer(data.ljust(4 * words, b"\0"), np.int32) if self.rank == 0
+                else np.zeros(words, np.int32))
+        out = mx.distributed.all_sum(mx.array(mine), group=self.group, stream=mx.cpu)
+        return np.array(out, dtype=np.int32).tobytes()[:n]
 
     def log_cache(self, target, cache, committed: int) -> None:
         """Test hook (``MLX_MTP_DIST_CACHE_LOG``): append ``committed <sha256 of this rank's
@@ -161,38 +185,45 @@ class Split:
 
 
 class _Watchdog:
-    def __init__(self, split: Split, what: str):
-        self.split, self.what = split, what
-        self.deadline = None
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    """One daemon thread per split, armed around each step (a stack: steps may nest)."""
+
+    def __init__(self, split: Split):
+        self.split = split
+        self.armed: List[tuple] = []  # (deadline, what), innermost last
+        self.thread = threading.Thread(target=self._run, name="mlx_mtp-split-watchdog",
+                                       daemon=True)
         self.thread.start()
 
-    def arm(self):
-        self.deadline = time.monotonic() + self.split.timeout_s
+    def arm(self, what: str):
+        self.armed.append((time.monotonic() + self.split.timeout_s, what))
 
     def disarm(self):
-        self.deadline = None
-
-    def stop(self):
-        self.deadline = None
-        self.done.set()
+        self.armed.pop()
 
     def _run(self):
-        while not self.done.wait(0.2):
-            d = self.deadline
-            if d is not None and time.monotonic() > d:
+        while True:
+            time.sleep(0.2)
+            armed = list(self.armed)
+            late = [what for deadline, what in armed if time.monotonic() > deadline]
+            if late:
                 s = self.split
-                sys.stderr.write(
-                    f"error: rank {s.rank} of {s.size} ({s.kind} split): no progress in "
-                    f"{self.what} for {s.timeout_s:g} s: another rank died or hangs "
-                    f"(set {TIMEOUT_ENV} to wait longer)\n")
+                message = (f"rank {s.rank} of {s.size} ({s.kind} split): no progress in "
+                           f"{late[0]} for {s.timeout_s:g} s: another rank died or hangs "
+                           f"(set {TIMEOUT_ENV} to wait longer)")
+                sys.stderr.write(f"error: {message}\n")
                 sys.stderr.flush()
+                if s.on_stall is not None:
+                    try:
+                        s.on_stall(message)
+                    except BaseException:  # ending the process matters more
+                        pass
                 os._exit(WATCHDOG_EXIT)
 
 
-def init_split(kind: str, timeout_s: Optional[float] = None) -> Split:
-    """The process group this process was launched into, for a ``kind`` split."""
+def init_split(kind: str, timeout_s: Optional[float] = None,
+               program: str = "mlx_mtp.generate") -> Split:
+    """The process group this process was launched into, for a ``kind`` split (``program``:
+    the module the error line's example launches)."""
     if kind not in SPLITS:
         raise MTPError(f"split must be one of {', '.join(SPLITS)}, got {kind!r}")
     if not mx.distributed.is_available():
@@ -200,7 +231,7 @@ def init_split(kind: str, timeout_s: Optional[float] = None) -> Split:
     group = mx.distributed.init()
     if group.size() < 2:
         raise MTPError(f"--split {kind} needs 2 or more processes: start it with mlx.launch "
-                       "(e.g. mlx.launch --backend ring -n 2 -- python -m mlx_mtp.generate ...)")
+                       f"(e.g. mlx.launch --backend ring -n 2 -- python -m {program} ...)")
     split = Split(kind, group, timeout_s if timeout_s is not None else timeout_from_env(),
                   cache_log=os.environ.get(CACHE_LOG_ENV) or None)
     split.counter.install()

@@ -1,7 +1,8 @@
 """Benchmark MTP on a target split over processes (issue 18) against plain decode of the same split.
 
-Starts ``mlx.launch --backend ring`` over ``--hosts`` (default: 2 processes on this machine) once
-per split; every rank loads the target split by mlx-lm (``--split pipeline`` / ``tensor``), then
+Starts the ring backend's ranks once per split: ``mlx.launch`` over ``--hosts``, or (default) 2
+processes on this machine started as mlx.launch starts them but without the launcher, whose
+polling threads would share the cores being timed; every rank loads the target split by mlx-lm (``--split pipeline`` / ``tensor``), then
 runs the two arms alternated in the same processes (each warmed up once, a fixed token budget with
 EOS ignored, temperature 0, every prompt, ``--pairs`` times): MTP at ``--block-size`` and
 mlx-lm's plain decode. Rank 0 reports tok/s (medians over the pairs) and the collectives and
@@ -19,9 +20,9 @@ import argparse
 import datetime as _dt
 import json
 import os
+import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402  (scripts/: the record flags and the idle check)
 import idle_check  # noqa: E402  (scripts/: refuses a record taken on a busy machine)
+from mlx_mtp import launch as mlx_launch  # noqa: E402
 
 PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
@@ -83,23 +85,26 @@ def worker(args) -> None:
 def launch(args, split: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "rank0.json"
-        hosts = ["--hosts", args.hosts] if args.hosts else ["-n", str(args.ranks)]
-        cmd = ["mlx.launch", "--backend", "ring", *hosts, "--starting-port", str(args.port),
-               "--", sys.executable, str(Path(__file__).resolve()), "--worker",
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
                "--model", args.model, "--split", split, "--block-size", str(args.block_size),
                "--max-tokens", str(args.max_tokens), "--pairs", str(args.pairs),
                "--result", str(result)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        # stdin stays an open, silent pipe: mlx.launch polls its stdin, and on /dev/null (a
-        # background job) that poll spins a whole core beside the ranks being timed.
-        with subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE) as proc:
+        if args.hosts:  # mlx.launch with an open stdin (on /dev/null its poll spins a core)
+            proc = mlx_launch.start(cmd, hosts=args.hosts, starting_port=args.port, env=env)
             try:
-                rc = proc.wait(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise
-        if rc:
-            raise subprocess.CalledProcessError(rc, cmd)
+                proc.wait(timeout=args.timeout)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        else:  # local ranks without the launcher, whose polling threads would share the cores
+            rc = mlx_launch.LocalRanks(cmd, ranks=args.ranks, starting_port=args.port,
+                                       env=env).wait(timeout=args.timeout)
+            if rc:
+                raise SystemExit(f"error: a rank of the {split} run exited with code {rc}")
+        if not result.exists():  # mlx.launch exits 0 whatever its ranks do
+            raise SystemExit(f"error: the {split} launch wrote no result (see its output above)")
         return json.loads(result.read_text())
 
 

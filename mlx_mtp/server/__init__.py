@@ -5,6 +5,7 @@
   worker.py     the one decode thread and its bounded FIFO queue
   responses.py  OpenAI response bodies, each ending one with usage and an ``mtp`` object
   app.py        the Starlette routes, server-sent events, disconnects
+  split.py      ``--split``: rank 0 sends each request to the other ranks; they follow in lockstep
   __main__.py   the command line (uvicorn)
 
 Needs the ``server`` extra: ``pip install 'mlx-mtp[server]'`` (starlette, uvicorn).

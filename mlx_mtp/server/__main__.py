@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
 from mlx_mtp import MTPError, cli
 from mlx_mtp.demo import model_or_demo
+from mlx_mtp.distributed import SPLITS, init_split
 
 DEFAULT_MAX_QUEUE = 16
 # On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
@@ -35,6 +38,9 @@ def build_parser() -> cli.Parser:
                         f"(default: {DEFAULT_MAX_QUEUE})")
     p.add_argument("--no-mtp", action="store_true",
                    help="serve mlx-lm's plain decode of the same target, for comparison")
+    p.add_argument("--split", choices=SPLITS, default=None,
+                   help="split the target over the processes mlx.launch started: pipeline "
+                        "(layers) or tensor (heads); rank 0 serves HTTP, the others follow it")
     # Defaults for fields a request leaves out, as mlx_lm.server's flags.
     p.add_argument("--max-tokens", type=cli.positive_int, default=512,
                    help="default max_tokens (default: 512)")
@@ -64,12 +70,26 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         model = model_or_demo(args.model, args.drafter)
+        split = init_split(args.split, program="mlx_mtp.server") if args.split else None
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
-    worker = Worker(lambda: Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
-                                        block_size=args.block_size,
-                                        max_block_size=args.max_block_size), args.max_queue)
+
+    def load():
+        return Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
+                           block_size=args.block_size, max_block_size=args.max_block_size,
+                           split=split)
+
+    if split is not None and split.rank != 0:
+        from .split import follow
+
+        return follow(load)
+    if split is not None:
+        from .split import SplitWorker
+
+        worker = SplitWorker(load, args.max_queue)
+    else:
+        worker = Worker(load, args.max_queue)
     try:
         worker.start()
     except MTPError as e:
@@ -79,9 +99,17 @@ def main(argv=None) -> int:
     model_id = args.model or "mlx_mtp-demo-pair"
     print(f"mlx_mtp.server: {model_id} on http://{args.host}:{args.port} "
           f"(MTP {'on' if mtp['mtp_enabled'] else 'off'}: {mtp['gate_reason']}; "
-          f"queue {args.max_queue}; no authentication)", flush=True)
+          f"queue {args.max_queue}; no authentication)"
+          + (f" [rank 0 of {split.size}, {split.kind} split, pid {os.getpid()}]" if split else ""),
+          flush=True)
     defaults = Defaults(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p,
                         top_k=args.top_k, min_p=args.min_p)
+    if split is not None:
+        # uvicorn re-raises SIGTERM / SIGINT after its graceful shutdown: swallowed, so rank 0
+        # stops its worker below (which tells the other ranks to exit) and exits 0 (mlx.launch
+        # kills the other ranks at once when one exits otherwise).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
     try:
         uvicorn.run(build_app(worker, model_id, defaults), host=args.host, port=args.port,
                     log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

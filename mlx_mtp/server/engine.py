@@ -52,7 +52,12 @@ Event = Union[Started, Delta, Finished]
 
 
 def mtp_summary(stats: RunStats) -> dict:
-    """The ``mtp`` object of a response. Rates are null where nothing was drafted."""
+    """The ``mtp`` object of a response. Rates are null where nothing was drafted. On a split
+    target it adds the split and rank 0's collectives per generated token."""
+    split = {}
+    if stats.split is not None:
+        d = stats.to_dict()
+        split = {k: d[k] for k in ("split", "split_messages_per_token", "split_bytes_per_token")}
     return {
         "mtp_enabled": stats.mtp_enabled,
         "gate_reason": stats.gate_reason,
@@ -64,6 +69,7 @@ def mtp_summary(stats: RunStats) -> dict:
         "tokens_per_round": stats.tokens_per_round if stats.rounds else None,
         "per_position_acceptance": stats.per_position_acceptance,
         "generation_tps": stats.generation_tps,
+        **split,
     }
 
 
@@ -87,9 +93,10 @@ class Engine:
 
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
-             block_size=None, max_block_size: Optional[int] = None) -> "Engine":
+             block_size=None, max_block_size: Optional[int] = None, split=None) -> "Engine":
+        """``split``: this rank's ``mlx_mtp.distributed.Split`` (``server/split.py``)."""
         need_head = not no_mtp and block_size != 1
-        m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head)
+        m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head, split=split)
         return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size)
 
     # ------------------------------------------------------------------------------ prompt

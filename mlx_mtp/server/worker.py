@@ -57,6 +57,10 @@ class Job:
 
 
 class Worker:
+    # Errors after which no request can be served (a split target's lost rank): they leave _serve
+    # instead of failing one request; the subclass that lists them answers every client.
+    fatal: tuple = ()
+
     def __init__(self, make_engine: Callable[[], Engine], max_queue: int):
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
@@ -126,7 +130,7 @@ class Worker:
         finally:
             self._ready.set()
         while True:
-            job = self._jobs.get()
+            job = self._next_job()
             if job is None:  # stop()
                 return
             if job.cancelled or self._stopping.is_set():
@@ -136,6 +140,13 @@ class Worker:
                 self._serve(job)
             finally:
                 self.running = None
+
+    def _next_job(self) -> Optional[Job]:
+        """The next queued job; None once stopped."""
+        return self._jobs.get()
+
+    def _events(self, request: GenerationRequest, ids, stop: Callable[[], bool]):
+        return self.engine.generate(request, ids, stop)
 
     @staticmethod
     def _warm_up(engine: Engine) -> Finished:
@@ -149,11 +160,13 @@ class Worker:
         try:
             ids = self.engine.prompt_ids(job.request)
             stop = lambda: job.cancelled or self._stopping.is_set()  # noqa: E731
-            for event in self.engine.generate(job.request, ids, stop):
+            for event in self._events(job.request, ids, stop):
                 started = True
                 job.emit(event)
         except RequestError as e:
             job.emit(e)
+        except self.fatal:
+            raise
         except MTPError as e:  # the library refused the request's settings (e.g. top_k)
             job.emit(RequestError(str(e)) if not started else ServerError(str(e)))
         except Exception as e:

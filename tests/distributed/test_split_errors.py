@@ -62,3 +62,13 @@ def test_timeout_env():
         with pytest.raises(MTPError, match=rf"^{TIMEOUT_ENV} must be a positive number of "
                                            rf"seconds, got '{bad}'$"):
             timeout_from_env({TIMEOUT_ENV: bad})
+
+
+def test_split_server_without_a_launch_is_one_line(qwen_dir, capsys):
+    pytest.importorskip("uvicorn")
+    from mlx_mtp.server.__main__ import main as server_main
+
+    assert server_main(["--model", str(qwen_dir), "--split", "tensor", "--port", "0"]) == 1
+    assert capsys.readouterr().err == (
+        "error: --split tensor needs 2 or more processes: start it with mlx.launch (e.g. "
+        "mlx.launch --backend ring -n 2 -- python -m mlx_mtp.server ...)\n")

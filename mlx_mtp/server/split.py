@@ -1,0 +1,182 @@
+"""The server on a target split over processes (``--split``, started by ``mlx.launch``).
+
+Every rank loads its part of the target and warms up the same way (two tokens: the exactness
+probe runs on the split target). Rank 0 serves HTTP; every other rank follows it. Before running
+a request, rank 0's decode thread sends the others the prompt ids and the request's settings
+(JSON through ``Split.bytes_from_rank0``); then every rank runs the same ``Engine.generate`` in
+lockstep, requests in rank 0's queue order, and rank 0 alone answers. The one thing rank 0
+decides that the others cannot is stopping early (the client went away, the server is stopping):
+``SharedStop`` shares it with one scalar all-sum after each forward. While idle, rank 0 sends a
+heartbeat every ``timeout_s / 4``, so a rank that dies or hangs is found between requests too;
+when rank 0 stops it sends ``shutdown`` and every rank exits 0.
+
+A lost rank (``SplitFailed``) or a stalled one (the split's watchdog) fails the running and queued
+requests with an error response, then ends rank 0 after ``FATAL_GRACE_S`` (time to send them); a
+follower ends with its error line. Each exchange is a ``Split.step``: bounded, never a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import time
+from typing import Callable, List, Optional
+
+import mlx.core as mx
+
+from mlx_mtp import MTPError
+from mlx_mtp.distributed import Split, SplitFailed
+
+from .engine import Engine
+from .schema import GenerationRequest
+from .worker import Job, ServerError, Worker
+
+logger = logging.getLogger("mlx_mtp.server")
+
+FATAL_GRACE_S = 2.0  # rank 0 answers its clients before it ends
+
+
+class SharedStop:
+    """Rank 0's ``stop()`` on every rank. ``Engine.generate`` asks after every token; an answer
+    only matters before the next forward, so ranks exchange one only when a collective (a
+    forward) was built since the last exchange: the same tokens on every rank, since every rank
+    runs the same loop."""
+
+    def __init__(self, split: Split, stop: Callable[[], bool]):
+        self.split, self.stop = split, stop
+        self.seen = split.counter.messages
+
+    def __call__(self) -> bool:
+        if self.split.counter.messages == self.seen:
+            return False
+        with self.split.step("generation"):
+            mine = int(self.split.rank == 0 and self.stop())
+            stopped = bool(self.split.from_rank0(mine))
+        self.seen = self.split.counter.messages
+        return stopped
+
+
+def _send(split: Split, message: dict) -> None:
+    with split.step(f"sending rank 0's {message['kind']}"):
+        split.bytes_from_rank0(json.dumps(message).encode())
+
+
+def _receive(split: Split) -> dict:
+    with split.step("waiting for rank 0"):
+        return json.loads(split.bytes_from_rank0())
+
+
+class SplitWorker(Worker):
+    """Rank 0's decode thread: each request goes to the other ranks before it runs."""
+
+    fatal = (SplitFailed,)
+
+    def __init__(self, make_engine: Callable[[], Engine], max_queue: int):
+        super().__init__(self._make_engine_watched, max_queue)
+        self._make_split_engine = make_engine
+        self._sent = time.monotonic()
+        self.failed: Optional[str] = None
+
+    @property
+    def split(self) -> Split:
+        return self.engine.model.split
+
+    @property
+    def alive(self) -> bool:
+        return super().alive and self.failed is None
+
+    def _make_engine_watched(self) -> Engine:
+        engine = self._make_split_engine()
+        engine.model.split.on_stall = self.fail_all  # a stalled rank: answer, then the dog exits
+        return engine
+
+    def _send(self, message: dict) -> None:
+        try:
+            _send(self.split, message)
+        except SplitFailed as e:
+            self._end(str(e))
+        self._sent = time.monotonic()
+
+    def _next_job(self) -> Optional[Job]:
+        beat = self.split.timeout_s / 4
+        while True:
+            try:
+                job = self._jobs.get(timeout=max(0.0, self._sent + beat - time.monotonic()))
+            except queue.Empty:
+                self._send({"kind": "heartbeat"})
+                continue
+            if job is None:
+                self._send({"kind": "shutdown"})
+            return job
+
+    def _events(self, request: GenerationRequest, ids: List[int], stop: Callable[[], bool]):
+        if request.temperature > 0 and request.seed is None:  # every rank must draw alike
+            request = dataclasses.replace(request, seed=mx.random.randint(0, 2**31 - 1).item())
+        settings = dataclasses.asdict(request)
+        settings.update(messages=None, prompt=None)  # the ids carry the prompt
+        self._send({"kind": "request", "request": settings, "ids": ids})
+        return self.engine.generate(request, ids, SharedStop(self.split, stop))
+
+    def _serve(self, job: Job) -> None:
+        try:
+            super()._serve(job)
+        except SplitFailed as e:
+            self._end(str(e))
+
+    def fail_all(self, message: str) -> None:
+        """Answer the running and the queued requests with ``message``; give them time to go."""
+        self.failed = message
+        error = ServerError(f"{message}; the server is stopping")
+        if self.running is not None:
+            self.running.emit(error)
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.emit(error)
+        time.sleep(FATAL_GRACE_S)
+
+    def _end(self, message: str) -> None:
+        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.flush()
+        self.fail_all(message)
+        os._exit(1)
+
+
+def follow(load: Callable[[], Engine]) -> int:
+    """Every rank but 0: load, warm up as rank 0 does (in lockstep), then run what rank 0 sends
+    until it says shutdown (exit 0); a failure is one error line (exit 1)."""
+    # Rank 0 decides when to stop (a terminal's Ctrl-C reaches every rank of mlx.launch).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine = load()
+        split = engine.model.split
+        Worker._warm_up(engine)
+        print(f"mlx_mtp.server: rank {split.rank} of {split.size} ({split.kind} split, pid "
+              f"{os.getpid()}) follows rank 0", flush=True)
+        while True:
+            message = _receive(split)
+            if message["kind"] == "shutdown":
+                return 0
+            if message["kind"] == "request":  # else a heartbeat
+                _run(engine, GenerationRequest(**message["request"]), message["ids"])
+    except MTPError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+
+
+def _run(engine: Engine, request: GenerationRequest, ids: List[int]) -> None:
+    try:
+        for _ in engine.generate(request, ids, SharedStop(engine.model.split, lambda: False)):
+            pass
+    except SplitFailed:
+        raise
+    except MTPError:  # the library refused the request's settings: rank 0 says so to the client
+        pass

@@ -1,0 +1,194 @@
+"""Replay block-size policies on recorded acceptance traces with a device cost model: tokens per
+simulated second for every fixed block size and for ``BlockChooser`` (``block_size="auto"``).
+
+Wall-clock runs on a small shared machine are too noisy to tune a chooser by; at T=0 the drafts
+are a function of the text (``scripts/acceptance_traces.py`` records L(p), the drafts kept of K
+made at output position p), so only the costs need a model. A round of k drafts at position p
+keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.speculative):
+
+    verify(k + 1) + residual                                    k = 0 (auto defers the accept hook)
+    verify(k + 1) + (k - 1) * draft_step + accept(a + 1) + finalize + residual      k >= 1
+
+with accept(n) = accept_base + accept_per_pair * n. Under auto, rounds without drafts hand their
+pairs to the drafter at the next drafting round, outside the chooser's measured time:
+accept(pairs) then. Fixed block 1 is the plain path (``plain_step`` per token). Each round's time
+(what both the clock and the chooser see) is multiplied by a seeded lognormal factor
+exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top.
+
+The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
+``verify_ms_by_width`` of an arm (``--verify-arm``; ``fixed`` takes each width from the fixed
+arm that verified it most, else auto's), the round split of the fixed arms, the drafter step.
+
+    python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
+        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mlx_mtp.block_chooser import BlockChooser  # noqa: E402  (pure Python: no MLX op runs)
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "benchmark_results" / "demo-pair-blis-vm-2026-12-01.json"
+TRACES = ROOT / "tests" / "data" / "demo_pair_traces.json"
+
+
+@dataclass
+class Costs:
+    """Milliseconds."""
+    verify: Dict[int, float]  # per verify width
+    draft_step: float  # one drafter step (drafts 2..k; the first comes from the accept hook)
+    accept_base: float
+    accept_per_pair: float
+    finalize: float
+    residual: float
+    plain_step: float  # fixed block 1: the plain one-token path
+
+    def round_ms(self, k: int, a: int) -> float:
+        if k == 0:
+            return self.verify[1] + self.residual
+        return (self.verify[k + 1] + (k - 1) * self.draft_step + self.accept(a + 1)
+                + self.finalize + self.residual)
+
+    def accept(self, pairs: int) -> float:
+        return self.accept_base + self.accept_per_pair * pairs
+
+
+def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
+    rows = {str(r["block_size"]): r for r in json.loads(path.read_text())["rows"]}
+    auto = rows["auto"]
+    fixed = [r for b, r in rows.items() if b != "auto" and r["block_size"] > 1]
+    verify = {int(w): ms for w, ms in auto["verify_ms_by_width"].items()}
+    if verify_arm == "fixed":  # each width from the fixed arm that ran it as its own block
+        for r in fixed:
+            verify[r["block_size"]] = r["verify_ms_by_width"][str(r["block_size"])]
+        verify[1] = statistics.median(r["verify_ms_by_width"]["1"] for r in fixed)
+    # accept hook ms per round against the pairs it consumed (tokens per round): a line
+    pts = [(r["tokens_per_round"], r["round_ms"]["accept"]) for r in fixed]
+    (x0, y0), (x1, y1) = min(pts), max(pts)
+    slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
+    steps = [r["drafter_step_ms"] for r in fixed if r["drafter_step_ms"]]
+    return Costs(verify=verify, draft_step=statistics.median(steps),
+                 accept_base=y0 - slope * x0, accept_per_pair=slope,
+                 finalize=statistics.median(r["round_ms"]["finalize"] for r in fixed),
+                 residual=statistics.median(r["round_ms"]["residual"] for r in fixed),
+                 plain_step=rows["1"]["round_ms"]["residual"])
+
+
+class Noise:
+    def __init__(self, seed: int, sigma: float, spike_every: int = 0, spike: float = 1.0):
+        self.rng = random.Random(seed)
+        self.sigma, self.spike_every, self.spike = sigma, spike_every, spike
+
+    def __call__(self, ms: float) -> float:
+        f = math.exp(self.sigma * self.rng.gauss(0.0, 1.0))
+        if self.spike_every and self.rng.random() < 1.0 / self.spike_every:
+            f *= self.spike
+        return ms * f
+
+
+def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int] = None,
+           chooser: Optional[BlockChooser] = None, max_drafts: int = 5) -> dict:
+    """One generation of ``n`` tokens (the first from the prefill, untimed, as the record's
+    tok/s): ``fixed`` block size, or the ``chooser``'s rounds. Returns tok/s and widths used."""
+    if fixed == 1:
+        total = sum(noise(costs.plain_step) for _ in range(n - 1))
+        return {"tps": (n - 1) / total * 1e3, "widths": {1: n - 1}}
+    emitted, p, total, deferred = 1, 0, 0.0, 0
+    widths: Dict[int, int] = {}
+    while emitted < n:
+        limit = min(max_drafts, n - emitted - 1)
+        if chooser is not None:
+            k = chooser.choose(limit)
+            if k > 0 and deferred:
+                total += noise(costs.accept(deferred))  # the catch-up, outside the round's time
+                deferred = 0
+        else:
+            k = min(fixed - 1, limit)
+        a = min(L[p], k)
+        ms = costs.round_ms(k, a)
+        if k == 0 and chooser is None:
+            ms += costs.accept(1)  # a fixed arm's last round still runs the accept hook
+        wall = noise(ms)
+        total += wall
+        if chooser is not None:
+            chooser.observe(k, a, wall / 1e3)
+            deferred += k == 0
+        widths[k + 1] = widths.get(k + 1, 0) + 1
+        emitted += a + 1
+        p += a + 1
+    return {"tps": (n - 1) / total * 1e3, "widths": widths}
+
+
+def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=BlockChooser,
+             max_block_size: int = 6, spike_every: int = 0, spike: float = 1.0) -> dict:
+    """Per prompt: mean tok/s over seeds of every fixed block size and of auto; auto's ratio to
+    the best fixed block (by mean), its worst seed, and the widths it chose (summed)."""
+    n = traces["max_tokens"]
+    out = {}
+    for name, tr in traces["prompts"].items():
+        L = tr["L"]
+        fixed = {b: [] for b in range(1, max_block_size + 1)}
+        auto, widths = [], {}
+        for s in range(seeds):
+            for b in fixed:
+                fixed[b].append(replay(L, n, costs, Noise(1000 * s + b, sigma, spike_every,
+                                                          spike), fixed=b)["tps"])
+            r = replay(L, n, costs, Noise(1000 * s + 99, sigma, spike_every, spike),
+                       chooser=make_chooser(max_block_size - 1), max_drafts=max_block_size - 1)
+            auto.append(r["tps"])
+            for w, c in r["widths"].items():
+                widths[w] = widths.get(w, 0) + c
+        means = {b: statistics.mean(v) for b, v in fixed.items()}
+        best = max(means, key=means.get)
+        out[name] = {"fixed": means, "auto": statistics.mean(auto), "best": best,
+                     "ratio": statistics.mean(auto) / means[best],
+                     "worst_seed_ratio": min(a / means[best] for a in auto),
+                     "widths": dict(sorted(widths.items()))}
+    return out
+
+
+def table(result: dict, max_block_size: int = 6) -> str:
+    head = ("| prompt | " + " | ".join(f"block {b}" for b in range(1, max_block_size + 1))
+            + " | auto | auto / best fixed | worst seed | widths auto chose |")
+    lines = [head, "|" + "---|" * (max_block_size + 5)]
+    for name, r in result.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r['fixed'][b]:.1f}"
+                                                 for b in range(1, max_block_size + 1))
+                     + f" | {r['auto']:.1f} | {r['ratio']:.3f} (block {r['best']}) | "
+                       f"{r['worst_seed_ratio']:.3f} | "
+                     + ", ".join(f"{w}: {c}" for w, c in r["widths"].items()) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=str(TRACES))
+    ap.add_argument("--record", default=str(RECORD))
+    ap.add_argument("--verify-arm", choices=("auto", "fixed"), default="auto")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--sigma", type=float, default=0.15)
+    ap.add_argument("--spike-every", type=int, default=0, help="a stall every N rounds on average")
+    ap.add_argument("--spike", type=float, default=5.0, help="the stall's factor")
+    ap.add_argument("--max-block-size", type=int, default=6)
+    args = ap.parse_args(argv)
+    traces = json.loads(Path(args.traces).read_text())
+    costs = costs_from_record(Path(args.record), args.verify_arm)
+    print(f"costs (ms): {costs}")
+    result = simulate(traces, costs, args.seeds, args.sigma, max_block_size=args.max_block_size,
+                      spike_every=args.spike_every, spike=args.spike)
+    print(table(result, args.max_block_size))
+
+
+if __name__ == "__main__":
+    main()
