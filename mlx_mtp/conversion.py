@@ -34,10 +34,10 @@ from mlx_lm import utils as mlx_lm_utils
 from tqdm import tqdm
 
 from . import fp8
-from .checkpoint import (cast_floats, load_mlx_lm_model, load_safetensors,
-                         read_config, resolve_path, safetensors_header, weight_files)
+from .checkpoint import (cast_floats, load_mlx_lm_model, read_config, resolve_path,
+                         safetensors_header, weight_files)
 from .errors import MTPError
-from .gemma4.loading import ASSISTANT_MODEL_TYPES, EMBEDDED_ASSISTANT
+from .gemma4.loading import EMBEDDED_ASSISTANT, read_assistant_config, read_assistant_weights
 from .gemma4.target import GEMMA4_MODEL_TYPES
 from .qwen3_5.loading import (EMBEDDED_DRAFT_VOCAB, EMBEDDED_HEAD, build_head, collect_head_weights,
                               load_head_from_drafter)
@@ -141,19 +141,8 @@ def convert_qwen_head(src: Path, config: dict, model, dtype: mx.Dtype, out: Path
 def convert_assistant(drafter, dtype: mx.Dtype, out: Path, quiet: bool) -> dict:
     """The Gemma 4 assistant's tensors, floats cast to ``dtype`` (names and config as they are:
     the loader reads the checkpoint layout)."""
-    path = resolve_path(drafter, "drafter")
-    config = read_config(path)
-    if config.get("model_type") not in ASSISTANT_MODEL_TYPES:
-        raise MTPError(f"{path / 'config.json'}: model_type {config.get('model_type')!r} is not a "
-                       f"Gemma 4 assistant (expected {' or '.join(ASSISTANT_MODEL_TYPES)})")
-    files = weight_files(path)
-    if not files:
-        raise MTPError(f"drafter {path}: no .safetensors files found")
-    weights = {}
-    for f in files:
-        safetensors_header(f)
-        weights.update(load_safetensors(f))
-    weights = cast_floats(weights, dtype)
+    path, config = read_assistant_config(drafter)
+    weights = cast_floats(read_assistant_weights(path), dtype)
     bar = _bar("converting assistant", len(weights), quiet)
     for v in weights.values():
         mx.eval(v)

@@ -13,13 +13,14 @@ so tok/s there says little about a Mac; acceptance is the informative number.
     python scripts/bench_convert.py [--model PATH] [--block-size 3] [--pairs 3] [--max-tokens 128]
     python scripts/bench_convert.py --arms 4:none,4:4,8:none,8:8     # the default arms
 
-Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+Writes benchmark_results/<topic>-<host>-<date>.md and .json, inside the benchmarks' idle check
+(``scripts/idle_check.py``: refused on a busy machine unless ``--allow-busy``, which labels the
+record "contended: not a result").
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 import mlx_mtp  # noqa: E402,F401  (first: binds the system BLAS before mlx.core loads)
 
+import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 import bench_mtp  # noqa: E402
 from mlx_mtp.block_chooser import DEFAULT_MAX_BLOCK_SIZE  # noqa: E402
 from mlx_mtp.conversion import convert  # noqa: E402
@@ -75,21 +77,13 @@ def run(args) -> dict:
                          "target_dtype": r["target_dtype"]})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {**bench_mtp.record_setup(args.topic), "model": model, "block_size": args.block_size,
+    return {**bench_common.record_setup(args.topic), "model": model, "block_size": args.block_size,
             "pairs": args.pairs, "max_tokens": args.max_tokens,
             "prompts": bench_mtp.DEFAULT_PROMPTS, "rows": rows}
 
 
 def render(r: dict) -> str:
-    h = r["host"]
-    lines = [
-        f"# {r['topic']} on {h['name']}, {r['date']}", "",
-        "## Setup",
-        f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}, device {h['device']}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-        f"- BLAS: {r['cpu_blas']}",
-        f"- Commit: {r['git_commit']}",
-        f"- Command: `{r['command']}`",
+    lines = bench_common.setup_lines(r, env=False) + [
         f"- Model: {r['model']}, converted per arm with `python -m mlx_mtp.convert` (group size "
         f"{r['rows'][0]['group_size'] if r['rows'] else '-'}); block size {r['block_size']}; "
         f"prompts {', '.join(r['prompts'])}, {r['max_tokens']} tokens each, EOS ignored, T=0, "
@@ -101,15 +95,11 @@ def render(r: dict) -> str:
         "per-position acceptance | identical to plain |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in r["rows"]:
-        pp = " / ".join(f"{a:.2f}" for a in row["per_position_acceptance"]) or "-"
+    for row in r["rows"]:  # T=0: identical_to_classic is always yes or NO
         gate = "" if row["mtp_enabled"] else f" (MTP declined: {row['gate_reason']})"
-        lines.append(
-            f"| {arm_name(row['target_bits'], row['head_bits'])}{gate} | {row['classic_tps']:.1f} | "
-            f"{row['mtp_tps']:.1f} | {row['ratio_median']:.2f}x | {row['ratio_min']:.2f}-"
-            f"{row['ratio_max']:.2f} | {row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | "
-            f"{pp} | {'yes' if row['identical_to_classic'] else 'NO'} |")
-    lines += ["", "## What it says", "", r.get("summary", "(to be written by the person who ran it)"), ""]
+        lines.append(f"| {arm_name(row['target_bits'], row['head_bits'])}{gate} | "
+                     f"{bench_mtp.result_cells(row)} |")
+    lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -123,17 +113,11 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--topic", default="convert-demo-pair")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
+    bench_common.add_record_args(p)
     args = p.parse_args(argv)
-    result = run(args)
-    if args.summary:
-        result["summary"] = args.summary
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (args.out / f"{stem}.md").write_text(render(result))
-    print(render(result))
+    watch = bench_common.watch(args)
+    result = bench_common.finish(args, run(args), watch, render)
+    print(bench_common.render_markdown(result, render))
     return result
 
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 
 import bench_mtp  # noqa: E402
-import idle_check  # noqa: E402
+import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
@@ -264,7 +264,7 @@ def summarize(args, base, arms, raw, bw, vocab_meta) -> dict:
         rows.append(row)
     target_bytes = bench_mtp.step_bytes(base)["target_step_bytes"]
     return {
-        **bench_mtp.record_setup(args.topic),
+        **bench_common.record_setup(args.topic),
         "model": str(args.model), "random_pair": args.random_pair,
         "pair_config": base.config.get("text_config", base.config),
         "target_dtype": str(base.target.dtype), "prompts": args.prompts,
@@ -334,20 +334,10 @@ def verdicts(r) -> list:
 
 
 def render(r: dict) -> str:
-    h = r["host"]
     c = r["pair_config"]
     rows = {row["arm"]: row for row in r["rows"]}
     vm = r["draft_vocab"] or {}
-    lines = [
-        f"# {r['topic']} on {h['name']}, {r['date']}", "",
-        "## Setup",
-        f"- Host: {h['cpu']}, {h['cores']} cores, {h['memory_gib']:.0f} GiB, {h['os']}, "
-        f"device {h['device']}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-        f"- BLAS: {r['cpu_blas']}",
-        f"- Commit: {r['git_commit']}",
-        f"- Command: `{r['command']}`",
-        f"- Environment: {r['env'] or 'none set'}",
+    lines = bench_common.setup_lines(r, memory=True) + [
         f"- Pair: {'random weights, built by this script' if r['random_pair'] else r['model']}; "
         f"qwen3_5, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers (full attention "
         f"every {c.get('full_attention_interval')}), intermediate {c['intermediate_size']}, "
@@ -435,8 +425,7 @@ def render(r: dict) -> str:
         lines.append(f"- {row['arm']}: drafter step reads {row['step_bytes'] / 1e6:.1f} MB (head "
                      f"{row['head_bytes'] / 1e6:.1f} + LM head rows {row['lm_head_bytes'] / 1e6:.1f}): "
                      f"floor {row['step_floor_ms']:.2f} ms, measured {_ms(row['step_ms'])} ms")
-    lines += ["", "## What it says", "", r.get("summary", "(to be written by the person who ran it)"),
-              ""]
+    lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -454,16 +443,13 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: bench_mtp's)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
-    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
-    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    bench_common.add_record_args(p)
     args = p.parse_args(argv)
     if args.render:
-        return bench_mtp.rerender_record(args.render, render, "drafter", args.summary)
+        return bench_common.rerender_record(args.render, render, "drafter", args.summary)
     args.prompts = (json.loads(Path(args.prompts_json).read_text()) if args.prompts_json
                     else bench_mtp.DEFAULT_PROMPTS)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -471,12 +457,8 @@ def main(argv=None):
     if args.random_pair:
         args.model, corpus = build_random_pair(args.work)
         args.corpus = args.corpus or corpus
-    watch = idle_check.Watch(args.idle_window, args.allow_busy)
-    result = idle_check.attach(run(args), watch, args.allow_busy)
-    if args.summary:
-        result["summary"] = args.summary
-    bench_mtp.write_record(args.out, result, render, "drafter")
-    return result
+    watch = bench_common.watch(args)
+    return bench_common.finish(args, run(args), watch, render, "drafter")
 
 
 if __name__ == "__main__":

@@ -24,20 +24,13 @@ states the acceptance rule; token identity is then not expected and is reported 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
-import platform
 import random
-import shlex
-import socket
 import statistics
 import string
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,16 +39,11 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from mlx_mtp import cpu_blas  # noqa: E402
-import idle_check  # noqa: E402  (scripts/)
+import bench_common  # noqa: E402  (scripts/: flags, idle check, setup, writing the record)
 from mlx_mtp.diagnostics import RunStats  # noqa: E402
 from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record_plots  # noqa: E402  (matplotlib only inside, lazily)
-
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
     "prose": "The history of the Python programming language begins in the late 1980s, when",
@@ -246,7 +234,7 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "block_sizes": _sum_widths(s.get("block_sizes", {}) for s in st),
         })
     result = {
-        **record_setup(args.topic),
+        **bench_common.record_setup(args.topic),
         "model": str(args.model), "drafter": args.drafter,
         "target_dtype": str(model.target.dtype), "prompts": args.prompts,
         "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": args.temp,
@@ -315,66 +303,8 @@ def per_prompt(args, raw) -> list:
 # ------------------------------------------------------------------------------ the record
 
 
-def record_setup(topic: str) -> dict:
-    """The setup every record states (shared/design/benchmarks.md): topic, date, host, versions,
-    BLAS, commit, the exact command and the environment variables that steer MLX and the BLAS."""
-    return {
-        "topic": topic, "date": _dt.date.today().isoformat(), "host": host_facts(),
-        "versions": versions(), "cpu_blas": cpu_blas.STATE.describe(),
-        "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in sys.argv),
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX", "BLIS", "OPENBLAS", "OMP"))},
-    }
-
-
-def host_facts() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = None
-    try:
-        mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        pass
-    return {"name": socket.gethostname(), "cpu": cpu, "cores": len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "memory_gib": mem, "os": platform.platform(), "device": str(mx.default_device())}
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    return {p: version(p) for p in ("mlx", "mlx-lm")} | {"mlx_mtp": mlx_mtp.__version__,
-                                                         "python": platform.python_version()}
-
-
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def render(r: dict) -> str:
-    h = r["host"]
-    lines = [
-        f"# {r['topic']} on {h['name']}, {r['date']}", "",
-        "## Setup",
-        f"- Host: {h['cpu']}, {h['cores']} cores, {h['memory_gib']:.0f} GiB, {h['os']}, "
-        f"device {h['device']}" if h["memory_gib"] else f"- Host: {h['cpu']}, {h['os']}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-        f"- BLAS: {r['cpu_blas']}",
-        f"- Commit: {r['git_commit']}",
-        f"- Command: `{r['command']}`",
-        f"- Environment: {r['env'] or 'none set'}",
+    lines = bench_common.setup_lines(r, memory=True) + [
         f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"{_sampling_text(r)}; {r['pairs']} alternating pairs per prompt",
@@ -401,12 +331,7 @@ def render(r: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
-        pp = " / ".join(f"{a:.2f}" for a in row["per_position_acceptance"]) or "-"
-        lines.append(
-            f"| {row['block_size']} | {row['classic_tps']:.1f} | {row['mtp_tps']:.1f} | "
-            f"{row['ratio_median']:.2f}x | {row['ratio_min']:.2f}-{row['ratio_max']:.2f} | "
-            f"{row['acceptance']:.3f} | {row['tokens_per_round']:.2f} | {pp} | "
-            f"{_identical_text(row.get('identical_to_classic'))} |")
+        lines.append(f"| {row['block_size']} | {result_cells(row)} |")
     lines += _per_prompt_lines(r)
     lines += ["", "## Round split (ms per round, share)", ""]
     if not all(row.get("phases_synced", True) for row in r["rows"]):
@@ -441,8 +366,18 @@ def render(r: dict) -> str:
         lines.append(f"- Drafter step reads {r['drafter_step_bytes'] / 1e6:.1f} MB (head + borrowed "
                      f"LM head {r['lm_head_bytes'] / 1e6:.1f} MB): floor "
                      f"{r['drafter_step_floor_ms']:.2f} ms{meas}")
-    lines += ["", "## What it says", "", r.get("summary", "(to be written by the person who ran it)"), ""]
+    lines += bench_common.what_it_says(r)
     return "\n".join(lines)
+
+
+def result_cells(row: dict) -> str:
+    """A results row's cells after its first: plain and MTP tok/s, ratio and its range,
+    acceptance, tokens per round, per-position acceptance, identical to plain decode."""
+    pp = " / ".join(f"{a:.2f}" for a in row["per_position_acceptance"]) or "-"
+    return (f"{row['classic_tps']:.1f} | {row['mtp_tps']:.1f} | {row['ratio_median']:.2f}x | "
+            f"{row['ratio_min']:.2f}-{row['ratio_max']:.2f} | {row['acceptance']:.3f} | "
+            f"{row['tokens_per_round']:.2f} | {pp} | "
+            f"{_identical_text(row.get('identical_to_classic'))}")
 
 
 def _per_prompt_lines(r: dict) -> list:
@@ -492,8 +427,6 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (both arms)")
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -503,11 +436,10 @@ def main(argv=None):
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
-    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
-    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    bench_common.add_record_args(p)
     args = p.parse_args(argv)
     if args.render:
-        return rerender_record(args.render, render, "mtp", args.summary)
+        return bench_common.rerender_record(args.render, render, "mtp", args.summary)
     if not args.model:
         p.error("--model is required (or --render RECORD.json)")
     try:
@@ -520,61 +452,8 @@ def main(argv=None):
             or any(b != AUTO and b < 1 for b in args.block_sizes)):
         p.error("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1 and block sizes >= 1 "
                 "are required")
-    watch = idle_check.Watch(args.idle_window, args.allow_busy)
-    result = idle_check.attach(run(args), watch, args.allow_busy)
-    if args.summary:
-        result["summary"] = args.summary
-    write_record(args.out, result, render)
-    return result
-
-
-def write_record(out: Path, result: dict, render_fn, kind: Optional[str] = "mtp") -> None:
-    """``<topic>-<host>-<date>.json``, the ``.md`` that ``render_fn`` makes of it with the idle
-    check in it (``-contended`` in the name when the machine was not idle), and the record's
-    pictures (``record_plots``, ``kind`` "mtp", "drafter" or "server"; None: a record without
-    pictures) linked from the ``.md``."""
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{result['topic']}-{result['host']['name']}-{result['date']}"
-    stem += "-contended" if idle_check.is_contended(result) else ""
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    try:
-        pictures = record_plots.draw(result, out / stem, kind) if kind else []
-    except ImportError as e:  # matplotlib is an optional extra: the record stands without it
-        print(e)
-        pictures = []
-    (out / f"{stem}.md").write_text(record_plots.embed(render_markdown(result, render_fn), pictures, out))
-    print(f"wrote {out / stem}.md and .json" + (f" and {len(pictures)} pictures" if pictures else ""))
-
-
-def rerender_record(path: Path, render_fn, kind: str = "mtp", summary: str = None) -> dict:
-    """``--render RECORD.json``: draw the record's pictures again from its JSON (no run) and link
-    them from its ``.md`` (which is otherwise kept; written from the JSON if absent). With
-    ``summary``: also store it in the JSON and rewrite the whole ``.md`` from the JSON."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: --render {path}: expected a record's .json ({e})")
-    problem = record_plots.check(result, kind)
-    if problem:
-        raise SystemExit(f"error: --render {path}: {problem}")
-    if not record_plots.available():
-        raise SystemExit(f"error: --render needs matplotlib: {record_plots.INSTALL}")
-    path = Path(path)
-    md_path = path.with_suffix(".md")
-    pictures = record_plots.draw(result, path.with_suffix(""), kind)
-    if summary is not None:
-        result["summary"] = summary
-        path.write_text(json.dumps(result, indent=1))
-    md = (md_path.read_text() if summary is None and md_path.exists()
-          else render_markdown(result, render_fn))
-    md_path.write_text(record_plots.embed(md, pictures, md_path.parent))
-    print(f"rewrote {md_path} and {len(pictures)} pictures")
-    return result
-
-
-def render_markdown(result: dict, render_fn) -> str:
-    """The record's markdown: ``render_fn``'s, with the idle check the run saw."""
-    return idle_check.annotate(render_fn(result), result.get("idle_check"))
+    watch = bench_common.watch(args)
+    return bench_common.finish(args, run(args), watch, render, "mtp")
 
 
 if __name__ == "__main__":

@@ -24,12 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench_mtp  # noqa: E402  (record_setup, write_record; imports mlx_mtp first)
-import idle_check  # noqa: E402  (scripts/)
+import bench_mtp  # noqa: E402  (DEFAULT_PROMPTS; imports mlx_mtp first)
+import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 
 from mlx_mtp.server.process import ServerProcess  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("mtp", "plain")
 
 
@@ -115,16 +114,7 @@ def _f(v, fmt=".1f"):
 
 
 def render(r: dict) -> str:
-    h = r["host"]
-    lines = [
-        f"# {r['topic']} on {h['name']}, {r['date']}", "",
-        "## Setup",
-        f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}, device {h['device']}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-        f"- BLAS: {r['cpu_blas']}",
-        f"- Commit: {r['git_commit']}",
-        f"- Command: `{r['command']}`",
-        f"- Environment: {r['env'] or 'none set'}",
+    lines = bench_common.setup_lines(r) + [
         f"- Servers: `python -m mlx_mtp.server {' '.join(r['server_args']['mtp'])}` and "
         f"`... {' '.join(r['server_args']['plain'])}`",
         f"- Prompts: {', '.join(r['prompts'])}; max_tokens {r['max_tokens']} (EOS ends a "
@@ -156,7 +146,7 @@ def render(r: dict) -> str:
                      f"{a['median_ttft_ms']:.0f} | {a['wall_s']:.1f} |")
     lines.append(f"\nrequests/s ratio MTP / plain: "
                  f"{t['mtp']['requests_per_s'] / t['plain']['requests_per_s']:.2f}x")
-    lines += ["", "## What it says", "", r.get("summary") or "(summary to be written)", ""]
+    lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -170,10 +160,7 @@ def main(argv=None) -> dict:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=3, help="requests per concurrent client")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
-    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
-    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    bench_common.add_record_args(p)
     args = p.parse_args(argv)
     import openai
 
@@ -188,7 +175,7 @@ def main(argv=None) -> dict:
     queue = str(max(args.clients, 1))
     servers = {}
     # The servers are this process's children: the idle check counts them as the run's own CPU.
-    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    watch = bench_common.watch(args)
     try:
         for arm in ARMS:
             servers[arm] = ServerProcess(*server_args[arm], "--max-queue", queue,
@@ -203,15 +190,13 @@ def main(argv=None) -> dict:
     finally:
         for s in servers.values():
             s.stop()
-    result = bench_mtp.record_setup(args.topic)
+    result = bench_common.record_setup(args.topic)
     result.update(model=args.model or "embedded demo pair", drafter=args.drafter,
                   server_args=server_args, prompts=prompts, max_tokens=args.max_tokens,
                   pairs=args.pairs, clients=args.clients, requests_per_client=args.requests,
                   gate=gate, rows=summarize(raw, prompts), throughput=tput, raw=raw,
                   summary=args.summary)
-    result = idle_check.attach(result, watch, args.allow_busy)
-    bench_mtp.write_record(args.out, result, render, kind="server")
-    return result
+    return bench_common.finish(args, result, watch, render, "server")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402  (scripts/: the record flags and the idle check)
 import idle_check  # noqa: E402  (scripts/: refuses a record taken on a busy machine)
 from mlx_mtp import launch as mlx_launch  # noqa: E402
 
@@ -139,11 +140,9 @@ def main(argv=None) -> int:
     p.add_argument("--hosts", default=None, help="mlx.launch --hosts (IPs) instead of local")
     p.add_argument("--port", type=int, default=42323, help="mlx.launch --starting-port")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per split launch")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
+    bench_common.add_record_args(p, summary=False)
     p.add_argument("--no-write", action="store_true",
                    help="print the table, write nothing (no idle check)")
-    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
-    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--split", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -156,7 +155,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     args.model_name = Path(args.model).name
-    watch = None if args.no_write else idle_check.Watch(args.idle_window, args.allow_busy)
+    watch = None if args.no_write else bench_common.watch(args)
     records = {s: launch(args, s) for s in args.splits.split(",")}
     text = render(records, args)
     if args.no_write:

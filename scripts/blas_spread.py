@@ -28,8 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-import bench_mtp  # noqa: E402  (record setup; imports mlx_mtp first)
-import idle_check  # noqa: E402
+import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 from mlx_mtp import cpu_blas  # noqa: E402
 
 WITHIN = 1.15  # the bar: five fresh processes within 15% of each other
@@ -99,11 +98,8 @@ def summarize(runs: list) -> dict:
 
 
 def render(r: dict) -> str:
-    h = r["host"]
-    lines = [f"# {r['topic']} on {h['name']}, {r['date']}", "", "## Setup",
-             f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}",
-             "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-             f"- Commit: {r['git_commit']}", f"- Command: `{r['command']}`",
+    # BLAS and environment are per arm (fresh processes), stated with the results
+    lines = bench_common.setup_lines(r, device=False, blas=False, env=False) + [
              f"- {r['processes']} rounds; each round, per arm in alternating order, fresh processes "
              f"of `python -m mlx_mtp.generate --json --max-tokens {r['max_tokens']}` (demo pair, "
              "default prompt, T=0) with `--no-mtp` and without, and a 512x512 f32 matmul "
@@ -121,9 +117,8 @@ def render(r: dict) -> str:
             f"{mm['spread']:.2f} | {'yes' if s['plain_within_15pct'] else 'NO'} | "
             f"{'yes' if s['identical'] else 'NO'} |")
     lines += ["", "Environment per arm: " + "; ".join(
-        f"{a}: {e or 'nothing set'}" for a, e in r["arm_env"].items()), "",
-              "## What it says", "", r.get("summary", "(to be written by the person who ran it)"),
-              ""]
+        f"{a}: {e or 'nothing set'}" for a, e in r["arm_env"].items())]
+    lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -134,10 +129,7 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=256, help="the CLI's default is 256")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
     p.add_argument("--topic", default="blas-spread")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--summary", default=None, help="the 'What it says' paragraph")
-    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
-    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    bench_common.add_record_args(p)
     args = p.parse_args(argv)
     available = arms()
     names = args.arms.split(",") if args.arms else list(available)
@@ -147,7 +139,7 @@ def main(argv=None):
                 f"{', '.join(available)})")
     if args.processes < 2 or args.max_tokens < 2:
         p.error("--processes >= 2 and --max-tokens >= 2 are required")
-    watch = idle_check.Watch(args.idle_window, args.allow_busy)
+    watch = bench_common.watch(args)
     runs = {a: [] for a in names}
     for i in range(args.processes):
         for arm in (names if i % 2 == 0 else list(reversed(names))):
@@ -155,14 +147,10 @@ def main(argv=None):
             r = runs[arm][-1]
             print(f"round {i} {arm}: plain {r['plain_tps']:.1f} tok/s, MTP {r['mtp_tps']:.1f}, "
                   f"matmul {r['matmul_ms']:.2f} ms", flush=True)
-    result = {**bench_mtp.record_setup(args.topic), "processes": args.processes,
+    result = {**bench_common.record_setup(args.topic), "processes": args.processes,
               "max_tokens": args.max_tokens, "arm_env": {a: available[a] for a in names},
               "arms": {a: summarize(runs[a]) for a in names}, "runs": runs}
-    result = idle_check.attach(result, watch, args.allow_busy)
-    if args.summary:
-        result["summary"] = args.summary
-    bench_mtp.write_record(args.out, result, render, kind=None)
-    return result
+    return bench_common.finish(args, result, watch, render)
 
 
 if __name__ == "__main__":

@@ -154,16 +154,19 @@ def bandwidth_probe(mb: int = 128, repeats: int = 5) -> float:
     return a.nbytes / best / 1e9
 
 
-def machine_key() -> dict:
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` knows of it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count()}
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> dict:
+    return {"host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count()}
 
 
 def baseline_path(out: Path = BASELINE_DIR) -> Path:

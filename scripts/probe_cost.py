@@ -34,8 +34,7 @@ from mlx_mtp.demo import demo_path  # noqa: E402
 from mlx_mtp.qwen3_5.target import Qwen3_5Target  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import bench_mtp  # noqa: E402
-import idle_check  # noqa: E402
+import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 
 
 def decode_step_s(mlx_model, repeats: int) -> float:
@@ -92,17 +91,12 @@ def synthetic_rows(repeats: int):
 
 
 def record(args, rows) -> dict:
-    return {**bench_mtp.record_setup("probe-cost"), "repeats": args.repeats, "rows": rows,
-            "summary": args.summary or "(to be written by the person who ran it)"}
+    return {**bench_common.record_setup("probe-cost"), "repeats": args.repeats, "rows": rows,
+            "summary": args.summary or bench_common.SUMMARY_TODO}
 
 
 def render(r: dict) -> str:
-    h = r["host"]
-    lines = [f"# probe-cost on {h['name']}, {r['date']}", "", "## Setup",
-             f"- Host: {h['cpu']}, {h['cores']} cores, {h['os']}, device {h['device']}",
-             "- Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-             f"- BLAS: {r['cpu_blas']}", f"- Commit: {r['git_commit']}",
-             f"- Command: `{r['command']}`", f"- Environment: {r['env'] or 'none set'}",
+    lines = bench_common.setup_lines(r) + [
              f"- Medians of {r['repeats']} runs; cold = fresh adapter (nothing memoized), "
              "probing widths 2..B as a session of block size B does", "",
              "## Results", "",
@@ -112,7 +106,7 @@ def render(r: dict) -> str:
         lines.append(f"| {x['target']} | {x['block_size']} | {x['verdict']} | "
                      f"{x['probe_cold_ms']:.1f} | {x['probe_memo_ms']:.3f} | "
                      f"{x['decode_step_ms']:.2f} | {x['cold_in_decode_steps']:.1f} |")
-    lines += ["", "## What it says", "", r["summary"], ""]
+    lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -124,12 +118,9 @@ def main(argv=None) -> int:
     p.add_argument("--synthetic", action="store_true",
                    help="also the tiny test checkpoint and a random H=1024 target")
     p.add_argument("--record", action="store_true", help="write a benchmark_results/ record")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmark_results")
-    p.add_argument("--summary", default=None, help="the record's 'What it says' paragraph")
-    p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
-    p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    bench_common.add_record_args(p)
     args = p.parse_args(argv)
-    watch = idle_check.Watch(args.idle_window, args.allow_busy) if args.record else None
+    watch = bench_common.watch(args) if args.record else None
     path = args.model or demo_path()
     model = load_model(path, require_head=False)
     rows = measure(f"{'demo pair' if args.model is None else path}", model.mlx_model,
@@ -137,8 +128,7 @@ def main(argv=None) -> int:
     if args.synthetic:
         rows += synthetic_rows(args.repeats)
     if args.record:
-        result = idle_check.attach(record(args, rows), watch, args.allow_busy)
-        bench_mtp.write_record(args.out, result, render, kind=None)
+        bench_common.finish(args, record(args, rows), watch, render)
     if args.json:
         print(json.dumps({"mlx_version": mx.__version__, "device": str(mx.default_device()),
                           "rows": rows}))

@@ -57,6 +57,18 @@ def q4_dir(ckpt_root, dense_dir):
     return tc.write_mlx_converted(dense_dir, ckpt_root / "dense-mlx-4bit", quantize=True)
 
 
+@pytest.fixture(scope="session")
+def soft_dir(ckpt_root):
+    """The head agrees with its target in the mode but not in every probability (sampling)."""
+    return tc.write_agreeing_checkpoint(ckpt_root / "soft", seed=3, lm_scale=0.05)
+
+
+@pytest.fixture(scope="module")
+def soft_model(soft_dir):
+    """Loaded once per test module (a module's tests may share its memo, not another's)."""
+    return mlx_mtp.load_model(soft_dir)
+
+
 def run_module(module, *args, check=True):
     """``python -m module args`` in a fresh interpreter (how a user runs the CLIs)."""
     import subprocess
@@ -67,6 +79,11 @@ def run_module(module, *args, check=True):
     if check:
         assert r.returncode == 0, r.stderr
     return r
+
+
+def cli(*args, check=True):
+    """``python -m mlx_mtp.generate args`` in a fresh interpreter."""
+    return run_module("mlx_mtp.generate", *args, check=check)
 
 
 def reference_greedy(path, prompt, max_tokens):

@@ -1,4 +1,5 @@
-"""Drafters that force acceptance lengths (random tiny heads accept nothing on their own)."""
+"""Drafters for tests: ones that force acceptance lengths (random tiny heads accept nothing on their
+own), and a wrapper that drafts over a table of ids as a draft vocabulary does."""
 
 from __future__ import annotations
 
@@ -74,3 +75,24 @@ class ForcedHeadDrafter(OracleDrafter):
 
     def state_arrays(self) -> list:
         return self.inner.state_arrays()
+
+
+class TableDrafter:
+    """Wraps a drafter that has ``draft_sampled``: its LM head is presented as a reduced
+    vocabulary, column c being target id ``table[c]`` (what a draft vocabulary does), and the
+    ids it drafts are recorded in ``drafted``."""
+
+    def __init__(self, inner, table: Sequence[int]):
+        self.inner, self.table = inner, mx.array(list(table))
+        self.drafted: List[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_sampled(self, k, sample):
+        def on_table(logits, ids=None):
+            tok = sample(logits[:, self.table], ids=self.table)
+            self.drafted.append(tok.item())
+            return tok
+
+        return self.inner.draft_sampled(k, on_table)

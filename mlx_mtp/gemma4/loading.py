@@ -9,7 +9,7 @@ line that names the drafter folder, the setting and both values.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
@@ -120,22 +120,35 @@ def _token_ordering(weights: Dict[str, mx.array], assistant: Gemma4Assistant, so
     assistant.masked_embedding.set_token_ordering(order)
 
 
-def load_assistant(drafter_path, target: Gemma4Target) -> Gemma4Assistant:
+def read_assistant_config(drafter_path) -> Tuple[Path, dict]:
+    """The assistant folder ``drafter=`` names and its config.json, refused unless it is a
+    Gemma 4 assistant (loading and ``python -m mlx_mtp.convert`` read it the same way)."""
     path = resolve_path(drafter_path, "drafter")
-    source = f"drafter {path}"
     config = read_config(path)
     mt = config.get("model_type")
     if mt not in ASSISTANT_MODEL_TYPES:
         raise MTPError(f"{path / 'config.json'}: model_type {mt!r} is not a Gemma 4 assistant "
                        f"(expected {' or '.join(ASSISTANT_MODEL_TYPES)})")
-    check_pair(config, target, source)
+    return path, config
+
+
+def read_assistant_weights(path: Path) -> Dict[str, mx.array]:
+    """Every tensor of the assistant folder's .safetensors files, as stored."""
     files = weight_files(path)
     if not files:
-        raise MTPError(f"{source}: no .safetensors files found")
+        raise MTPError(f"drafter {path}: no .safetensors files found")
     weights = {}
     for f in files:
         safetensors_header(f)
         weights.update(load_safetensors(f))
+    return weights
+
+
+def load_assistant(drafter_path, target: Gemma4Target) -> Gemma4Assistant:
+    path, config = read_assistant_config(drafter_path)
+    source = f"drafter {path}"
+    check_pair(config, target, source)
+    weights = read_assistant_weights(path)
     weights.pop("lm_head.weight", None)  # tied to model.embed_tokens
     try:
         assistant = Gemma4Assistant(config)

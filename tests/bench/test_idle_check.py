@@ -128,14 +128,25 @@ def pair(tmp_path_factory):
     return d, model
 
 
-@pytest.mark.parametrize("script", ["bench_mtp.py", "bench_drafter.py"])
+# Every script that writes a record: the check refuses before the run starts.
+@pytest.mark.parametrize("script", ["bench_mtp.py", "bench_drafter.py", "bench_convert.py",
+                                    "bench_server.py", "bench_split.py", "blas_spread.py",
+                                    "probe_cost.py"])
 def test_a_cpu_burning_neighbour_is_refused(script, pair, burner, tmp_path):
     d, model = pair
-    args = {"bench_mtp.py": ["--block-sizes", "1", "--pairs", "1", "--max-tokens", "4"],
-            "bench_drafter.py": ["--corpus", str(d / "corpus.txt"), "--draft-vocab-size", "128",
-                                 "--pairs", "1", "--max-tokens", "4", "--prompts-json",
-                                 str(d / "prompts.json"), "--work", str(tmp_path / "work")]}[script]
-    r = bench([f"scripts/{script}", "--model", str(model), *args], tmp_path)
+    m = ["--model", str(model)]
+    args = {"bench_mtp.py": m + ["--block-sizes", "1", "--pairs", "1", "--max-tokens", "4"],
+            "bench_drafter.py": m + ["--corpus", str(d / "corpus.txt"), "--draft-vocab-size",
+                                     "128", "--pairs", "1", "--max-tokens", "4", "--prompts-json",
+                                     str(d / "prompts.json"), "--work", str(tmp_path / "work")],
+            "bench_convert.py": m + ["--arms", "8:none", "--group-size", "32", "--pairs", "1",
+                                     "--max-tokens", "4"],
+            "bench_server.py": m + ["--pairs", "1", "--max-tokens", "4", "--clients", "1",
+                                    "--requests", "1"],
+            "bench_split.py": m + ["--splits", "pipeline", "--pairs", "1", "--max-tokens", "4"],
+            "blas_spread.py": ["--processes", "2", "--arms", "default", "--max-tokens", "4"],
+            "probe_cost.py": m + ["--repeats", "1", "--record"]}[script]
+    r = bench([f"scripts/{script}", *args], tmp_path)
     assert r.returncode == 1, r.stderr
     line = r.stderr.strip().splitlines()
     assert len(line) == 1 and line[0].startswith("error: the machine was not idle: other processes "

@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+import bench_common  # noqa: E402
 import bench_drafter  # noqa: E402
 import bench_mtp  # noqa: E402
 import record_plots  # noqa: E402
@@ -140,26 +141,27 @@ def assert_pictures(folder: Path, md: str, expected: list) -> None:
 
 
 def test_mtp_record_is_written_with_its_pictures(tmp_path):
-    bench_mtp.write_record(tmp_path, mtp_record(), bench_mtp.render)
+    bench_common.write_record(tmp_path, mtp_record(), bench_mtp.render)
     md = (tmp_path / f"{STEM}.md").read_text()
     assert_pictures(tmp_path, md, MTP_PICTURES)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{STEM}.json", f"{STEM}.md"] + [name for _, name in MTP_PICTURES])
     # Apart from the pictures section, the .md is exactly what render() makes of the JSON.
-    assert md.replace(record_plots.section(
-        [(c, tmp_path / n) for c, n in MTP_PICTURES], tmp_path) + "\n", "") == bench_mtp.render_markdown(
+    pictures = record_plots.section([(c, tmp_path / n) for c, n in MTP_PICTURES], tmp_path)
+    assert md.replace(pictures + "\n", "") == bench_common.render_markdown(
         json.loads((tmp_path / f"{STEM}.json").read_text()), bench_mtp.render)
 
 
 def test_drafter_record_is_written_with_its_pictures(tmp_path):
-    bench_mtp.write_record(tmp_path, drafter_record(), bench_drafter.render, "drafter")
+    bench_common.write_record(tmp_path, drafter_record(), bench_drafter.render, "drafter")
     assert_pictures(tmp_path, (tmp_path / f"{STEM}.md").read_text(), DRAFTER_PICTURES)
 
 
 def test_without_matplotlib_the_record_is_written_and_the_pictures_skipped(tmp_path):
     (tmp_path / "record.json").write_text(json.dumps(mtp_record()))
     code = (NO_MATPLOTLIB + f"sys.path.insert(0, {str(ROOT / 'scripts')!r}); import json, "
-            "pathlib, bench_mtp; out = pathlib.Path(sys.argv[1]); bench_mtp.write_record(out, "
+            "pathlib, bench_common, bench_mtp; out = pathlib.Path(sys.argv[1]); "
+            "bench_common.write_record(out, "
             "json.loads((out / 'record.json').read_text()), bench_mtp.render)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -168,7 +170,8 @@ def test_without_matplotlib_the_record_is_written_and_the_pictures_skipped(tmp_p
         'pictures skipped: matplotlib is not installed (pip install -e ".[bench]")',
         f"wrote {tmp_path / STEM}.md and .json"]
     assert not list(tmp_path.glob("*.png"))
-    assert (tmp_path / f"{STEM}.md").read_text() == bench_mtp.render_markdown(mtp_record(), bench_mtp.render)
+    assert (tmp_path / f"{STEM}.md").read_text() == bench_common.render_markdown(mtp_record(),
+                                                                                bench_mtp.render)
 
 
 # ------------------------------------------------------------------------------ --render

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import reference_greedy, run_module
+from conftest import cli, reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp
@@ -20,10 +20,6 @@ def mlx_stream(path, tok, prompt, n):
     from mlx_lm.utils import load_model
 
     return list(stream_generate(load_model(Path(path))[0], tok, prompt, max_tokens=n))
-
-
-def cli(*args, check=True):
-    return run_module("mlx_mtp.generate", *args, check=check)
 
 
 def test_json_output_has_the_documented_fields(dense_dir):

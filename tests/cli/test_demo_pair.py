@@ -3,17 +3,13 @@
 import json
 
 import pytest
-from conftest import reference_greedy, run_module
+from conftest import cli, reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from safetensors import safe_open
 
 import mlx_mtp
 from mlx_mtp import MTPError, demo
 from mlx_mtp.generate import DEFAULT_PROMPT
-
-
-def cli(*args, check=True):
-    return run_module("mlx_mtp.generate", *args, check=check)
 
 
 def test_no_model_runs_the_demo_pair_exactly_like_mlx_lm():

@@ -7,13 +7,12 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
 from chisquare import goodness_of_fit
-from conftest import CODE_PROMPT, reference_greedy, run_module
+from conftest import CODE_PROMPT, cli, reference_greedy
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from oracle import ForcedHeadDrafter
+from oracle import ForcedHeadDrafter, TableDrafter
 
 import mlx_mtp
 from mlx_mtp import MTPError
@@ -189,16 +188,6 @@ def test_bad_auto_arguments(dense_dir, kw, msg):
 # ----------------------------------------------------------------------- sampled: reproducible
 
 
-@pytest.fixture(scope="module")
-def soft_dir(ckpt_root):
-    return tc.write_agreeing_checkpoint(ckpt_root / "soft-auto", seed=3, lm_scale=0.05)
-
-
-@pytest.fixture(scope="module")
-def soft_model(soft_dir):
-    return mlx_mtp.load_model(soft_dir)
-
-
 def keyed_plain(path, prompt, n, sampler, seed):
     """Plain sampling with per-position keys, one token at a time through mlx-lm's own model:
     t_n = argmax(sampler's logits at n + Gumbel noise of (seed, n))."""
@@ -251,35 +240,15 @@ def test_coupled_drafts_agree_with_the_target_when_the_head_does(soft_model):
     assert rates["gumbel-coupled"] > rates["point-mass"], rates
 
 
-class PermutedVocabDrafter:
-    """The real drafter, its LM head presented as a reduced vocabulary that is the whole
-    vocabulary in reverse order (column c is target id ``table[c]``)."""
-
-    def __init__(self, inner, vocab):
-        self.inner, self.table = inner, mx.array(list(range(vocab))[::-1])
-        self.drafted = []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def draft_sampled(self, k, sample):
-        def permuted(logits, ids=None):
-            tok = sample(logits[:, self.table], ids=self.table)
-            self.drafted.append(tok.item())
-            return tok
-
-        return self.inner.draft_sampled(k, permuted)
-
-
 def test_coupled_drafts_on_a_draft_vocabulary_use_the_noise_of_their_ids(soft_model):
     """A drafter covering ids through a table must see G_n at those ids: the whole vocabulary
     in another order then drafts exactly the tokens the plain drafter drafts."""
     sampler = mlx_mtp.make_sampler(temp=1.0)
     drafted = []
-    for wrap in (False, True):
-        drafter = PermutedVocabDrafter(soft_model.drafter, soft_model.target.vocab_size)
-        if not wrap:  # record the plain drafter's ids through the same spy, unpermuted
-            drafter.table = mx.arange(soft_model.target.vocab_size)
+    ids = range(soft_model.target.vocab_size)
+    # the plain drafter's ids through the same spy (unpermuted), then the reversed vocabulary
+    for table in (ids, ids[::-1]):
+        drafter = TableDrafter(soft_model.drafter, table)
         model = MTPModel(soft_model.mlx_model, soft_model.target, drafter)
         stats = RunStats()
         tokens(model, [5, 17], ScriptedChooser(3, [3, 0, 2]), max_tokens=30, sampler=sampler,
@@ -327,10 +296,6 @@ def test_speculative_sampling_is_refused_under_auto(soft_model):
 
 
 # --------------------------------------------------------------------------------------- CLI
-
-
-def cli(*args, check=True):
-    return run_module("mlx_mtp.generate", *args, check=check)
 
 
 def test_cli_auto_is_the_default_and_reports_the_widths(dense_dir):
