@@ -74,6 +74,42 @@ def run_one(cmd, env: dict, timeout: float) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+# The control: one process that stays up for the whole record and does the CLI's default plain
+# run (the same args, its own run function) once per round, alongside the fresh processes. If its
+# spread is as wide as theirs, what varies is the machine over time, not a process's luck.
+STAYING = """
+import json, sys
+from mlx_mtp.generate import build_parser, run
+args = sys.argv[1:]
+for line in sys.stdin:
+    r = run(build_parser().parse_args(args))
+    print(json.dumps({"plain_tps": r["generation_tps"], "tokens": r["tokens"]}), flush=True)
+"""
+
+
+class StayingProcess:
+    """A process kept up across rounds: each ``measure`` asks it for one plain run."""
+
+    def __init__(self, args):
+        base = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", STAYING, "--json", "--no-mtp", "--max-tokens",
+             str(args.max_tokens)], cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def measure(self) -> dict:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"error: the staying process ended ({self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def measure(args, env: dict) -> dict:
     py = sys.executable
     cli = [py, "-m", "mlx_mtp.generate", "--json", "--max-tokens", str(args.max_tokens)]
@@ -97,6 +133,13 @@ def summarize(runs: list) -> dict:
     return out
 
 
+def one_process(stayed: list) -> dict:
+    xs = [r["plain_tps"] for r in stayed]
+    return {"plain_tps": xs, "median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "spread": max(xs) / min(xs), "plain_within_15pct": max(xs) / min(xs) <= WITHIN,
+            "same_tokens": all(r["tokens"] == stayed[0]["tokens"] for r in stayed)}
+
+
 def render(r: dict) -> str:
     # BLAS and environment are per arm (fresh processes), stated with the results
     lines = bench_common.setup_lines(r, device=False, blas=False, env=False) + [
@@ -118,6 +161,15 @@ def render(r: dict) -> str:
             f"{'yes' if s['identical'] else 'NO'} |")
     lines += ["", "Environment per arm: " + "; ".join(
         f"{a}: {e or 'nothing set'}" for a, e in r["arm_env"].items())]
+    if "one_process" in r:  # records before the control have none
+        o = r["one_process"]
+        lines += ["", "## Control: one process, one plain run per round", "",
+                  "The CLI's default plain run (default BLAS), done once per round by a process "
+                  "that stays up for the whole record (after one warm-up run): "
+                  f"{o['median']:.1f} tok/s ({o['min']:.1f}-{o['max']:.1f}), spread "
+                  f"{o['spread']:.2f}, within 15%: {'yes' if o['plain_within_15pct'] else 'NO'}; "
+                  f"the same tokens every run: {'yes' if o['same_tokens'] else 'NO'}. Runs: "
+                  + ", ".join(f"{x:.1f}" for x in o["plain_tps"]) + "."]
     lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
@@ -141,15 +193,21 @@ def main(argv=None):
         p.error("--processes >= 2 and --max-tokens >= 2 are required")
     watch = bench_common.watch(args)
     runs = {a: [] for a in names}
+    staying, stayed = StayingProcess(args), []
+    staying.measure()  # its first run pays the process's one-time costs, as a fresh one does
     for i in range(args.processes):
         for arm in (names if i % 2 == 0 else list(reversed(names))):
             runs[arm].append(measure(args, available[arm]))
             r = runs[arm][-1]
             print(f"round {i} {arm}: plain {r['plain_tps']:.1f} tok/s, MTP {r['mtp_tps']:.1f}, "
                   f"matmul {r['matmul_ms']:.2f} ms", flush=True)
+        stayed.append(staying.measure())
+        print(f"round {i} one process: plain {stayed[-1]['plain_tps']:.1f} tok/s", flush=True)
+    staying.close()
     result = {**bench_common.record_setup(args.topic), "processes": args.processes,
               "max_tokens": args.max_tokens, "arm_env": {a: available[a] for a in names},
-              "arms": {a: summarize(runs[a]) for a in names}, "runs": runs}
+              "arms": {a: summarize(runs[a]) for a in names}, "runs": runs,
+              "one_process": one_process(stayed)}
     return bench_common.finish(args, result, watch, render)
 
 

@@ -134,13 +134,7 @@ class SplitWorker(Worker):
         error = ServerError(f"{message}; the server is stopping")
         if self.running is not None:
             self.running.emit(error)
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.emit(error)
+        self._drain(lambda job: job.emit(error))
         time.sleep(FATAL_GRACE_S)
 
     def _end(self, message: str) -> None:

@@ -88,15 +88,19 @@ class Worker:
         """Cancel the running and queued jobs; return once the decode thread is idle for good."""
         with self._submit_lock:
             self._stopping.set()  # what runs now, or is picked up next, stops at its next token
-            while True:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is not None:
-                    job.cancel()
+            self._drain(lambda job: job.cancel())
             self._jobs.put(None)
         self._finished.wait(timeout)
+
+    def _drain(self, each) -> None:
+        """Take every queued job off the queue, calling ``each`` on it."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                each(job)
 
     @property
     def alive(self) -> bool:
