@@ -16,6 +16,7 @@ a drafter that can sample (``draft_sampled``), the walk is speculative sampling 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import time
 from typing import Callable, Generator, List, Optional, Tuple, Union
@@ -74,11 +75,13 @@ def _logprobs(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def generate_step(
+def speculative_generate_step(
     prompt: mx.array,
     model: MTPModel,
+    draft_model=None,
     stream=None,
     *,
+    num_draft_tokens: Optional[int] = None,
     max_tokens: int = 256,
     sampler: Optional[Callable[[mx.array], mx.array]] = None,
     logits_processors: Optional[List[Callable[[mx.array, mx.array], mx.array]]] = None,
@@ -96,9 +99,12 @@ def generate_step(
     acceptance: str = "auto",
     stats: Optional[RunStats] = None,
 ) -> Generator[Tuple[int, mx.array, bool], None, None]:
-    """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``.
+    """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``
+    (``generate_step`` is this without ``from_draft``, as mlx-lm's).
 
-    Takes mlx-lm ``generate_step``'s arguments with their meaning and defaults (``stream``,
+    mlx-lm's ``draft_model`` and ``num_draft_tokens`` are there for its call shape but must stay
+    None: the drafter is the model's own MTP head and ``block_size`` sets the drafts per round.
+    Otherwise takes mlx-lm ``generate_step``'s arguments with their meaning and defaults (``stream``,
     ``max_tokens`` (-1: no limit), ``sampler``, ``logits_processors``, ``max_kv_size``,
     ``prompt_cache`` (from ``mlx_mtp.make_prompt_cache``; updated in place to hold the prompt and
     every token yielded, as mlx-lm's), ``prefill_step_size``, ``kv_bits``, ``kv_group_size``,
@@ -115,6 +121,7 @@ def generate_step(
     keys (default: drawn from mlx's global random state). On a split target
     (``mlx_mtp.distributed``) every step is bounded by the split's watchdog.
     """
+    check_no_draft_model(draft_model, num_draft_tokens)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or \
             not (max_tokens >= 1 or max_tokens == -1):
         raise MTPError(f"max_tokens must be a positive integer or -1 (no limit), got "
@@ -165,6 +172,37 @@ def generate_step(
             tokens.close()
             if settle:
                 turn.settle(yielded)
+
+
+def check_no_draft_model(draft_model, num_draft_tokens) -> None:
+    """mlx-lm's separate-draft-model arguments: one clear error each (MTP drafts with the
+    target's own head)."""
+    if draft_model is not None:
+        raise MTPError("draft_model is not supported: mlx_mtp drafts with the target's own MTP "
+                       "head (load it with mlx_mtp.load(..., drafter=...)); for a separate "
+                       "draft model use mlx-lm's own functions")
+    if num_draft_tokens is not None:
+        raise MTPError("num_draft_tokens is mlx-lm's setting for a separate draft model: "
+                       "use block_size (tokens verified per round = drafts + 1)")
+
+
+def generate_step(prompt: mx.array, model: MTPModel, stream=None, **kwargs
+                  ) -> Generator[Tuple[int, mx.array], None, None]:
+    """Yield ``(token, logprobs)`` like mlx-lm's ``generate_step``: ``speculative_generate_step``
+    without ``from_draft``. Takes its arguments (shown by ``inspect.signature``) except
+    ``draft_model`` and ``num_draft_tokens``."""
+    steps = speculative_generate_step(prompt, model, stream=stream, **kwargs)
+    try:
+        for token, logprobs, _ in steps:
+            yield token, logprobs
+    finally:
+        steps.close()  # a prompt cache settles to exactly the tokens yielded (GeneratorExit)
+
+
+generate_step.__signature__ = inspect.signature(speculative_generate_step).replace(
+    parameters=[p for p in inspect.signature(speculative_generate_step).parameters.values()
+                if p.name not in ("draft_model", "num_draft_tokens")],
+    return_annotation=Generator[Tuple[int, mx.array], None, None])
 
 
 def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, logits_processors,

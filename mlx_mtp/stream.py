@@ -14,7 +14,7 @@ from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from .diagnostics import RunStats
 from .errors import MTPError
 from .plain import plain_generate_step
-from .speculative import generate_step
+from .speculative import check_no_draft_model, speculative_generate_step
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_BLOCK_SIZE = AUTO
@@ -46,21 +46,17 @@ def stream_generate(model, tokenizer, prompt: Union[str, mx.array, List[int]],
     ``generation_tps``, ``peak_memory``, ``finish_reason``); the last one also carries the run's
     ``stats`` (``RunStats``). Stops at an EOS token. ``block_size``: an integer, or ``"auto"``
     (drafts chosen per round, up to ``max_block_size - 1``; see ``generate_step``). ``kwargs`` go
-    to ``generate_step`` (mlx-lm's arguments and ours). ``draft_model`` must be None: the drafter is the model's MTP head.
+    to ``generate_step`` (mlx-lm's arguments and ours). ``draft_model`` (and ``num_draft_tokens``)
+    must be None: the drafter is the model's MTP head.
     ``stream``: run on this MLX stream (default: the current one).
     """
-    if draft_model is not None:
-        raise MTPError("draft_model is not supported: mlx_mtp drafts with the target's own MTP "
-                       "head (load it with mlx_mtp.load(..., drafter=...)); for a separate "
-                       "draft model use mlx_lm.stream_generate")
-    if "num_draft_tokens" in kwargs:
-        raise MTPError("num_draft_tokens is mlx-lm's setting for a separate draft model: "
-                       "use block_size (tokens verified per round = drafts + 1)")
+    check_no_draft_model(draft_model, kwargs.pop("num_draft_tokens", None))
     if max_tokens == 0:
         raise MTPError("max_tokens must be non-zero (use -1 for no limit)")
     tokenizer, prompt, stats = _start(tokenizer, prompt, stats)
-    tokens = generate_step(prompt, model, stream, max_tokens=max_tokens, block_size=block_size,
-                           max_block_size=max_block_size, stats=stats, **kwargs)
+    tokens = speculative_generate_step(prompt, model, stream=stream, max_tokens=max_tokens,
+                                       block_size=block_size, max_block_size=max_block_size,
+                                       stats=stats, **kwargs)
     with wired_limit(model.mlx_model, [stream] if stream is not None else None):
         yield from _responses(tokens, tokenizer, prompt, max_tokens, stats)
 

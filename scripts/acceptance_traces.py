@@ -85,7 +85,7 @@ def check(model, prompt, text, L, n, K):
     checked = 0
     for fixed in list(range(1, K + 1)) + [None]:
         rec = Recorder(K, fixed)
-        got = [t for t, _, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=rec)]
+        got = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=rec)]
         assert got == text[:n], f"block {fixed}: not the greedy text"
         p = 0
         for k, a in rec.rounds:

@@ -120,9 +120,9 @@ def mtp_decode(model, prompt: mx.array, n: int, block_size, sampler=None,
     stats = RunStats()
     t0 = time.perf_counter()
     toks, t1 = [], None
-    for tok, _, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
-                                           max_block_size=max_block_size, stats=stats,
-                                           sampler=sampler, acceptance=acceptance, seed=seed):
+    for tok, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
+                                        max_block_size=max_block_size, stats=stats,
+                                        sampler=sampler, acceptance=acceptance, seed=seed):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)

@@ -45,13 +45,13 @@ def worker(args) -> None:
     import mlx_mtp  # noqa: F401  (first: binds the system BLAS)
     from mlx_mtp.diagnostics import RunStats
     from mlx_mtp.plain import plain_generate_step
-    from mlx_mtp.speculative import generate_step
+    from mlx_mtp.speculative import speculative_generate_step
     from mlx_mtp.stream import encode_prompt
 
     model, tokenizer = mlx_mtp.load(args.model, split=args.split)
     arms = {
-        "mtp": lambda p, s: generate_step(p, model, max_tokens=args.max_tokens,
-                                          block_size=args.block_size, stats=s),
+        "mtp": lambda p, s: speculative_generate_step(p, model, max_tokens=args.max_tokens,
+                                                      block_size=args.block_size, stats=s),
         "plain": lambda p, s: plain_generate_step(p, model, max_tokens=args.max_tokens,
                                                   sampler=None, prefill_step_size=2048, stats=s),
     }

@@ -101,8 +101,8 @@ def assert_headless_model_decodes_plainly(path, prompt, n=12):
     assert model.drafter is None
 
     def run(bs):
-        return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
-                                                       block_size=bs)]
+        return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
+                                                    block_size=bs)]
 
     assert run(1) == reference_greedy(path, prompt, n)
     with pytest.raises(MTPError, match="this model has no MTP head: load one with drafter="):

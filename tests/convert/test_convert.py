@@ -41,8 +41,8 @@ def plain_greedy(model, n):
 
 
 def mtp_greedy(model, n, block_size=3):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=n,
-                                                   block_size=block_size)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=n,
+                                                block_size=block_size)]
 
 
 def check_converted(out, bits=None, n=12):

@@ -64,9 +64,9 @@ STRETCHES = [("stretch", 3), 2, ("stretch", 5), 0, 4, ("stretch", 2), 1]
 
 
 def tokens(model, prompt, block_size, max_tokens=MAX_TOKENS, **kw):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model,
-                                                   max_tokens=max_tokens,
-                                                   block_size=block_size, **kw)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model,
+                                                max_tokens=max_tokens,
+                                                block_size=block_size, **kw)]
 
 
 def code_prompt(path):

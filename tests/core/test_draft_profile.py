@@ -20,8 +20,8 @@ PROMPT = [5, 17, 3, 99, 42]
 
 def run(model, block_size, max_tokens=24):
     stats = RunStats()
-    out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
-                                                  block_size=block_size, stats=stats)]
+    out = [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
+                                               block_size=block_size, stats=stats)]
     return out, stats
 
 

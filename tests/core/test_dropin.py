@@ -73,20 +73,41 @@ def test_same_arguments_and_defaults_as_mlx_lm(ours, theirs):
     assert mine[: len(_params(theirs))] == _params(theirs)
 
 
+def _differing(ours, theirs):
+    """mlx-lm's parameters that ours lacks or defaults differently: {name: (ours, theirs)}."""
+    mine = dict(_params(ours))
+
+    def same(a, b):  # (mlx's stream objects cannot be compared with None)
+        return a is b or (type(a) is type(b) and a == b)
+
+    return {n: (mine.get(n, "missing"), d) for n, d in _params(theirs)
+            if n not in mine or not same(mine[n], d)}
+
+
 def test_generation_functions_take_mlx_lm_arguments():
     from mlx_lm.generate import generate as mlx_generate
+    from mlx_lm.generate import speculative_generate_step as mlx_speculative
 
-    theirs = dict(_params(mlx_generate_step))
-    mine = dict(_params(mlx_mtp.generate_step))
-    for name, default in theirs.items():
-        if name == "stream":  # mlx-lm's default is its own generation stream; ours: the current
-            assert mine[name] is None
-        else:
-            assert mine[name] == default, name
+    empty = inspect.Parameter.empty
+    # mlx-lm's default stream is its own generation stream; ours: the current one (README)
+    assert _differing(mlx_mtp.generate_step, mlx_generate_step) == {
+        "stream": (None, mlx_generate_step.__defaults__[0])}
+    # draft_model / num_draft_tokens are there for the call shape and must stay None (the MTP
+    # head drafts); the prefill chunks as mlx-lm's generate_step, which T=0 output must equal
+    assert _differing(mlx_mtp.speculative_generate_step, mlx_speculative) == {
+        "draft_model": (None, empty), "stream": (None, mlx_speculative.__defaults__[0]),
+        "num_draft_tokens": (None, 2), "prefill_step_size": (2048, 512)}
+    positional = [n for n, p in inspect.signature(mlx_speculative).parameters.items()
+                  if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [n for n, _ in _params(mlx_mtp.speculative_generate_step)[:4]] == positional
+    assert [n for n, _ in _params(mlx_mtp.generate_step)[:3]] == ["prompt", "model", "stream"]
+    # one set of arguments: generate_step is speculative_generate_step without from_draft
+    assert _params(mlx_mtp.generate_step) == [
+        p for p in _params(mlx_mtp.speculative_generate_step)
+        if p[0] not in ("draft_model", "num_draft_tokens")]
     assert _params(mlx_mtp.generate)[:4] == _params(mlx_generate)[:4]
-    head = [n for n, _ in _params(mlx_mtp.stream_generate)[:5]]
-    assert head == [n for n, _ in _params(mlx_stream_generate)[:5]]
-    assert dict(_params(mlx_mtp.stream_generate))["max_tokens"] == 256
+    assert _differing(mlx_mtp.stream_generate, mlx_stream_generate) == {
+        "stream": (None, mlx_stream_generate.__defaults__[-1])}
 
 
 # ------------------------------------------------------------------------------ the functions
@@ -130,6 +151,45 @@ def test_stream_generate_carries_mlx_lm_response_fields(dense_dir):
     assert isinstance(got[-1].stats, RunStats) and got[-1].stats.block_size == 4
     for g, w in zip(got, want):  # the same processed logprobs as mlx-lm's (greedy: raw)
         assert bitwise([g.logprobs], [w.logprobs])
+
+
+@pytest.mark.parametrize("block_size", [4, "auto"])
+def test_generate_step_yields_what_mlx_lm_generate_step_yields(agree_dir, block_size):
+    """Pairs ``(int, mx.array)``: the same token ids and, bitwise, the same logprobs vectors as
+    mlx-lm's ``generate_step`` on the same target, including rows a verify block produced."""
+    (model, tok), (ref, _) = pair(agree_dir)
+    prompt = mx.array(tok.encode(CODE_PROMPT))
+    want = list(mlx_generate_step(prompt, ref, max_tokens=24))
+    stats = RunStats()
+    got = list(mlx_mtp.generate_step(prompt, model, max_tokens=24, block_size=block_size,
+                                     stats=stats))
+    assert stats.mtp_enabled and stats.accepted > 0  # drafts were kept: verify rows yielded
+    assert len(got) == len(want) == 24
+    for g, w in zip(got, want):
+        assert type(g) is type(w) is tuple and len(g) == len(w) == 2
+        assert type(g[0]) is type(w[0]) is int and g[0] == w[0]
+        assert isinstance(g[1], mx.array) and g[1].shape == w[1].shape == (model.target.vocab_size,)
+    assert bitwise([g[1] for g in got], [w[1] for w in want])
+
+
+def test_speculative_generate_step_yields_triples_with_from_draft(agree_dir):
+    """mlx-lm's speculative shape ``(int, mx.array, bool)``: generate_step's pairs plus whether
+    each token was a kept draft (one per accepted draft, as ``RunStats`` counts them)."""
+    model, tok = mlx_mtp.load(str(agree_dir))
+    prompt = mx.array(tok.encode(CODE_PROMPT))
+    stats = RunStats()
+    triples = list(mlx_mtp.speculative_generate_step(prompt, model, max_tokens=24, block_size=4,
+                                                     stats=stats))
+    pairs = list(mlx_mtp.generate_step(prompt, model, max_tokens=24, block_size=4))
+    assert all(type(t) is tuple and len(t) == 3 and type(t[0]) is int and
+               type(t[2]) is bool for t in triples)
+    assert [t[0] for t in triples] == [p[0] for p in pairs]
+    assert bitwise([t[1] for t in triples], [p[1] for p in pairs])
+    drafted = [t[2] for t in triples]
+    assert not drafted[0] and sum(drafted) == stats.accepted > 0
+    # a round yields its kept drafts (at most block_size - 1), then the target's own token
+    runs = "".join("d" if d else "t" for d in drafted).split("t")
+    assert max(len(r) for r in runs) <= 3
 
 
 def test_generate_step_progress_callback_and_unlimited_tokens(dense_dir):
@@ -397,6 +457,17 @@ def test_what_cannot_work_with_mtp_is_one_clear_error(dense_dir):
     with pytest.raises(MTPError, match=r"^num_draft_tokens is mlx-lm's setting for a separate "
                        r"draft model: use block_size"):
         next(mlx_mtp.stream_generate(model, tok, "x", num_draft_tokens=3))
+    prompt = mx.array([5, 17])
+    for gen in (mlx_mtp.speculative_generate_step(prompt, model, model.mlx_model),
+                mlx_mtp.generate_step(prompt, model, draft_model=model.mlx_model)):
+        with pytest.raises(MTPError, match=r"^draft_model is not supported: mlx_mtp drafts with "
+                           r"the target's own MTP head"):
+            next(gen)
+    for gen in (mlx_mtp.speculative_generate_step(prompt, model, num_draft_tokens=2),
+                mlx_mtp.generate_step(prompt, model, num_draft_tokens=2)):
+        with pytest.raises(MTPError, match=r"^num_draft_tokens is mlx-lm's setting for a "
+                           r"separate draft model: use block_size"):
+            next(gen)
     with pytest.raises(MTPError, match=r"^max_tokens must be non-zero \(use -1 for no limit\)$"):
         next(mlx_mtp.stream_generate(model, tok, "x", max_tokens=0))
     with pytest.raises(MTPError, match=r"^the prompt must be a non-empty 1-D array of token ids "
@@ -404,3 +475,8 @@ def test_what_cannot_work_with_mtp_is_one_clear_error(dense_dir):
         next(mlx_mtp.generate_step(mx.array([], dtype=mx.uint32), model,
                                    input_embeddings=mx.zeros((3, 64))))
     assert isinstance(model.target, Qwen3_5Target)
+    with pytest.raises(AttributeError, match=r"^mlx_mtp has no batch_generate: a speculative "
+                       r"round decodes one sequence at a time; use mlx_lm.batch_generate"):
+        mlx_mtp.batch_generate
+    with pytest.raises(AttributeError, match=r"^module 'mlx_mtp' has no attribute 'nope'$"):
+        mlx_mtp.nope

@@ -146,8 +146,8 @@ def test_check_with_the_real_probe_on_a_generation_15_device(dense_dir):
 
 
 def _run(model, prompt, block_size, n, stats):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
-                                                   block_size=block_size, stats=stats)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
+                                                block_size=block_size, stats=stats)]
 
 
 def _gate_records(caplog):

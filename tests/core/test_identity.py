@@ -23,8 +23,8 @@ def prompts(path):
 
 
 def run(model, prompt, block_size, max_tokens=MAX_TOKENS, stats=None):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=max_tokens,
-                                                   block_size=block_size, stats=stats)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                                block_size=block_size, stats=stats)]
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe", "moe_per_expert", "tied", "q4", "next"])
@@ -121,7 +121,7 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
             gen = mlx_mtp.generate_step(mx.array(prompt), fm, max_tokens=n_tokens, block_size=bs)
             out = []
             checked = 0
-            for tok, _, _ in gen:
+            for tok, _ in gen:
                 out.append(tok)
                 cache = captured.get("cache")
                 if cache is None:

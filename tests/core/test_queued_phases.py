@@ -54,9 +54,9 @@ def _run(model, calls, block_size):
     stats = PhaseCalls()
     calls["stats"] = stats
     cache = mlx_mtp.make_prompt_cache(model)
-    out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=N,
-                                                  block_size=block_size, stats=stats,
-                                                  prompt_cache=cache)]
+    out = [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=N,
+                                               block_size=block_size, stats=stats,
+                                               prompt_cache=cache)]
     state = model.target.cache_state(cache)
     mx.eval(state)
     return out, stats, [bytes(memoryview(x)) for x in state]

@@ -77,7 +77,7 @@ def plain_reference(soft_dir):
 def mtp_draws(model, n, acceptance="auto", stats=None):
     sampler = mlx_mtp.make_sampler(**SAMPLING)
     mx.random.seed(1234)  # the point-mass rule draws through the sampler's global stream
-    return [tuple(t for t, _, _ in mlx_mtp.generate_step(
+    return [tuple(t for t, _ in mlx_mtp.generate_step(
         mx.array(PROMPT), model, max_tokens=N_TOKENS, block_size=3, sampler=sampler, seed=i,
         acceptance=acceptance, stats=stats)) for i in range(n)]
 
@@ -171,9 +171,10 @@ def test_processed_rows_see_the_history_mlx_lm_would(request, kind, acceptance, 
     procs = make_logits_processors(repetition_penalty=2.0, repetition_context_size=8)
     prompt = [5, 17, 42]
     mx.random.seed(0)
-    got = list(mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=40, block_size=4,
-                                     sampler=mlx_mtp.make_sampler(temp=1.0, top_k=top_k),
-                                     logits_processors=procs, seed=3, acceptance=acceptance))
+    got = list(mlx_mtp.speculative_generate_step(
+        mx.array(prompt), model, max_tokens=40, block_size=4,
+        sampler=mlx_mtp.make_sampler(temp=1.0, top_k=top_k), logits_processors=procs, seed=3,
+        acceptance=acceptance))
     tokens = [t for t, _, _ in got]
     ref = forced_mlx_lm(path, prompt, tokens, procs)
     unprocessed = forced_mlx_lm(path, prompt, tokens, None)
@@ -197,9 +198,9 @@ def test_drafter_samples_with_the_history_through_the_bonus(soft_model):
 
     soft_model.drafter.draft_sampled = spy
     try:
-        got = list(mlx_mtp.generate_step(mx.array(prompt), soft_model, max_tokens=max_tokens,
-                                         block_size=3, sampler=mlx_mtp.make_sampler(temp=1.0),
-                                         logits_processors=procs, seed=1))
+        got = list(mlx_mtp.speculative_generate_step(
+            mx.array(prompt), soft_model, max_tokens=max_tokens, block_size=3,
+            sampler=mlx_mtp.make_sampler(temp=1.0), logits_processors=procs, seed=1))
     finally:
         del soft_model.drafter.draft_sampled
     full = prompt + [t for t, _, _ in got]
@@ -212,7 +213,7 @@ def test_drafter_samples_with_the_history_through_the_bonus(soft_model):
 def test_seed_reproduces_speculative_sampling_whatever_the_global_state(soft_model):
     def run(seed, global_seed):
         mx.random.seed(global_seed)
-        return [t for t, _, _ in mlx_mtp.generate_step(
+        return [t for t, _ in mlx_mtp.generate_step(
             mx.array([5, 17]), soft_model, max_tokens=30, block_size=3, seed=seed,
             sampler=mlx_mtp.make_sampler(temp=1.0, top_k=5))]
 
@@ -234,9 +235,9 @@ def test_a_subset_drafter_runs_through_the_loop(soft_model):
     drafter = TableDrafter(soft_model.drafter, table)
     model = MTPModel(soft_model.mlx_model, soft_model.target, drafter)
     stats = RunStats()
-    out = [t for t, _, _ in mlx_mtp.generate_step(mx.array([5, 17]), model, max_tokens=40,
-                                                  block_size=3, seed=2, stats=stats,
-                                                  sampler=mlx_mtp.make_sampler(temp=1.0))]
+    out = [t for t, _ in mlx_mtp.generate_step(mx.array([5, 17]), model, max_tokens=40,
+                                               block_size=3, seed=2, stats=stats,
+                                               sampler=mlx_mtp.make_sampler(temp=1.0))]
     assert len(out) == 40 and stats.acceptance_rule == "speculative-sampling"
     assert drafter.drafted and all(t % 2 == 0 for t in drafter.drafted)
     assert stats.accepted > 0
@@ -247,8 +248,8 @@ def test_a_drafter_without_draft_sampled_gets_the_point_mass_rule(soft_dir, soft
     model = MTPModel(soft_model.mlx_model, soft_model.target, oracle)
     hot = mlx_mtp.make_sampler(temp=1.0)
     stats = RunStats()
-    out = list(mlx_mtp.generate_step(mx.array([5, 17]), model, max_tokens=12, block_size=3,
-                                     sampler=hot, stats=stats))
+    out = list(mlx_mtp.speculative_generate_step(mx.array([5, 17]), model, max_tokens=12,
+                                                 block_size=3, sampler=hot, stats=stats))
     assert len(out) == 12 and stats.acceptance_rule == "point-mass" and stats.rounds > 0
     with pytest.raises(MTPError) as e:
         next(mlx_mtp.generate_step(mx.array([5, 17]), model, block_size=3, sampler=hot,
@@ -285,17 +286,17 @@ def test_greedy_with_processors_is_mlx_lm_greedy_with_processors(dense_dir):
     model = mlx_mtp.load_model(dense_dir)
     for bs in range(1, 5):
         stats = RunStats()
-        out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
-                                                      block_size=bs, logits_processors=procs,
-                                                      stats=stats)]
+        out = [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
+                                                   block_size=bs, logits_processors=procs,
+                                                   stats=stats)]
         assert out == ref, bs
         assert stats.acceptance_rule == "greedy"
         if bs == 1:
             continue
         oracle = OracleDrafter(prompt + ref, schedule=list(range(bs)), vocab_size=320)
         forced = MTPModel(model.mlx_model, model.target, oracle)
-        out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), forced, max_tokens=n,
-                                                      block_size=bs, logits_processors=procs)]
+        out = [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), forced, max_tokens=n,
+                                                   block_size=bs, logits_processors=procs)]
         assert out == ref, ("oracle", bs)
         assert set(range(bs)) <= set(oracle.planned)
 

@@ -33,8 +33,8 @@ def main():
         if not alone:
             split.cache_log = f"{out}/{arm}"
         stats = RunStats()
-        ids = [t for t, _, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
-                                              block_size=block, max_block_size=4, stats=stats)]
+        ids = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
+                                           block_size=block, max_block_size=4, stats=stats)]
         result[arm] = {"tokens": ids, **{k: v for k, v in stats.to_dict().items()
                                           if k != "draft_profile"}}
     if alone:
@@ -46,9 +46,9 @@ def main():
     mx.random.seed(seed)
     split.cache_log = f"{out}/sampled"
     stats = RunStats()
-    ids = [t for t, _, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
-                                          block_size=3, sampler=mlx_mtp.make_sampler(temp=1.0),
-                                          seed=seed, stats=stats)]
+    ids = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
+                                       block_size=3, sampler=mlx_mtp.make_sampler(temp=1.0),
+                                       seed=seed, stats=stats)]
     result["sampled"] = {"tokens": ids, "seed": seed, "rounds": stats.rounds}
     split.cache_log = None
     stats = RunStats()

@@ -26,8 +26,8 @@ def ckpts(tmp_path_factory):
 
 
 def run(model, prompt, block_size, max_tokens=MAX_TOKENS, stats=None, **kw):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=max_tokens,
-                                                   block_size=block_size, stats=stats, **kw)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                                block_size=block_size, stats=stats, **kw)]
 
 
 class ForcedAssistant(ForcedHeadDrafter):
@@ -133,7 +133,7 @@ def test_caches_and_drafter_state_after_every_round_equal_sequential_decode(kind
         checked = 0
         try:
             out = []
-            for tok, _, _ in mlx_mtp.generate_step(mx.array(prompt), MTPModel(
+            for tok, _ in mlx_mtp.generate_step(mx.array(prompt), MTPModel(
                     model.mlx_model, target, forced), max_tokens=n, block_size=bs):
                 out.append(tok)
                 c = seen.get("cache")

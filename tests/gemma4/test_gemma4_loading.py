@@ -26,8 +26,8 @@ def ckpts(tmp_path_factory):
 
 
 def generate(model, n=12, bs=3):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=n,
-                                                   block_size=bs)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=n,
+                                                block_size=bs)]
 
 
 def edited_copy(src, dst, config=None, weights=None):

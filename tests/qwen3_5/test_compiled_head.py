@@ -93,6 +93,6 @@ def test_drafts_and_output_with_and_without_compiling(dense_dir, monkeypatch):
         model.drafter = d
         for bs in (2, 3, 5):
             stats = RunStats()
-            out = [t for t, _, _ in mlx_mtp.generate_step(p, model, max_tokens=24, block_size=bs,
-                                                          stats=stats)]
+            out = [t for t, _ in mlx_mtp.generate_step(p, model, max_tokens=24, block_size=bs,
+                                                       stats=stats)]
             assert out == ref, (d.describe()["compiled"], bs)

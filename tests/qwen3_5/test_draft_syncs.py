@@ -77,8 +77,8 @@ def test_drafting_a_block_adds_at_most_one_sync(dense_dir, syncs, device_ids):
     model = mlx_mtp.load_model(dense_dir, draft_options=DraftOptions(device_ids=device_ids))
     for bs in range(2, 7):
         stats = PerRound(syncs)
-        out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=20,
-                                                      block_size=bs, stats=stats)]
+        out = [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=20,
+                                                   block_size=bs, stats=stats)]
         assert out == reference_greedy(dense_dir, PROMPT, 20)
         # With ids on device the block's ids are evaluated once; off, each draft after the first
         # makes a host round trip on top of that.

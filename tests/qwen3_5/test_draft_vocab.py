@@ -140,8 +140,8 @@ def test_t0_output_is_unchanged_with_a_draft_vocabulary(dense_dir, sidecar):
     prompt = [5, 17, 3, 99, 42]
     ref = reference_greedy(dense_dir, prompt, 20)
     for bs in range(2, 6):
-        assert [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=20,
-                                                       block_size=bs)] == ref
+        assert [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=20,
+                                                    block_size=bs)] == ref
 
 
 def test_sampling_draws_on_the_subset(dense_dir, sidecar):
@@ -158,9 +158,9 @@ def test_sampling_draws_on_the_subset(dense_dir, sidecar):
     mlx_mtp.sampling.DraftSampler.result = spy
     try:
         stats = RunStats()
-        out = list(mlx_mtp.generate_step(mx.array([5, 17]), model, max_tokens=16, block_size=4,
-                                         sampler=mlx_mtp.make_sampler(temp=1.0), seed=3,
-                                         stats=stats))
+        out = list(mlx_mtp.speculative_generate_step(mx.array([5, 17]), model, max_tokens=16,
+                                                     block_size=4, seed=3, stats=stats,
+                                                     sampler=mlx_mtp.make_sampler(temp=1.0)))
     finally:
         mlx_mtp.sampling.DraftSampler.result = real
     assert len(out) == 16 and stats.acceptance_rule == "speculative-sampling"

@@ -36,8 +36,8 @@ def all_phases(path, tmp_path, drafter=None, size=128):
 
 
 def run(model, prompt, bs, stats=None):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=N,
-                                                   block_size=bs, stats=stats)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=N,
+                                                block_size=bs, stats=stats)]
 
 
 @pytest.mark.parametrize("kind", ["dense", "tied", "q4", "moe", "next"])
@@ -75,8 +75,8 @@ def test_every_phase_on_a_head_that_agrees(tmp_path):
         fused_argmax=True, fused_chunk=16, vocab=tmp_path / "v", bits=4))
     for bs in (2, 3, 4, 6):
         stats = RunStats()
-        out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=40,
-                                                      block_size=bs, stats=stats)]
+        out = [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=40,
+                                                   block_size=bs, stats=stats)]
         assert out == ref, bs
         assert stats.acceptance_rate > 0.5, (bs, stats.acceptance_rate)
 

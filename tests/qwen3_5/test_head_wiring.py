@@ -21,8 +21,8 @@ def agreeing_dir(ckpt_root):
 
 def acceptance(model, block_size=3):
     stats = RunStats()
-    out = [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=N,
-                                                  block_size=block_size, stats=stats)]
+    out = [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=N,
+                                               block_size=block_size, stats=stats)]
     return out, stats
 
 

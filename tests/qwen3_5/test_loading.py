@@ -33,8 +33,8 @@ def bitwise(a, b):
 
 
 def generate(model, n=12, bs=3):
-    return [t for t, _, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=n,
-                                                   block_size=bs)]
+    return [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=n,
+                                                block_size=bs)]
 
 
 def test_raw_hf_norms_shifted_exactly_once(dense_dir):
