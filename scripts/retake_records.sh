@@ -36,10 +36,12 @@ retake() {
 $PY scripts/idle_check.py --calibrate
 
 # T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
-retake demo-pair-blis-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
-  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --pairs 5 --max-tokens 128
-retake demo-pair-openblas-vm-2026-11-29 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
-  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --pairs 5 --max-tokens 128
+retake demo-pair-blis-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
+  --pairs 5 --max-tokens 128
+retake demo-pair-openblas-vm-2026-12-01 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,auto \
+  --pairs 5 --max-tokens 128
 
 # T > 0, per acceptance rule (OpenBLAS, as recorded).
 for t in 0.6 1.0; do
@@ -76,5 +78,17 @@ retake drafter-phases-demo-pair-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
 retake probe-cost-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/probe_cost.py --record --repeats 5
 
-# New: the spread across fresh processes per BLAS choice (issue 17, part 3).
-retake none -- $PY scripts/blas_spread.py --processes 5
+# The spread across fresh processes per BLAS choice, with the one-process control (issue 17).
+retake blas-spread-vm-2026-12-01 -- $PY scripts/blas_spread.py --processes 5 --max-tokens 128
+
+# Converted folders (issue 15), a target split over 2 local processes (issue 18), the server.
+retake convert-demo-pair-vm-2026-12-01 -- $PY scripts/bench_convert.py --pairs 3 --max-tokens 128
+retake split-vm-2026-12-01 -- $PY scripts/bench_split.py --pairs 3 --max-tokens 128
+retake server-demo-pair-vm-2026-12-01 -- \
+  $PY scripts/bench_server.py --pairs 5 --max-tokens 128 --clients 4 --requests 3
+
+# A realistic-size random pair (issue 12), built as in shared/design/round-cost.md into $BIG_PAIR.
+if [ -n "${BIG_PAIR:-}" ]; then
+  retake big-pair-blis-vm-2026-12-01 -- $PY scripts/bench_mtp.py --model "$BIG_PAIR" \
+    --topic big-pair-blis --block-sizes 1,2,3,auto --pairs 2 --max-tokens 96
+fi
