@@ -17,11 +17,9 @@ and whether both arms gave the same ids. Writes benchmark_results/split-<host>-<
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402  (scripts/: the record flags and the idle check)
-import idle_check  # noqa: E402  (scripts/: refuses a record taken on a busy machine)
 from mlx_mtp import launch as mlx_launch  # noqa: E402
 
 PROMPTS = {
@@ -108,25 +105,25 @@ def launch(args, split: str) -> dict:
         return json.loads(result.read_text())
 
 
-def render(records: dict, args) -> str:
-    lines = [f"# MTP on a split target: {args.model_name}", "",
-             f"{args.ranks if not args.hosts else args.hosts} ranks (ring), block size "
-             f"{args.block_size}, {args.max_tokens} tokens, {len(PROMPTS)} prompts x "
-             f"{args.pairs} pairs, T=0; medians. Collectives and bytes: rank 0, per generated "
-             "token, prefill included.", "",
+def render(r: dict) -> str:
+    lines = [*bench_common.setup_lines(r),
+             f"- Model: {r['model']}; {r['hosts']} ranks (ring), block size {r['block_size']}, "
+             f"{r['max_tokens']} tokens, {len(r['prompts'])} prompts x {r['pairs']} pairs, T=0; "
+             "medians. Collectives and bytes: rank 0, per generated token, prefill included.", "",
+             "## Results", "",
              "| split | arm | tok/s | collectives/token | kB/token | tokens/round | MTP on | "
              "ids equal |", "|---|---|---|---|---|---|---|---|"]
-    for split, rec in records.items():
+    for split, rec in r["splits"].items():
         for arm in ("mtp", "plain"):
-            r = rec[arm]
+            x = rec[arm]
             mtp = arm == "mtp"  # the plain arm has no rounds and no gate
-            per_round = f"{r['tokens_per_round']:.2f}" if mtp else "-"
-            enabled = r["mtp_enabled"] if mtp else "-"
-            lines.append(f"| {split} | {arm} | {r['generation_tps']:.1f} | "
-                         f"{r['split_messages_per_token']:.2f} | "
-                         f"{r['split_bytes_per_token'] / 1e3:.1f} | {per_round} | {enabled} | "
+            per_round = f"{x['tokens_per_round']:.2f}" if mtp else "-"
+            enabled = x["mtp_enabled"] if mtp else "-"
+            lines.append(f"| {split} | {arm} | {x['generation_tps']:.1f} | "
+                         f"{x['split_messages_per_token']:.2f} | "
+                         f"{x['split_bytes_per_token'] / 1e3:.1f} | {per_round} | {enabled} | "
                          f"{rec['identical']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + bench_common.what_it_says(r))
 
 
 def main(argv=None) -> int:
@@ -140,7 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--hosts", default=None, help="mlx.launch --hosts (IPs) instead of local")
     p.add_argument("--port", type=int, default=42323, help="mlx.launch --starting-port")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per split launch")
-    bench_common.add_record_args(p, summary=False)
+    bench_common.add_record_args(p)
     p.add_argument("--no-write", action="store_true",
                    help="print the table, write nothing (no idle check)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -154,25 +151,17 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    args.model_name = Path(args.model).name
     watch = None if args.no_write else bench_common.watch(args)
     records = {s: launch(args, s) for s in args.splits.split(",")}
-    text = render(records, args)
+    result = {**bench_common.record_setup("split"), "model": args.model,
+              "block_size": args.block_size, "max_tokens": args.max_tokens, "pairs": args.pairs,
+              "prompts": list(PROMPTS), "hosts": args.hosts or f"{args.ranks} local",
+              "splits": records}
     if args.no_write:
-        print(text)
+        print(render(result))
         return 0
-    result = idle_check.attach(
-        {"model": args.model, "block_size": args.block_size, "max_tokens": args.max_tokens,
-         "pairs": args.pairs, "hosts": args.hosts or f"{args.ranks} local", "splits": records},
-        watch, args.allow_busy)
-    text = idle_check.annotate(text, result["idle_check"])
-    print(text)
-    stem = f"split-{socket.gethostname()}-{_dt.date.today().isoformat()}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.md").write_text(text)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    bench_common.finish(args, result, watch, render)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
