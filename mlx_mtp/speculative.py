@@ -318,8 +318,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     yield token, logprobs[0], False
     if drafter is None and keys is None and turn is None and not kv.enabled and split is None:
         # block size 1: no verify block: decode as mlx-lm does
-        yield from _one_token_steps(target, cache, bonus, logprobs, max_tokens, sampler,
-                                    processors, history, stats, t_gen)
+        yield from _pipelined_steps(target, cache, bonus, history, max_tokens - 1, 1, sampler,
+                                    None, processors, stats, t_gen)
         return
 
     # auto: a stretch of rounds the chooser gives no drafts runs as pipelined one-token steps
@@ -332,9 +332,9 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             chosen = chooser.choose(min(K, max_tokens - emitted - 1))
             n = min(chooser.undrafted_stretch(), max_tokens - emitted) if chosen == 0 else 0
             if n > 1:
-                bonus, history = yield from _undrafted_steps(
-                    target, cache, bonus, history, n, emitted, sampler, keys, processors,
-                    deferred if drafter is not None else None, chooser, stats, t_gen)
+                bonus, history = yield from _pipelined_steps(
+                    target, cache, bonus, history, n, emitted, sampler, keys, processors, stats,
+                    t_gen, deferred=deferred if drafter is not None else None, chooser=chooser)
                 emitted += n
                 continue
         with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
@@ -433,13 +433,16 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9
 
 
-def _undrafted_steps(target, cache, y, history, n, emitted, sampler, keys, processors, deferred,
-                     chooser, stats, t_gen):
-    """auto: ``n`` rounds the chooser gave no drafts, as one-token steps pipelined like
-    ``_one_token_steps`` (each step queued before the previous token is read). Each is what a
+def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, processors, stats,
+                     t_gen, *, deferred=None, chooser=None):
+    """``n`` one-token steps after ``emitted`` tokens, pipelined like mlx-lm's ``generate_step``:
+    step i + 1 is queued (``mx.async_eval``) before step i's token is read, so building the graph
+    overlaps the compute. No capture, no rollback, one host read per token. Each step is what a
     round without drafts computes (``target.hidden`` of the last token, the draw at its
-    position); the chooser observes each step's time; the drafter gets the (hidden, id) pairs
-    later (``deferred``). Yields the tokens; returns ``(y, history)`` for the next round."""
+    position: keyed under ``auto``). Block size 1 runs the whole generation this way; under
+    ``auto`` a stretch the chooser gave no drafts does, the chooser observing each step and the
+    drafter getting the (hidden, id) pairs later (``deferred``). Yields the tokens; returns
+    ``(y, history)`` for the next round."""
 
     def step(y, history, pos):
         h = target.hidden(y[None], cache)
@@ -451,6 +454,8 @@ def _undrafted_steps(target, cache, y, history, n, emitted, sampler, keys, proce
                else sampler(logprobs))
         return h, tok, logprobs
 
+    if n < 1:
+        return y, history
     nxt = step(y, history, emitted)
     mx.async_eval(nxt[1], nxt[2])
     for i in range(n):
@@ -464,51 +469,17 @@ def _undrafted_steps(target, cache, y, history, n, emitted, sampler, keys, proce
             mx.async_eval(nxt[1], nxt[2])
         token = y.item()
         stats.host_syncs += 1
+        if (emitted + i) % 256 == 0:  # as mlx-lm does
+            mx.clear_cache()
         wall = time.perf_counter() - t_step
         stats.record_round(0, 0, wall)
-        chooser.observe(0, 0, wall)
-        stats.undrafted_steps += 1
+        if chooser is not None:  # an auto stretch
+            chooser.observe(0, 0, wall)
+            stats.undrafted_steps += 1
         stats.generation_tokens = emitted + i + 1
-        stats.generation_s = time.perf_counter() - t_gen
-        yield token, logprobs[0], False
-    return y, history
-
-
-def _one_token_steps(target, cache, y, logprobs, max_tokens, sampler, processors, history,
-                     stats, t_gen):
-    """Block size 1: one token per step, pipelined like mlx-lm's ``generate_step``: step n + 1 is
-    queued (``mx.async_eval``) before step n's token is read, so building the graph overlaps the
-    compute. No capture, no rollback, one host read per token."""
-
-    def step(y, history):
-        h = target.hidden(y[None], cache)
-        logits = target.logits(h[:, -1])
-        for proc in processors:
-            logits = proc(history, logits)
-        logprobs = _logprobs(logits)
-        return sampler(logprobs), logprobs
-
-    emitted = 1
-    if emitted >= max_tokens:
-        return
-    nxt = step(y, history)
-    mx.async_eval(*nxt)
-    while emitted < max_tokens:
-        t_round = time.perf_counter()
-        y, logprobs = nxt
-        history = sampling.append_history(history, y)
-        if emitted + 1 < max_tokens:
-            nxt = step(y, history)
-            mx.async_eval(*nxt)
-        token = y.item()
-        stats.host_syncs += 1
-        if emitted % 256 == 0:  # as mlx-lm does
-            mx.clear_cache()
-        stats.record_round(0, 0, time.perf_counter() - t_round)
-        emitted += 1
-        stats.generation_tokens = emitted
         stats.generation_s = time.perf_counter() - t_gen
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9
         yield token, logprobs[0], False
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+    return y, history
