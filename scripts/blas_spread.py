@@ -64,10 +64,15 @@ def arms() -> dict:
     return out
 
 
-def run_one(cmd, env: dict, timeout: float) -> dict:
+def process_env(env: dict) -> dict:
+    """This process's environment without its BLAS choices, plus the arm's."""
     base = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
+    return {**base, "PYTHONPATH": str(ROOT), **env}
+
+
+def run_one(cmd, env: dict, timeout: float) -> dict:
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                       env={**base, "PYTHONPATH": str(ROOT), **env})
+                       env=process_env(env))
     if r.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd[1:])} failed ({r.returncode}): "
                          f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}")
@@ -91,10 +96,9 @@ class StayingProcess:
     """A process kept up across rounds: each ``measure`` asks it for one plain run."""
 
     def __init__(self, args):
-        base = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", STAYING, "--json", "--no-mtp", "--max-tokens",
-             str(args.max_tokens)], cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT)},
+             str(args.max_tokens)], cwd=ROOT, env=process_env({}),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def measure(self) -> dict:
