@@ -17,7 +17,9 @@ exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top
 
 The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
 ``verify_ms_by_width`` of an arm (``--verify-arm``; ``fixed`` takes each width from the fixed
-arm that verified it most, else auto's), the round split of the fixed arms, the drafter step.
+arm that verified it most, else auto's), the round split of the fixed arms, the drafter step
+(measured per step where the record waited for each phase; else the draft phase's ms per step,
+the device work of queued drafts being inside the verify it overlaps).
 
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
         [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed]
@@ -78,6 +80,10 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
     (x0, y0), (x1, y1) = min(pts), max(pts)
     slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
     steps = [r["drafter_step_ms"] for r in fixed if r["drafter_step_ms"]]
+    if not steps:  # queued phases: the draft phase is the host's share of steps 2..k (their
+        # device work is timed in the verify it overlaps), so take it per step as measured
+        steps = [r["round_ms"]["draft"] / (r["block_size"] - 2) for r in fixed
+                 if r["block_size"] > 2]
     return Costs(verify=verify, draft_step=statistics.median(steps),
                  accept_base=y0 - slope * x0, accept_per_pair=slope,
                  finalize=statistics.median(r["round_ms"]["finalize"] for r in fixed),

@@ -37,8 +37,12 @@ def test_cost_model_is_the_records():
     c = sim.costs_from_record(sim.RECORD)
     assert c.verify == {int(w): ms for w, ms in record["auto"]["verify_ms_by_width"].items()}
     assert c.plain_step == record["1"]["round_ms"]["residual"]
-    # the accept hook line passes through blocks 2 and 4 (fewest and most tokens per round)
-    for b in ("2", "4"):
+    # the accept hook line passes through the fixed blocks of fewest and most tokens per round
+    fixed_blocks = [b for b in record if b not in ("1", "auto")]
+    ends = (min(fixed_blocks, key=lambda b: record[b]["tokens_per_round"]),
+            max(fixed_blocks, key=lambda b: record[b]["tokens_per_round"]))
+    assert ends == ("2", "6")
+    for b in ends:
         assert c.accept(record[b]["tokens_per_round"]) == pytest.approx(
             record[b]["round_ms"]["accept"])
     fixed = sim.costs_from_record(sim.RECORD, "fixed")
@@ -47,6 +51,10 @@ def test_cost_model_is_the_records():
     assert c.round_ms(2, 1) == pytest.approx(c.verify[3] + c.draft_step + c.accept(2)
                                              + c.finalize + c.residual)
     assert c.round_ms(0, 0) == c.verify[1] + c.residual
+    # queued phases (no drafter_step_ms): a drafter step is the draft phase per step 2..k
+    assert all(record[b]["drafter_step_ms"] is None for b in fixed_blocks)
+    per_step = sorted(record[b]["round_ms"]["draft"] / (int(b) - 2) for b in ("3", "4", "5", "6"))
+    assert c.draft_step == pytest.approx((per_step[1] + per_step[2]) / 2)  # median of four
 
 
 def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
