@@ -168,12 +168,13 @@ def products(x: mx.array, w: np.ndarray, columns: int) -> mx.array:
     if lib is None:
         raise RuntimeError(f"row kernel unavailable: {_state.reason}")
     *lead, T, K = x.shape
-    rows = x.reshape(-1, K)
-    mx.eval(rows)
-    xv = np.ascontiguousarray(np.asarray(memoryview(rows)), dtype=np.float32)
-    out = np.empty((xv.shape[0], columns), np.float32)
     if columns % COLUMN_GROUP or columns > w.shape[0] or w.shape[1] != K:
         raise ValueError(f"row kernel: {columns} columns of a {w.shape} weight for width {K}")
+    mx.eval(x)  # the host sync: the kernel runs on the evaluated input
+    xv = np.asarray(memoryview(x)).reshape(-1, K)  # zero-copy unless x is a strided view
+    if not xv.flags.c_contiguous or xv.dtype != np.float32:
+        xv = np.ascontiguousarray(xv, dtype=np.float32)
+    out = np.empty((xv.shape[0], columns), np.float32)
     rc = lib.row_dot_f32(xv.ctypes.data, xv.shape[0], K, K, w.ctypes.data, columns,
                          out.ctypes.data, columns)
     if rc:
