@@ -11,7 +11,16 @@ for every verify width the session may use, on the layer's own weights and kerne
 not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time, which
 is exactly what decode does. Everything else keeps the fast multi-row path.
 
-How the rows are computed one at a time (``one_row_products``): a float matrix is split into
+How a switched float32 layer (no bias) computes its rows, first choice first:
+
+- ``kernel_products``: the compiled row kernel (``mlx_mtp.row_kernel``), which reproduces BLIS's
+  one-row reduction order for all T rows while it streams the weights once (the last N % 8 output
+  columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
+  ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
+  weights, for every width 2..max_width.
+- ``one_row_products`` (below), else separate one-row calls (quantized layers too).
+
+``one_row_products``: a float matrix is split into
 column blocks of at most ``BLOCK_BYTES`` and the T rows times every block are one batched matmul
 whose batch entries are one-row products (MLX runs a batched matmul as one BLAS call per batch
 entry, here each with M = 1, the call decode makes), rows varying fastest. So each block of

@@ -16,6 +16,9 @@ per-user cache (``$MLX_MTP_CACHE``, else ``$XDG_CACHE_HOME/mlx_mtp``, else ``~/.
 named by a hash of the source, compiler and flags, and loaded with ctypes. No compiler, a machine
 that is not x86-64 Linux with AVX2 and FMA, a failed compile or ``MLX_MTP_ROW_KERNEL=0``: the
 kernel is unavailable, ``reason()`` says why, and ``row_exact`` keeps its other paths.
+
+The kernel runs eagerly (it evaluates its input, a host sync), so it cannot run inside an
+``mx.compile``d function; the verify forward that calls it is not compiled.
 """
 
 from __future__ import annotations

@@ -175,3 +175,13 @@ def test_a_failing_compiler_is_reported_not_raised(fresh, monkeypatch, tmp_path)
     assert row_kernel.reason() == (f"cannot build row_dot.c: {cc} failed (3): "
                                    "row_dot.c:1: error: no such thing")
     assert not os.listdir(fresh)
+
+
+def test_the_cli_row_names_the_layers_by_method_and_the_kernel():
+    from mlx_mtp.gate import row_exact_summary
+
+    ex = {"row_exact": {"layers": {"kernel": 27, "blocked": 2}, "kernel": "available"}}
+    assert row_exact_summary(ex) == "29 (blocked 2, kernel 27); row kernel available"
+    ex = {"row_exact": {"layers": {}, "kernel": "unavailable (MLX_MTP_ROW_KERNEL=0)"}}
+    assert row_exact_summary(ex) == "none; row kernel unavailable (MLX_MTP_ROW_KERNEL=0)"
+    assert row_exact_summary({"verdict": "equal"}) is None
