@@ -136,11 +136,20 @@ def kernel_products(layer, x: mx.array) -> mx.array:
         layer.__dict__["_kernel_view"] = cached  # a plain attribute, not a module parameter
     N = weight.shape[0]
     main = N - N % row_kernel.COLUMN_GROUP
-    out = row_kernel.products(x, cached[1], main) if main else None
+    out = row_kernel.products(x, cached[1], main, kernel_threads()) if main else None
     if main < N:
         rest = one_row_products(x, weight[main:], N - main)
         out = rest if out is None else mx.concatenate([out, rest], axis=-1)
     return out
+
+
+def kernel_threads() -> int:
+    """The kernel's threads: the round's BLAS thread count (``MLX_MTP_VERIFY_THREADS``, default
+    1; 0 = the bound library's count). Each output is computed by one thread, so the bytes do not
+    depend on it. More than one thread measured much slower on a busy 2-core machine (threads
+    waiting for descheduled ones); not yet measured idle."""
+    n = cpu_blas.verify_thread_count()
+    return n if n else (cpu_blas.STATE.threads or 1)
 
 
 def kernel_equal_rows(fn, layer, max_width: int) -> bool:

@@ -42,8 +42,8 @@ from . import env
 ENV = "MLX_MTP_ROW_KERNEL"
 CACHE_ENV = "MLX_MTP_CACHE"
 SOURCE = Path(__file__).parent / "kernels" / "row_dot.c"
-FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared")
-ABI = 1  # row_dot_abi() of the source this module calls
+FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+ABI = 2  # row_dot_abi() of the source this module calls
 COMPILE_TIMEOUT_S = 120
 COLUMN_GROUP = 8  # the kernel covers whole groups of 8 output columns (BLIS's dot kernel width)
 
@@ -119,7 +119,7 @@ def _build(environ) -> ctypes.CDLL:
     ssize = ctypes.c_ssize_t
     ptr = ctypes.c_void_p
     lib.row_dot_f32.restype = ctypes.c_int
-    lib.row_dot_f32.argtypes = [ptr, ssize, ssize, ssize, ptr, ssize, ptr, ssize]
+    lib.row_dot_f32.argtypes = [ptr, ssize, ssize, ssize, ptr, ssize, ptr, ssize, ctypes.c_int]
     return lib
 
 
@@ -164,7 +164,7 @@ def weight_view(weight: mx.array) -> np.ndarray:
     return view
 
 
-def products(x: mx.array, w: np.ndarray, columns: int) -> mx.array:
+def products(x: mx.array, w: np.ndarray, columns: int, threads: int = 1) -> mx.array:
     """``x @ w[:columns].T`` ([..., T, K] -> [..., T, columns]) in BLIS's one-row order, for
     ``columns`` a multiple of 8. Evaluates ``x`` (a host sync) and runs the kernel eagerly."""
     lib = load()
@@ -179,7 +179,7 @@ def products(x: mx.array, w: np.ndarray, columns: int) -> mx.array:
         xv = np.ascontiguousarray(xv, dtype=np.float32)
     out = np.empty((xv.shape[0], columns), np.float32)
     rc = lib.row_dot_f32(xv.ctypes.data, xv.shape[0], K, K, w.ctypes.data, columns,
-                         out.ctypes.data, columns)
+                         out.ctypes.data, columns, threads)
     if rc:
         raise RuntimeError(f"row kernel failed ({rc}) for {columns} columns")
     return mx.array(out).reshape(*lead, T, columns)

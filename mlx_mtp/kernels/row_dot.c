@@ -13,12 +13,14 @@
    Speed: the T rows' accumulators are kept in registers for 2-8 columns at a time while the
    columns' weights stream once, so a T-row product reads the weights about once, like the
    one-row product decode makes. T > 6 rows are split into groups of at most 6 that share
-   a column block of weights while it is in cache. Single-threaded. */
+   a column block of weights while it is in cache. Threads, when asked for, split the output
+   columns. */
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <stddef.h>
 
-#define ROW_DOT_ABI 1
+#define ROW_DOT_ABI 2
 
 int row_dot_abi(void) { return ROW_DOT_ABI; }
 
@@ -73,19 +75,17 @@ static const int COLS[7] = {0, 8, 4, 4, 2, 2, 2};
 #define MAX_ROWS 6
 #define BLOCK_BYTES (256 * 1024) /* a column block of weights shared by row groups (an L2) */
 
-/* x [T, K] (row stride ldx), w [N, K] contiguous, y [T, ldy]: columns [0, N) written.
-   Returns 0, or -1 when N is not a multiple of 8. */
-int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
-                ptrdiff_t N, float *y, ptrdiff_t ldy) {
-    if (N % 8 || T < 0 || K < 0) return -1;
+/* Columns [n_begin, n_end) of y = x w^T, single-threaded. */
+static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
+                    ptrdiff_t n_begin, ptrdiff_t n_end, float *y, ptrdiff_t ldy) {
     const ptrdiff_t groups = (T + MAX_ROWS - 1) / MAX_ROWS;
-    ptrdiff_t block = N;
+    ptrdiff_t block = n_end - n_begin;
     if (groups > 1) {
         block = BLOCK_BYTES / (K * (ptrdiff_t)sizeof(float) + 1);
         block = block < 8 ? 8 : block - block % 8;
     }
-    for (ptrdiff_t n0 = 0; n0 < N; n0 += block) {
-        const ptrdiff_t n1 = n0 + block < N ? n0 + block : N;
+    for (ptrdiff_t n0 = n_begin; n0 < n_end; n0 += block) {
+        const ptrdiff_t n1 = n0 + block < n_end ? n0 + block : n_end;
         ptrdiff_t t0 = 0;
         for (ptrdiff_t g = 0; g < groups; g++) {
             const ptrdiff_t rows = (T - t0) / (groups - g); /* balanced groups, <= MAX_ROWS */
@@ -94,6 +94,55 @@ int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const f
                 f(x + t0 * ldx, ldx, K, w + n * K, y + t0 * ldy + n, ldy);
             t0 += rows;
         }
+    }
+}
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    ptrdiff_t T, ldx, K, n_begin, n_end, ldy;
+} job_t;
+
+static void *run_job(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    columns(j->x, j->T, j->ldx, j->K, j->w, j->n_begin, j->n_end, j->y, j->ldy);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+#define MIN_THREAD_FLOATS (256 * 1024) /* weights per thread below which a thread costs more */
+
+/* x [T, K] (row stride ldx), w [N, K] contiguous, y [T, ldy]: columns [0, N) written, split
+   over up to `threads` threads by output columns (each output is computed by one thread, so
+   the bytes do not depend on the thread count). Returns 0, or -1 when N is not a multiple
+   of 8. */
+int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
+                ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
+    if (N % 8 || T < 0 || K < 0) return -1;
+    ptrdiff_t most = (N * K) / MIN_THREAD_FLOATS;
+    if (threads > most) threads = (int)most;
+    if (threads > N / 8) threads = (int)(N / 8);
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads <= 1) {
+        columns(x, T, ldx, K, w, 0, N, y, ldy);
+        return 0;
+    }
+    job_t jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    const ptrdiff_t groups8 = N / 8;
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (job_t){x, w, y, T, ldx, K, 8 * (groups8 * i / threads),
+                          8 * (groups8 * (i + 1) / threads), ldy};
+    }
+    for (int i = 1; i < threads; i++)
+        started[i] = pthread_create(&ids[i], NULL, run_job, &jobs[i]) == 0;
+    run_job(&jobs[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(ids[i], NULL);
+        else
+            run_job(&jobs[i]); /* no thread: this one computes its columns */
     }
     return 0;
 }

@@ -185,3 +185,22 @@ def test_the_cli_row_names_the_layers_by_method_and_the_kernel():
     ex = {"row_exact": {"layers": {}, "kernel": "unavailable (MLX_MTP_ROW_KERNEL=0)"}}
     assert row_exact_summary(ex) == "none; row kernel unavailable (MLX_MTP_ROW_KERNEL=0)"
     assert row_exact_summary({"verdict": "equal"}) is None
+
+
+def test_threads_split_columns_and_change_no_byte(monkeypatch):
+    """MLX_MTP_VERIFY_THREADS threads split the output columns; every output is reduced by one
+    thread in the same order, so the bytes are those of one thread."""
+    needs_kernel()
+    W = mx.random.normal((4096, 1024), key=mx.random.key(21))  # large enough to be split
+    x = mx.random.normal((1, 3, 1024), key=mx.random.key(22))
+    view = row_kernel.weight_view(W)
+    one = row_kernel.products(x, view, 4096, 1)
+    mx.eval(one)
+    for threads in (2, 3, 7):
+        got = row_kernel.products(x, view, 4096, threads)
+        mx.eval(got)
+        assert bitwise(got, one), threads
+    monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "3")
+    assert row_exact.kernel_threads() == 3
+    monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV)
+    assert row_exact.kernel_threads() == 1
