@@ -8,7 +8,7 @@ Arms, alternated round by round on the same target, each with its own cache pref
 Prints the median ms per arm and each as a multiple of the decode step, as JSON. Nothing is
 written: quote it with the machine's state (run it idle for a number worth quoting):
 
-    python scripts/verify_arms.py --model PAIR [--width 3] [--reps 12]
+    python scripts/verify_arms.py --model PAIR [--width 3] [--reps 12] [--kernel-threads 2]
 """
 
 from __future__ import annotations
@@ -30,9 +30,12 @@ from mlx_mtp import cpu_blas, row_exact, row_kernel  # noqa: E402
 ARMS = ("decode", "kernel", "blocked", "inexact")
 
 
-def measure(model, width: int, reps: int, prompt_len: int = 80) -> dict:
+def measure(model, width: int, reps: int, prompt_len: int = 80,
+            kernel_threads: int = 0) -> dict:
     """Time the arms on a loaded ``mlx_mtp`` model; its layers' installed choices and its
-    target's exactness are as before on return."""
+    target's exactness are as before on return. ``kernel_threads`` > 0: the kernel arm's
+    threads (else ``row_exact.kernel_threads()``, from MLX_MTP_VERIFY_THREADS), so a thread
+    count can be tried on the kernel alone without changing the BLAS threads of the rest."""
     target = model.target
     target.prepare(width)
     layers = [layer for _, layer in model.mlx_model.named_modules()
@@ -64,6 +67,9 @@ def measure(model, width: int, reps: int, prompt_len: int = 80) -> dict:
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}
+    default_threads = row_exact.kernel_threads
+    threads = kernel_threads or default_threads()
+    row_exact.kernel_threads = lambda: threads
     try:
         for _ in range(reps + 1):  # the first round warms up
             for arm in ARMS:
@@ -71,6 +77,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80) -> dict:
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
+        row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]
         target.exact = True
@@ -78,7 +85,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80) -> dict:
     return {
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
         "row_exact": row_exact.report(model.mlx_model),
-        "kernel_layers": len(kernel_layers),
+        "kernel_layers": len(kernel_layers), "kernel_threads": threads,
         "ms": {arm: round(v, 2) for arm, v in ms.items()},
         "x_decode": {arm: round(v / ms["decode"], 3) for arm, v in ms.items()},
     }
@@ -89,14 +96,18 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True, help="the target (its MTP head is not used)")
     p.add_argument("--width", type=int, default=3, help="verify width (default 3)")
     p.add_argument("--reps", type=int, default=12, help="timed rounds per arm (default 12)")
+    p.add_argument("--kernel-threads", type=int, default=0,
+                   help="threads for the kernel arm only (default: MLX_MTP_VERIFY_THREADS, 1)")
     args = p.parse_args(argv)
-    if args.width < 2 or args.reps < 1:
-        p.error("--width must be at least 2 and --reps at least 1")
+    if args.width < 2 or args.reps < 1 or args.kernel_threads < 0:
+        p.error("--width must be at least 2, --reps at least 1, --kernel-threads at least 0")
     if not row_kernel.available():
         print(f"note: row kernel unavailable ({row_kernel.reason()}): kernel = blocked",
               file=sys.stderr)
     model = mlx_mtp.load_model(args.model, require_head=False)
-    print(json.dumps({"model": args.model, **measure(model, args.width, args.reps)}, indent=1))
+    print(json.dumps({"model": args.model, **measure(model, args.width, args.reps,
+                                                     kernel_threads=args.kernel_threads)},
+                     indent=1))
     return 0
 
 
