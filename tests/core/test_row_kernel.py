@@ -204,3 +204,32 @@ def test_threads_split_columns_and_change_no_byte(monkeypatch):
     assert row_exact.kernel_threads() == 3
     monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV)
     assert row_exact.kernel_threads() == 1
+
+
+def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
+    """The tied head's product is ``embed_tokens.as_linear``: switched like a Linear."""
+    needs_kernel()
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(1003, 1024)  # 1000 columns by kernel, 3 by BLAS
+
+    model = Tied()
+    mx.eval(model.parameters())
+    switched = row_exact.install(model, 3, tied_head=True)
+    emb = model.embed_tokens
+    if not BLIS:
+        assert not switched or row_exact.method(emb) != "kernel"
+        return
+    assert switched == {"embed_tokens": 2} and row_exact.method(emb) == "kernel"
+    calls = []
+    original = row_kernel.products
+    monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
+    x = mx.random.normal((1, 3, 1024), key=mx.random.key(31))
+    with row_exact.verifying():
+        block = emb.as_linear(x)
+    rows = [emb.as_linear(x[:, i : i + 1]) for i in range(3)]
+    mx.eval(block, rows)
+    assert calls == [1000]
+    assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
