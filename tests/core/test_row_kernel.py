@@ -233,3 +233,21 @@ def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
     mx.eval(block, rows)
     assert calls == [1000]
     assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
+
+
+def test_a_strided_weight_is_declined_not_a_crash():
+    """A weight that is a transposed view is not row-major in memory: install keeps the
+    blocked products for it instead of failing."""
+    needs_kernel()
+    layer = nn.Linear(1024, 640, bias=False)
+    layer.weight = mx.random.normal((1024, 640), key=mx.random.key(41)).T
+    mx.eval(layer.parameters())
+    assert not row_exact.kernel_equal_rows(layer, layer, 3)
+    if row_exact.install(layer, 3):
+        assert row_exact.method(layer) != "kernel"
+        x = mx.random.normal((1, 3, 1024), key=mx.random.key(42))
+        with row_exact.verifying():
+            block = layer(x)
+        rows = [layer(x[:, i : i + 1]) for i in range(3)]
+        mx.eval(block, rows)
+        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
