@@ -3,6 +3,7 @@ round for round, its cost model is the record's, and it replays the chooser."""
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,10 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs():
     (["--acceptance", "1.5"], "--acceptance: expected comma-separated numbers in [0, 1], "
                               "got '1.5'"),
     (["--acceptance", "0.5", "--max-tokens", "1"], "--max-tokens: expected at least 2, got 1"),
+    (["--verify-steps", "1,1.2,1.3"], "--verify-steps: expected 6 or more positive numbers "
+                                      "(width 1 up), got '1,1.2,1.3'"),
+    (["--verify-steps", "1,1,1,1,1,0"], "--verify-steps: expected 6 or more positive numbers "
+                                        "(width 1 up), got '1,1,1,1,1,0'"),
 ])
 def test_bad_arguments_name_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -206,3 +211,14 @@ def test_acceptance_traces_refuse_prompts_json_that_is_not_an_object(tmp_path, c
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         f": error: --prompts-json {tmp_path / 'p.json'}: expected a JSON object of non-empty "
         "prompt strings")
+
+
+def test_verify_steps_replace_the_records_verify_costs(capsys):
+    """``--verify-steps``: verify(w) = the given multiple of the record's plain step; the other
+    costs stay the record's."""
+    sim.main(["--seeds", "1", "--verify-steps", "1,1.25,1.25,1.25,1.35,1.45"])
+    out = capsys.readouterr().out
+    c = sim.costs_from_record(sim.RECORD)
+    want = {w: x * c.plain_step for w, x in enumerate([1, 1.25, 1.25, 1.25, 1.35, 1.45], 1)}
+    assert f"costs (ms): {replace(c, verify=want)}" in out
+    assert "| random |" in out
