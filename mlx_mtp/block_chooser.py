@@ -24,20 +24,29 @@ Exploration, deterministic (no random numbers; the same measurements give the sa
   early rejection at a deep position, never judged again, otherwise kept the block narrow).
   Position 1 is judged by every drafting round and re-checked by the probes below: no bonus
   there, so text the head cannot predict does not keep drafting on hope;
-- the first width above the measured ones is valued optimistically at the cost of the dearest
-  measured width below it (a wider round never costs less), so it is tried exactly when
-  that optimistic arithmetic says it could win, and then its own number decides; wider ones wait
-  (exploring upwards, one width at a time, costs little where drafts do not pay);
+- an unmeasured width is valued on the straight line through the measured ones (between two
+  measured widths, the line through them; above the widest, the line through the two widest,
+  never cheaper than the widest); with width 1 alone measured, width 2 at width 1's cost, so
+  the second round drafts once. From the third round the choice goes straight to the width the
+  line and the acceptance say, and its own measurement then decides. (Valuing only the next
+  width up, at the cost of the one below, climbed one width a round: a 128-token run of the
+  demo pair spent its first five rounds at narrow widths, and a pair whose verify costs 1.7x a
+  step at width 2 tried every width up to the widest.)
 - a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
-  rounds is valued the same optimistic way (hill-climbing: an outlier sample or a drift next to the
-  choice gets corrected; far widths keep their last measurement, so text the head cannot predict
-  does not pay for re-measuring wide blocks);
+  rounds, or the unmeasured width just above it where a wider one was measured, is valued at
+  most at the cost of the dearest measured width below it (hill-climbing: an outlier sample or
+  a drift next to the choice gets corrected, and a width the line overprices, as a verify that
+  turns dear past width 3 makes the line through widths 2 and 6 do, gets tried; far widths keep
+  their last measurement, so text the head cannot predict does not pay for re-measuring wide
+  blocks);
 - width 1 (no drafts) is measured in the first round and re-measured every ``stale_rounds``;
 - after a run of rounds without drafts, one round drafts 1 token (a probe), so a stretch where
   drafting did not pay does not hide a later one where it does. The run is 4 rounds at first,
-  doubles after each rejected probe up to ``probe_every``, and is 4 again after any other
-  drafting round (an early rejection, or a first round at a width that paid one-time costs, is
-  re-checked soon; text no head predicts pays for few probes).
+  doubles after each probe that does not bring drafting back (rejected, or kept but still not
+  worth a draft) up to ``probe_every``, and is 4 again after any drafting round the arithmetic
+  chose (an early rejection, or a first round at a width that paid one-time costs, is
+  re-checked soon; text no head predicts, or a pair whose drafts do not pay however often they
+  are kept, pays for few probes).
 A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
 loop runs them as pipelined one-token steps, as fast as plain decode, observing each.
 The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
@@ -115,6 +124,7 @@ class BlockChooser:
         self.undrafted = 0  # consecutive rounds without drafts
         self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
         self._probing = False  # the last choice was a probe
+        self._probed = False  # the last round observed was a probe
         self._stretch = 1  # rounds without drafts the last choice commits to (undrafted_stretch)
 
     @property
@@ -162,22 +172,39 @@ class BlockChooser:
                          (n * self.median[w] + self.pooling * line) / (n + self.pooling))
         return out
 
+    @staticmethod
+    def line(w: int, pooled: Dict[int, float]) -> Optional[float]:
+        """Cost of unmeasured width ``w`` from the measured ones (``pooled``): between two
+        measured widths, the straight line through them; above the widest, the line through the
+        two widest, never below the widest's cost; with width 1 alone measured, width 2 at width
+        1's cost and wider ones None (no estimate: not a candidate). Pure."""
+        below = sorted(v for v in pooled if v < w)
+        above = [v for v in pooled if v > w]
+        if not below:
+            return None
+        if above:
+            lo, hi = below[-1], min(above)
+        elif len(below) >= 2:
+            lo, hi = below[-2:]
+        else:
+            return pooled[below[0]] if w == below[0] + 1 else None
+        at_w = pooled[lo] + (pooled[hi] - pooled[lo]) * (w - lo) / (hi - lo)
+        return at_w if above else max(pooled[hi], at_w)
+
     def costs(self, refresh: Sequence[int] = ()) -> List[Optional[float]]:
         """Cost per width 1..K+1 (index w - 1) as the choice uses it: the pooled median of the
-        recent samples, or the optimistic bound for the first unmeasured width above a measured
-        one or a stale one in ``refresh`` (None: not a candidate)."""
+        recent samples; for an unmeasured width, the line through the measured ones (``line``);
+        for a stale or unmeasured width in ``refresh``, at most the cost of the dearest measured
+        narrower width (None: not a candidate)."""
         out: List[Optional[float]] = []
         bound: Optional[float] = None  # the dearest measured narrower width's cost
         pooled = self.pooled()
         for w in range(1, self.max_drafts + 2):
             own = pooled.get(w)
-            fresh = self._fresh(w)
-            if own is None:
-                out.append(bound if bound is not None and w - 1 in self.median else None)
-            elif bound is not None and w in refresh and not fresh:
-                out.append(min(own, bound))
-            else:
-                out.append(own)
+            guess = self.line(w, pooled) if own is None else own
+            if guess is not None and bound is not None and w in refresh and not self._fresh(w):
+                guess = min(guess, bound)
+            out.append(guess)
             if own is not None:
                 bound = own if bound is None else max(bound, own)
         return out
@@ -187,18 +214,45 @@ class BlockChooser:
     def choose(self, limit: Optional[int] = None) -> int:
         """Drafts for the next round, at most ``limit`` (the token budget's bound)."""
         limit = self.max_drafts if limit is None else max(0, min(limit, self.max_drafts))
-        self._stretch = 1
+        self._stretch, self._probing = 1, False
         if limit == 0 or not self._fresh(1):
             return 0  # width 1 is the baseline every other width is judged against
         acceptance = self.optimistic_acceptance()[:limit]
         k = best_drafts(acceptance, self.costs()[: limit + 1])
-        neighbours = [w for w in (k, k + 2) if 1 < w <= limit + 1 and not self._fresh(w)]
+        neighbours = self._neighbours(k, limit)
         if neighbours:
             k = best_drafts(acceptance, self.costs(neighbours)[: limit + 1])
-        self._probing = k == 0 and self.undrafted >= self.probe_gap
-        if k == 0 and not self._probing:
-            self._stretch = self.probe_gap - self.undrafted
-        return 1 if self._probing else k
+        if k == 0:
+            return self._undrafted()
+        if self._probed:  # the round after a probe brought drafting back
+            self._probed = False
+            self.probe_gap = min(PROBE_FIRST, self.probe_every)
+        return k
+
+    def _neighbours(self, k: int, limit: int) -> List[int]:
+        """Widths next to the choice (width k + 1) to value optimistically (hill-climbing): a
+        stale one on either side, and the unmeasured one just above where a wider width was
+        measured (the line between two measured widths can hide a cheap one: a verify that
+        turns dear past width 3)."""
+        out = []
+        for w in (k, k + 2):
+            if not 1 < w <= limit + 1 or self._fresh(w):
+                continue
+            if w in self.median or (w == k + 2 and any(v > w for v in self.median)):
+                out.append(w)
+        return out
+
+    def _undrafted(self) -> int:
+        """The choice is no drafts: a probe if the run without drafts is long enough, else no
+        drafts up to the next probe."""
+        if self._probed:  # the round after a probe did not bring drafting back: back off
+            self._probed = False
+            self.probe_gap = min(2 * self.probe_gap, self.probe_every)
+        self._probing = self.undrafted >= self.probe_gap
+        if self._probing:
+            return 1
+        self._stretch = self.probe_gap - self.undrafted
+        return 0
 
     def undrafted_stretch(self) -> int:
         """After ``choose`` gave no drafts: the rounds in a row, this one first, that it commits
@@ -221,9 +275,9 @@ class BlockChooser:
         self.median[w] = statistics.median(self.samples[w])
         self.measured_at[w] = self.round
         self.undrafted = self.undrafted + 1 if drafts == 0 else 0
-        if drafts:  # back off after a rejected probe; else start again from the shortest run
-            self.probe_gap = (min(2 * self.probe_gap, self.probe_every)
-                              if self._probing and not accepted
-                              else min(PROBE_FIRST, self.probe_every))
+        if drafts and self._probing:  # the next choice says whether to back off
+            self._probed = True
+        elif drafts:  # a drafting round the arithmetic chose: start again from the shortest run
+            self.probe_gap = min(PROBE_FIRST, self.probe_every)
         self._probing = False
 

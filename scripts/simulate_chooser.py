@@ -9,11 +9,13 @@ keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.speculati
     verify(k + 1) + residual                                    k = 0 (auto defers the accept hook)
     verify(k + 1) + (k - 1) * draft_step + accept(a + 1) + finalize + residual      k >= 1
 
-with accept(n) = accept_base + accept_per_pair * n. Under auto, rounds without drafts hand their
-pairs to the drafter at the next drafting round, outside the chooser's measured time:
-accept(pairs) then. Fixed block 1 is the plain path (``plain_step`` per token). Each round's time
-(what both the clock and the chooser see) is multiplied by a seeded lognormal factor
-exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top.
+with accept(n) = accept_base + accept_per_pair * n (never falling with n). Under auto, rounds
+without drafts hand their pairs to the drafter at the next drafting round, outside the chooser's
+measured time: accept(pairs) then; and a choice of no drafts that commits to a stretch of more
+than one round (``BlockChooser.undrafted_stretch``) runs it as the loop does, pipelined one-token
+steps at ``plain_step`` each. Fixed block 1 is the plain path (``plain_step`` per token). Each
+round's time (what both the clock and the chooser see) is multiplied by a seeded lognormal
+factor exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top.
 
 The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
 ``verify_ms_by_width`` of an arm (``--verify-arm``; ``fixed`` takes each width from the fixed
@@ -21,8 +23,13 @@ arm that verified it most, else auto's), the round split of the fixed arms, the 
 (measured per step where the record waited for each phase; else the draft phase's ms per step,
 the device work of queued drafts being inside the verify it overlaps).
 
+For a pair without recorded traces, ``--acceptance`` draws synthetic ones from its per-position
+acceptance (independent positions: no text's structure), e.g. the realistic-size pair:
+``--record benchmark_results/big-pair-blis-vm-2026-12-01.json --acceptance 0.6,0.4,0.1,0.1,0.15
+--max-tokens 96``.
+
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
-        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed]
+        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed] [--offsets 20]
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
     pts = [(r["tokens_per_round"], r["round_ms"]["accept"]) for r in fixed]
     (x0, y0), (x1, y1) = min(pts), max(pts)
     slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
+    if slope < 0:  # more pairs never cost less (a record of two noisy arms can say so): flat
+        slope, x0, y0 = 0.0, 0.0, statistics.median(y for _, y in pts)
     steps = [r["drafter_step_ms"] for r in fixed if r["drafter_step_ms"]]
     if not steps:  # queued phases: the draft phase is the host's share of steps 2..k (their
         # device work is timed in the verify it overlaps), so take it per step as measured
@@ -89,6 +98,24 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
                  finalize=statistics.median(r["round_ms"]["finalize"] for r in fixed),
                  residual=statistics.median(r["round_ms"]["residual"] for r in fixed),
                  plain_step=rows["1"]["round_ms"]["residual"])
+
+
+def synthetic_traces(acceptance: List[float], max_tokens: int, prompts: int = 4,
+                     seed: int = 0) -> dict:
+    """Traces for a pair no trace was recorded for, from its per-position acceptance (a_j =
+    P(draft j kept | drafts 1..j-1 kept), e.g. a record's ``per_position_acceptance``): L(p)
+    drawn independently per position, seeded; one trace per "prompt"."""
+    rng = random.Random(seed)
+    out = {}
+    for i in range(prompts):
+        L = []
+        for _ in range(max_tokens - 1):
+            kept = 0
+            while kept < len(acceptance) and rng.random() < acceptance[kept]:
+                kept += 1
+            L.append(kept)
+        out[f"synthetic-{i}"] = {"L": L}
+    return {"max_tokens": max_tokens, "drafts": len(acceptance), "prompts": out}
 
 
 class Noise:
@@ -116,6 +143,17 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
         limit = min(max_drafts, n - emitted - 1)
         if chooser is not None:
             k = chooser.choose(limit)
+            steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
+            if steps > 1:  # a stretch: pipelined one-token steps, each observed
+                for _ in range(steps):
+                    wall = noise(costs.plain_step)
+                    total += wall
+                    chooser.observe(0, 0, wall / 1e3)
+                deferred += steps
+                widths[1] = widths.get(1, 0) + steps
+                emitted += steps
+                p += steps
+                continue
             if k > 0 and deferred:
                 total += noise(costs.accept(deferred))  # the catch-up, outside the round's time
                 deferred = 0
@@ -137,16 +175,22 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
 
 
 def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=BlockChooser,
-             max_block_size: int = 6, spike_every: int = 0, spike: float = 1.0) -> dict:
+             max_block_size: int = 6, spike_every: int = 0, spike: float = 1.0,
+             offsets: int = 1) -> dict:
     """Per prompt: mean tok/s over seeds of every fixed block size and of auto; auto's ratio to
-    the best fixed block (by mean), its worst seed, and the widths it chose (summed)."""
-    n = traces["max_tokens"]
+    the best fixed block (by mean), its worst seed, and the widths it chose (summed).
+
+    At T=0 a trace's rejections sit at fixed positions, so which rounds land on them (the
+    alignment) moves a run's tok/s by several percent whatever the policy. ``offsets`` > 1
+    averages that luck out: seed s replays the trace from position s % offsets (every arm the
+    same, the run that many tokens shorter)."""
     out = {}
     for name, tr in traces["prompts"].items():
-        L = tr["L"]
         fixed = {b: [] for b in range(1, max_block_size + 1)}
         auto, widths = [], {}
         for s in range(seeds):
+            o = s % offsets
+            L, n = tr["L"][o:], traces["max_tokens"] - o
             for b in fixed:
                 fixed[b].append(replay(L, n, costs, Noise(1000 * s + b, sigma, spike_every,
                                                           spike), fixed=b)["tps"])
@@ -180,6 +224,10 @@ def table(result: dict, max_block_size: int = 6) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(TRACES))
+    ap.add_argument("--acceptance", help="instead of --traces: synthetic traces from this "
+                    "per-position acceptance, comma-separated (e.g. 0.6,0.4,0.1,0.1,0.15)")
+    ap.add_argument("--max-tokens", type=int, default=128,
+                    help="tokens per run of the --acceptance traces (default 128)")
     ap.add_argument("--record", default=str(RECORD))
     ap.add_argument("--verify-arm", choices=("auto", "fixed"), default="auto")
     ap.add_argument("--seeds", type=int, default=20)
@@ -187,12 +235,30 @@ def main(argv=None):
     ap.add_argument("--spike-every", type=int, default=0, help="a stall every N rounds on average")
     ap.add_argument("--spike", type=float, default=5.0, help="the stall's factor")
     ap.add_argument("--max-block-size", type=int, default=6)
+    ap.add_argument("--offsets", type=int, default=1,
+                    help="seed s replays the traces from position s %% OFFSETS (averages out "
+                         "where the rejections fall against the rounds; 1: from the start)")
     args = ap.parse_args(argv)
-    traces = json.loads(Path(args.traces).read_text())
+    if args.acceptance:
+        try:
+            acceptance = [float(x) for x in args.acceptance.split(",")]
+        except ValueError:
+            acceptance = []
+        if not acceptance or not all(0.0 <= a <= 1.0 for a in acceptance):
+            ap.error(f"--acceptance: expected comma-separated numbers in [0, 1], "
+                     f"got {args.acceptance!r}")
+        if args.max_tokens < 2:
+            ap.error(f"--max-tokens: expected at least 2, got {args.max_tokens}")
+        traces = synthetic_traces(acceptance, args.max_tokens)
+    else:
+        traces = json.loads(Path(args.traces).read_text())
+    if not 1 <= args.offsets < traces["max_tokens"]:
+        ap.error(f"--offsets: expected 1 to {traces['max_tokens'] - 1} (the traces' tokens "
+                 f"less one), got {args.offsets}")
     costs = costs_from_record(Path(args.record), args.verify_arm)
     print(f"costs (ms): {costs}")
     result = simulate(traces, costs, args.seeds, args.sigma, max_block_size=args.max_block_size,
-                      spike_every=args.spike_every, spike=args.spike)
+                      spike_every=args.spike_every, spike=args.spike, offsets=args.offsets)
     print(table(result, args.max_block_size))
 
 

@@ -69,10 +69,89 @@ def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
     # noise-free, the chooser's rounds on a trace are what BlockChooser chooses there
     L = traces["prompts"]["random"]["L"]
     got = sim.replay(L, 128, costs, sim.Noise(0, 0.0), chooser=BlockChooser(5))
-    assert got["widths"] == {1: 1, 2: 1, 3: 1, 4: 1, 5: 2, 6: 18}
+    assert got["widths"] == {1: 1, 2: 2, 6: 21}  # widths 1 and 2, then the widest
     sim.main(["--seeds", "1"])
     out = capsys.readouterr().out
     assert "| enumeration |" in out and "auto / best fixed" in out
+
+
+class _Scripted(BlockChooser):
+    """No drafts for a stretch of 10 rounds, then one draft a round."""
+
+    def choose(self, limit=None):
+        first = self.round == 0
+        self._stretch = 10 if first else 1
+        return 0 if first else min(1, limit)
+
+
+def test_a_stretch_without_drafts_runs_at_the_plain_step_and_the_drafter_catches_up_later():
+    costs = sim.costs_from_record(sim.RECORD)
+    chooser = _Scripted(5)
+    got = sim.replay([1] * 13, 14, costs, sim.Noise(0, 0.0), chooser=chooser)
+    # 10 pipelined steps (tokens 2-11), then the drafting round's catch-up of their 10 pairs
+    # (outside its measured time), a round of one kept draft (tokens 12-13), and the last token
+    # by a round without drafts (the budget leaves no room for a draft)
+    total = (10 * costs.plain_step + costs.accept(10) + costs.round_ms(1, 1)
+             + costs.round_ms(0, 0))
+    assert got == {"tps": pytest.approx(13 / total * 1e3), "widths": {1: 11, 2: 1}}
+    assert chooser.round == 12  # every step observed
+
+
+def test_offsets_replay_each_seed_from_its_own_position():
+    traces = json.loads(sim.TRACES.read_text())
+    traces["prompts"] = {"code": traces["prompts"]["code"]}
+    costs = sim.costs_from_record(sim.RECORD)
+    got = sim.simulate(traces, costs, seeds=2, sigma=0.1, offsets=2)["code"]
+    L, n = traces["prompts"]["code"]["L"], traces["max_tokens"]
+    for b in (1, 4):
+        runs = [sim.replay(L[s:], n - s, costs, sim.Noise(1000 * s + b, 0.1), fixed=b)["tps"]
+                for s in (0, 1)]
+        assert got["fixed"][b] == pytest.approx(sum(runs) / 2)
+
+
+def test_synthetic_traces_follow_the_per_position_acceptance():
+    a = sim.synthetic_traces([0.6, 0.4, 0.1], 200, prompts=2, seed=5)
+    assert a == sim.synthetic_traces([0.6, 0.4, 0.1], 200, prompts=2, seed=5)
+    assert (a["max_tokens"], a["drafts"], list(a["prompts"])) == (200, 3, ["synthetic-0",
+                                                                           "synthetic-1"])
+    assert all(len(t["L"]) == 199 and set(t["L"]) <= {0, 1, 2, 3} for t in a["prompts"].values())
+    always = sim.synthetic_traces([1.0, 1.0, 0.0], 10, prompts=1)["prompts"]["synthetic-0"]["L"]
+    assert always == [2] * 9  # drafts 1 and 2 always kept, draft 3 never
+
+
+def test_the_accept_hook_never_gets_cheaper_with_more_pairs():
+    """The realistic-size record's two fixed arms say the hook cost less at more tokens per
+    round (noise): the model takes it flat at their median instead of a falling line."""
+    path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-01.json"
+    rows = {str(r["block_size"]): r for r in json.loads(path.read_text())["rows"]}
+    assert rows["3"]["round_ms"]["accept"] < rows["2"]["round_ms"]["accept"]
+    c = sim.costs_from_record(path)
+    assert c.accept_per_pair == 0.0
+    assert c.accept_base == pytest.approx((rows["2"]["round_ms"]["accept"]
+                                           + rows["3"]["round_ms"]["accept"]) / 2)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--offsets", "0"], "--offsets: expected 1 to 127 (the traces' tokens less one), got 0"),
+    (["--acceptance", "0.5,x"], "--acceptance: expected comma-separated numbers in [0, 1], "
+                                "got '0.5,x'"),
+    (["--acceptance", "1.5"], "--acceptance: expected comma-separated numbers in [0, 1], "
+                              "got '1.5'"),
+    (["--acceptance", "0.5", "--max-tokens", "1"], "--max-tokens: expected at least 2, got 1"),
+])
+def test_bad_arguments_name_the_flag(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        sim.main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(msg)
+
+
+def test_synthetic_run_prints_a_table(capsys):
+    path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-01.json"
+    sim.main(["--record", str(path), "--acceptance", "0.6,0.4,0.1,0.1,0.15", "--max-tokens",
+              "96", "--seeds", "1"])
+    out = capsys.readouterr().out
+    assert "| synthetic-3 |" in out and "auto / best fixed" in out
 
 
 def test_acceptance_traces_agree_with_real_runs_on_a_tiny_pair(tmp_path):

@@ -53,27 +53,49 @@ def test_acceptance_estimate_decays_and_shrinks_to_the_previous_position():
         [min(1.0, a + b) for a, b in zip([a1, a2, a2], bonus)])
 
 
-def test_first_round_measures_width_one_then_explores_upwards_optimistically():
+def test_first_rounds_measure_widths_one_and_two_then_go_straight_to_the_lines_choice():
     c = BlockChooser(5, prior=0.5, prior_weight=1.0)
     assert c.choose() == 0
     c.observe(0, 0, 0.010)
-    # width 2, the first unmeasured one, is valued at width 1's cost; wider ones wait
+    # width 1 alone measured: width 2 is valued at its cost; wider ones have no estimate yet
     assert c.costs() == [0.010, 0.010, None, None, None, None]
     assert c.choose() == 1  # 1.5 / 0.010 > 1 / 0.010
     c.observe(1, 1, 0.012)
-    # a_1 = (1 + 0.5) / 2 = 0.75; a_2 = a_1 never judged, valued at 0.75 + 0.4 / sqrt(1), at most
-    # 1: E(2) / 0.012 = 2.5 / 0.012 = 208 beats E(1) / 0.012 = 146 and 1 / 0.010 = 100
+    # a_1 = (1 + 0.5) / 2 = 0.75; a_2.. = a_1 never judged, valued at 0.75 + 0.4 / sqrt(1), at
+    # most 1; the unmeasured widths on the line through widths 1 and 2 (2 ms a width)
     assert c.optimistic_acceptance() == [0.75, 1.0, 1.0, 1.0, 1.0]
-    assert c.costs() == [0.010, 0.012, 0.012, None, None, None]
-    assert c.choose() == 2
-    assert c.choose(limit=1) == 1  # the token budget bounds it
-    c.observe(2, 0, 0.030)  # a dear width 3 that kept nothing
-    # width 3, the widest measured, pooled with the line through widths 1 and 2 (0.014 at 3),
-    # worth 2 samples: (0.030 + 2 x 0.014) / 3 = 0.01933; width 4 waits at that bound
-    assert c.costs() == pytest.approx([0.010, 0.012, 0.058 / 3, 0.058 / 3, None, None])
-    # a_1 = (0.9 + 0.5) / (1.9 + 1) = 0.4828 (draft 2 unjudged: a_2 = a_1 + 0.4 = 0.8828):
-    # E(1) / 0.012 = 124 beats E(3) / 0.01933 = 2.285 / 0.01933 = 118 and 1 / 0.010 = 100
-    assert c.choose() == 1
+    assert c.costs() == pytest.approx([0.010, 0.012, 0.014, 0.016, 0.018, 0.020])
+    # E(k) = 1 + 0.75 k per cost: 100, 145.8, 178.6, 203.1, 222.2, 237.5 per second: width 6
+    # at once (no climb through widths 3-5)
+    assert c.choose() == 5
+    assert c.choose(limit=2) == 2  # the token budget bounds it
+    c.observe(5, 0, 0.030)  # a dear width 6 that kept nothing
+    # width 6, the widest measured, pooled with the line through widths 1 and 2 (0.020 at 6),
+    # worth 2 samples: (0.030 + 2 x 0.020) / 3 = 0.02333; widths 3-5 on the line from 2 to 6
+    w6 = 0.070 / 3
+    step = (w6 - 0.012) / 4
+    assert c.pooled() == pytest.approx({1: 0.010, 2: 0.012, 6: w6})
+    assert c.costs() == pytest.approx([0.010, 0.012, 0.012 + step, 0.012 + 2 * step,
+                                       0.012 + 3 * step, w6])
+    # a_1 = (0.9 + 0.5) / (1.9 + 1) = 0.4828, deeper a_1 + 0.4 = 0.8828: per second 100, 123.6,
+    # 128.7, 129.3 (width 4), 127.7, 124.7. Width 5, unmeasured just above that choice with
+    # width 6 measured, is valued at most at the dearest measured narrower width's cost (width
+    # 2's, 0.012): E(4) / 0.012 = 2.617 / 0.012 = 218: width 5 is tried
+    assert c.optimistic_acceptance() == pytest.approx([1.4 / 2.9] + [1.4 / 2.9 + 0.4] * 4)
+    assert c.costs([5])[4] == 0.012
+    assert c.choose() == 4
+
+
+def test_line_estimates_an_unmeasured_width_from_the_measured_ones():
+    line = BlockChooser.line
+    assert line(2, {1: 0.010}) == 0.010  # the first drafting round is always a candidate
+    assert line(3, {1: 0.010}) is None
+    assert line(4, {1: 0.010, 2: 0.012, 6: 0.030}) == pytest.approx(0.021)  # between 2 and 6
+    assert line(5, {1: 0.010, 2: 0.012, 3: 0.013}) == pytest.approx(0.015)  # the two widest
+    # above the widest, never cheaper than it (a noisy pair of samples can slope down: the line
+    # through 2 and 3 says 0.012 at 4)
+    assert line(4, {1: 0.010, 2: 0.016, 3: 0.014}) == 0.014
+    assert line(1, {2: 0.012}) is None  # nothing measured below
 
 
 def simulate(chooser, acceptance, cost, rounds, cost_of=None):
@@ -94,12 +116,15 @@ def test_it_settles_on_the_best_width_of_a_measured_device():
     # every draft kept; cost grows 2 ms a width: the arithmetic wants the widest block
     cost = [0.010 + 0.002 * w for w in range(6)]
     choices = simulate(BlockChooser(5), [1] * 5, cost, 40)
-    assert choices[:6] == [0, 1, 2, 3, 4, 5]  # explored upwards while every step paid
-    assert choices[-20:] == [5] * 20
-    # a verify that gets dear past width 3 (BLIS-like): block 3 wins once measured
+    assert choices == [0, 1] + [5] * 38  # widths 1 and 2, then the line's choice, the widest
+    # a verify that gets dear past width 3 (BLIS-like): block 3 wins once measured. The line
+    # through widths 1 and 2 says width 6 (twice: its first sample pooled with that line looks
+    # cheap); the line between widths 2 and 6 then overprices width 3, the unmeasured width just
+    # above the choice (width 2), which is valued at width 2's cost, tried, and kept
     steep = [0.010, 0.012, 0.013, 0.040, 0.045, 0.050]
     choices = simulate(BlockChooser(5), [1] * 5, steep, 40)
-    assert choices[-20:] == [2] * 20
+    assert choices[:6] == [0, 1, 5, 5, 2, 3]  # width 4 likewise, once
+    assert choices[6:] == [2] * 34
     assert best_drafts([0.99] * 5, steep) == 2
 
 
@@ -107,31 +132,42 @@ def test_undraftable_text_drafts_rarely():
     c = BlockChooser(5, probe_every=32)
     cost = [0.010 + 0.005 * w for w in range(6)]
     choices = simulate(c, [0] * 5, cost, 400)
-    # The start: width 1, then width 2 (optimistic at width 1's cost; rejected, a_1 = 2.1 / 4),
-    # then width 3 at width 2's cost: a_2 = a_1, never judged, valued at a_1 + 0.4 / sqrt(1):
-    # E(2) = 1 + 0.525 + 0.525 * 0.925 = 2.01 beats E(1) = 1.525. Rejected: a_1 = 2.1 / 4.9
-    # = 0.429 (the old count x 0.9, plus one), and width 4 at width 3's cost 0.020:
-    # E(3) = 1 + 0.429 + 0.429 * 0.829 + 0.429 * 0.829^2 = 2.078, 103.9 / s beats 100 / s.
-    assert choices[:4] == [0, 1, 2, 3]
-    # Afterwards a_1 = 2.1 / 5.71 = 0.37 and no block can pay: no drafts, except one probe of one
-    # draft after 4, 8, 16, then every 32 rounds without (each rejected probe doubles the wait).
+    # The start: width 1, then width 2 (at width 1's cost; rejected, a_1 = 2.1 / 4 = 0.525). The
+    # line through widths 1 and 2 (5 ms a width) and deeper drafts valued at a_1 + 0.4 / sqrt(1)
+    # = 0.925: E(1) / 0.015 = 101.7 a second beats E(2) / 0.020 = 2.011 / 0.020 = 100.5 and no
+    # drafts' 100: width 2 again. Rejected: a_1 = 2.1 / 4.9 = 0.429, E(1) / 0.015 = 95.2.
+    assert choices[:4] == [0, 1, 1, 0]
+    # Afterwards no block can pay: no drafts, except one probe of one draft after 4, 8, 16, then
+    # every 32 rounds without (each probe that does not bring drafting back doubles the wait).
     drafting = [i for i, k in enumerate(choices) if k]
-    assert drafting == [1, 2, 3, 8, 17, 34] + list(range(67, 400, 33))
-    assert all(choices[i] == 1 for i in drafting[3:])
+    assert drafting == [1, 2, 7, 16, 33] + list(range(66, 400, 33))
+    assert all(choices[i] == 1 for i in drafting)
 
 
 def test_an_early_rejection_is_rechecked_soon():
-    """The first draft of a run is rejected, and width 2 looks dear (2.1x width 1): the probe
-    after 4 rounds is kept, and then the climb to the widest block."""
-    cost = [0.010, 0.021, 0.020, 0.021, 0.023, 0.025]
+    """The first draft of a run is rejected and width 2 costs 1.6x width 1: no drafts pay, but
+    the probe after 4 rounds is kept, and the block goes straight to the widest."""
+    cost = [0.010, 0.016, 0.018, 0.020, 0.022, 0.024]
     c, choices, drafted = BlockChooser(5), [], 0
     for _ in range(40):
         k = c.choose()
         c.observe(k, 0 if (k and not drafted) else k, cost[k])
         drafted += k > 0
         choices.append(k)
-    assert choices[:11] == [0, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5]
-    assert choices[11:] == [5] * 29
+    # after the kept probe a_1 = (1 + 2.1) / (1.9 + 3) = 0.633 and deeper drafts, never judged,
+    # are valued at 1: E(5) / 0.040 (the line through widths 1 and 2) = 4.16 / 0.040 = 104.1 a
+    # second beats E(1) / 0.016 = 102.0 and no drafts' 100
+    assert choices == [0, 1, 0, 0, 0, 0, 1] + [5] * 33
+
+
+def test_a_kept_probe_that_does_not_bring_drafting_back_backs_off():
+    """Drafts that are kept but never pay (width 2 costs 2x width 1, wider widths more): the
+    probes are kept, yet each doubles the wait for the next as a rejected one does."""
+    cost = [0.010 + 0.010 * w for w in range(6)]
+    choices = simulate(BlockChooser(5, prior=0.5), [1, 0, 0, 0, 0], cost, 200)
+    drafting = [i for i, k in enumerate(choices) if k]
+    assert drafting == [1, 6, 15, 32, 65, 98, 131, 164, 197]
+    assert all(choices[i] == 1 for i in drafting)
 
 
 def test_a_stale_outlier_measurement_is_measured_again():
@@ -216,17 +252,20 @@ def replay_trace(chooser, L, n=128):
     return choices
 
 
-def test_on_recorded_traces_it_climbs_to_the_widest_block_and_stays():
+def test_on_recorded_traces_it_goes_to_the_widest_block_and_stays():
     traces = json.loads(TRACES.read_text())["prompts"]
-    # enumeration opens with a list whose odd positions reject every draft: two drafts there
-    # land on them, and without optimism about the deeper positions (never judged again) the
-    # block stayed at width 3 for rounds; the record's best fixed block there is the widest
+    # enumeration opens with a list whose odd positions reject every draft: the second round (one
+    # draft) lands on one, the third drafts 3, then the widest block. Without optimism about the
+    # deeper positions (never judged again once rejected early) the block stays narrow for
+    # rounds; the record's best fixed block there is the widest
     got = replay_trace(BlockChooser(5), traces["enumeration"]["L"])
-    assert "".join(map(str, got)) == "0123455555555555555555552"  # the last cut by the budget
+    assert "".join(map(str, got)) == "013555555555555555555552"  # the last cut by the budget
     stuck = replay_trace(BlockChooser(5, optimism=0.0), traces["enumeration"]["L"])
-    assert "".join(map(str, stuck)) == "0123425222222222222555555555555552"
+    assert "".join(map(str, stuck)) == "01112432422222222222455555555555550"
     got = replay_trace(BlockChooser(5), traces["prose"]["L"])
-    assert "".join(map(str, got)) == "01234555555555555555555555555555"
+    assert "".join(map(str, got)) == "015555453555555555555555555555555"
+    got = replay_trace(BlockChooser(5), traces["random"]["L"])
+    assert "".join(map(str, got)) == "015555555555555555555551"
 
 
 def test_a_choice_without_drafts_commits_to_the_rounds_before_the_next_probe():
