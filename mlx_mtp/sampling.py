@@ -293,9 +293,11 @@ def draw_rows(weights: mx.array, u: mx.array) -> mx.array:
     float32 resolution: a column below ~1e-7 of the row's mass can be lost to rounding by either.
     """
     c = mx.cumsum(weights, axis=-1)
-    below = (c <= u[:, None] * c[:, -1:]).sum(axis=-1).astype(mx.uint32)
-    # u * total can round up to the total: then the last column with mass, not one past it.
-    return mx.minimum(below, mx.argmax(c, axis=-1).astype(mx.uint32))
+    total = c[:, -1:]
+    # u * total can round up to the total, which no column exceeds: keep it below by an ulp or
+    # two (u itself is at most 1 - 2^-23, so no draw moves).
+    x = mx.minimum(u[:, None] * total, total * (1.0 - 2.0**-23))
+    return (c <= x).sum(axis=-1).astype(mx.uint32)
 
 
 def prefix_weights(p_d: mx.array, q_d: mx.array) -> mx.array:
