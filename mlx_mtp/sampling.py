@@ -294,8 +294,9 @@ def draw_rows(weights: mx.array, u: mx.array) -> mx.array:
     """
     c = mx.cumsum(weights, axis=-1)
     total = c[:, -1:]
-    # u * total can round up to the total, which no column exceeds: keep it below by an ulp or
-    # two (u itself is at most 1 - 2^-23, so no draw moves).
+    # u * total can round up to the total, which no column exceeds: keep it an ulp or two below
+    # (this moves only u above 1 - 2^-23, and only off a last column lighter than 2^-23 of the
+    # row: the float32 resolution the docstring allows).
     x = mx.minimum(u[:, None] * total, total * (1.0 - 2.0**-23))
     return (c <= x).sum(axis=-1).astype(mx.uint32)
 
