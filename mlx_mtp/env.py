@@ -7,11 +7,14 @@ import os
 from .errors import MTPError
 
 
-def flag(name: str, environ=None) -> bool:
-    """``name`` unset, empty or ``0``: False; ``1``: True; anything else: one-line MTPError."""
+def flag(name: str, environ=None, default: bool = False) -> bool:
+    """``name`` unset or empty: ``default``; ``0``: False; ``1``: True; anything else: one-line
+    MTPError."""
     environ = os.environ if environ is None else environ
     value = environ.get(name, "").strip()
-    if value in ("", "0"):
+    if value == "":
+        return default
+    if value == "0":
         return False
     if value == "1":
         return True

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from . import env
+from . import env, row_exact
 from .exactness import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
 from .gpu_generation import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
                              current_device_facts, narrow_kernel_architecture)
@@ -111,7 +111,21 @@ def apply(model, block_size: int, stats, kv=None) -> GateDecision:
     stats.mtp_enabled = decision.mtp_enabled
     stats.gate_reason = decision.reason
     stats.exactness = decision.to_dict()
+    if decision.mtp_enabled and not decision.override and hasattr(model, "mlx_model"):
+        # How the probed verify stays exact: which layers compute rows how (mlx_mtp.row_exact).
+        stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
     return decision
+
+
+def row_exact_summary(exactness: dict) -> Optional[str]:
+    """One cell for the CLI's stats table: the row-exact layers by method, and the kernel."""
+    info = exactness.get("row_exact")
+    if not info:
+        return None
+    layers = info["layers"]
+    text = (f"{sum(layers.values())} ("
+            + ", ".join(f"{m} {n}" for m, n in sorted(layers.items())) + ")") if layers else "none"
+    return f"{text}; row kernel {info['kernel']}"
 
 
 def summary(exactness: dict) -> str:
@@ -138,4 +152,8 @@ def table_rows(result: dict) -> list:
         mtp = "off (declined by the exactness gate: mlx-lm plain decode)"
     else:
         mtp = f"off ({result['gate_reason']})"
-    return [("mtp", mtp), ("exactness probe", summary(exactness))]
+    rows = [("mtp", mtp), ("exactness probe", summary(exactness))]
+    layers = row_exact_summary(exactness)
+    if layers is not None:
+        rows.append(("row-exact layers", layers))
+    return rows

@@ -11,7 +11,16 @@ for every verify width the session may use, on the layer's own weights and kerne
 not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time, which
 is exactly what decode does. Everything else keeps the fast multi-row path.
 
-How the rows are computed one at a time (``one_row_products``): a float matrix is split into
+How a switched float32 layer (no bias) computes its rows, first choice first:
+
+- ``kernel_products``: the compiled row kernel (``mlx_mtp.row_kernel``), which reproduces BLIS's
+  one-row reduction order for all T rows while it streams the weights once (the last N % 8 output
+  columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
+  ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
+  weights, for every width 2..max_width.
+- ``one_row_products`` (below), else separate one-row calls (quantized layers too).
+
+``one_row_products``: a float matrix is split into
 column blocks of at most ``BLOCK_BYTES`` and the T rows times every block are one batched matmul
 whose batch entries are one-row products (MLX runs a batched matmul as one BLAS call per batch
 entry, here each with M = 1, the call decode makes), rows varying fastest. So each block of
@@ -31,7 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import cpu_blas
+from . import cpu_blas, row_kernel
 
 _active = 0
 
@@ -56,10 +65,13 @@ BLOCK_BYTES = 1024 * 1024  # most bytes of weights one column block keeps in cac
 class _RowExact:
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
+    use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
 
     def __call__(self, x):
         call = super().__call__
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
+            if self.use_kernel and x.dtype == mx.float32:
+                return kernel_products(self, x)
             if self.block_cols:
                 return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
@@ -71,10 +83,13 @@ class _RowExactEmbedding:
 
     exact_from: int = 2
     block_cols: int = 0
+    use_kernel: bool = False
 
     def as_linear(self, x):
         call = super().as_linear
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
+            if self.use_kernel and x.dtype == mx.float32:
+                return kernel_products(self, x)
             if self.block_cols:
                 return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
@@ -107,6 +122,55 @@ def one_row_products(x: mx.array, weight: mx.array, block_cols: int) -> mx.array
         parts.append((rows[:, None, :] @ mx.broadcast_to(rest, (n,) + rest.shape)).reshape(n, -1))
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
     return out.reshape(*lead, T, N)
+
+
+def kernel_products(layer, x: mx.array) -> mx.array:
+    """``x @ layer.weight.T`` with the compiled kernel (``row_kernel``) for the output columns
+    in whole groups of 8 and BLAS one-row products for the last N % 8 (which BLIS reduces with
+    another kernel; a one-row call on those rows alone reduces them as the whole matrix does).
+    The weight's zero-copy host view is made once and kept on the layer."""
+    weight = layer.weight
+    cached = layer.__dict__.get("_kernel_view")
+    if cached is None or cached[0] != id(weight):
+        cached = (id(weight), row_kernel.weight_view(weight))
+        layer.__dict__["_kernel_view"] = cached  # a plain attribute, not a module parameter
+    N = weight.shape[0]
+    main = N - N % row_kernel.COLUMN_GROUP
+    out = row_kernel.products(x, cached[1], main, kernel_threads()) if main else None
+    if main < N:
+        rest = one_row_products(x, weight[main:], N - main)
+        out = rest if out is None else mx.concatenate([out, rest], axis=-1)
+    return out
+
+
+def kernel_threads() -> int:
+    """The kernel's threads: the round's BLAS thread count (``MLX_MTP_VERIFY_THREADS``, default
+    1; 0 = the bound library's count). Each output is computed by one thread, so the bytes do not
+    depend on it. More than one thread measured much slower on a busy 2-core machine (threads
+    waiting for descheduled ones); not yet measured idle."""
+    n = cpu_blas.verify_thread_count()
+    return n if n else (cpu_blas.STATE.threads or 1)
+
+
+def kernel_equal_rows(fn, layer, max_width: int) -> bool:
+    """Whether ``kernel_products`` equals ``fn`` (the layer's own one-row call) row for row,
+    bitwise, for every width 2..max_width, on the layer's own weights."""
+    K = layer.weight.shape[1]
+    try:
+        row_kernel.weight_view(layer.weight)
+    except ValueError:  # a strided view (not [N, K] row-major in memory): not for the kernel
+        return False
+    x = mx.random.normal((1, max_width, K), key=mx.random.key(2468))
+    rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
+    mx.eval(rows)
+    for T in range(2, max_width + 1):
+        with cpu_blas.verify_threads():  # as the round loop verifies (the last N % 8 columns)
+            block = kernel_products(layer, x[:, :T, :])
+            mx.eval(block)
+        for i in range(T):
+            if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
+                return False
+    return True
 
 
 def block_columns(weight: mx.array) -> int:
@@ -246,20 +310,45 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             dtype = layer.scales.dtype if quantized else layer.weight.dtype
             fn = layer.as_linear if embedding else layer
             width = first_divergent_width(fn, max_width, in_dims, dtype)
-            cols = 0
-            if width and not quantized and "bias" not in layer:
+            cols, kernel = 0, False
+            if width and dtype == mx.float32 and not quantized and "bias" not in layer \
+                    and row_kernel.available():
+                kernel = kernel_equal_rows(fn, layer, max_width)
+            if width and not kernel and not quantized and "bias" not in layer:
                 cols = block_columns(layer.weight)
                 if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                     cols = layer.weight.shape[0]  # one block: the one-row calls themselves
                     if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                         cols = 0
-            measured[sig] = (width, cols)
-        width, cols = measured[sig]
+            measured[sig] = (width, cols, kernel)
+        width, cols, kernel = measured[sig]
         if width:
             layer.__class__ = _SWAP[base]
             layer.exact_from = width
             layer.block_cols = cols
+            layer.use_kernel = kernel
             switched[path] = width
         elif type(layer) is not base:
             layer.__class__ = base
     return switched
+
+
+def method(layer) -> str:
+    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``blocked``
+    (``one_row_products`` over column blocks or the whole matrix), ``rows`` (separate one-row
+    calls), or ``multi-row`` (not switched: the layer's own multi-row product)."""
+    if not isinstance(layer, (_RowExact, _RowExactEmbedding)):
+        return "multi-row"
+    return "kernel" if layer.use_kernel else "blocked" if layer.block_cols else "rows"
+
+
+def report(model: nn.Module) -> Dict[str, object]:
+    """The switched layers of ``model`` counted by ``method``, and whether the kernel is
+    available (why not, when it is not): for the run's stats."""
+    counts: Dict[str, int] = {}
+    for _, layer in model.named_modules():
+        m = method(layer)
+        if m != "multi-row":
+            counts[m] = counts.get(m, 0) + 1
+    return {"layers": counts, "kernel": "available" if row_kernel.available()
+            else f"unavailable ({row_kernel.reason()})"}

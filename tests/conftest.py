@@ -43,6 +43,25 @@ def tied_dir(ckpt_root):
 
 
 @pytest.fixture(scope="session")
+def wide_dir(ckpt_root):
+    """Projections with inputs wider than 512 (hidden 576, MLP 1152), where BLIS reduces a
+    multi-row product differently from a one-row one: the row-exact layers (and, where it
+    builds, the compiled row kernel) are what keeps its verify exact."""
+    return tc.write_raw_hf(ckpt_root / "wide", seed=40, hidden=576)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def row_kernel_cache(tmp_path_factory):
+    """The compiled row kernel (mlx_mtp.row_kernel) builds into a fresh cache folder, so no
+    test depends on what ~/.cache holds; fresh interpreters (CLI tests) inherit it."""
+    from mlx_mtp import row_kernel
+
+    os.environ[row_kernel.CACHE_ENV] = str(tmp_path_factory.mktemp("mlx_mtp_cache"))
+    row_kernel.reset()
+    return Path(os.environ[row_kernel.CACHE_ENV])
+
+
+@pytest.fixture(scope="session")
 def next_dir(ckpt_root):
     return tc.write_raw_hf_qwen3_next(ckpt_root / "qwen3_next", seed=30)
 

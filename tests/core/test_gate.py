@@ -277,6 +277,14 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     assert any(line.split() == ["mtp", "on"] for line in table)
     assert any(line.split() == ["exactness", "probe", "equal", "(width", "2,", "3)"]
                for line in table)
+    # How the verify stays exact: the row-exact layers by method, and the row kernel.
+    from mlx_mtp import row_kernel
+
+    info = result["exactness"]["row_exact"]
+    kernel = "available" if row_kernel.available() else f"unavailable ({row_kernel.reason()})"
+    assert info["kernel"] == kernel and set(info["layers"]) <= {"kernel", "blocked", "rows"}
+    row = next(line for line in table if line.startswith("row-exact layers"))
+    assert row.rstrip().endswith(f"; row kernel {kernel}")
     rc, out, _ = _cli_in_process(args + ["--block-size", "1", "--json"], capsys)
     assert json.loads(out)["exactness"]["verdict"] == "not_needed"
     rc, out, _ = _cli_in_process(args + ["--no-mtp", "--json"], capsys)

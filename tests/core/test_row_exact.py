@@ -2,9 +2,20 @@
 
 import mlx.core as mx
 import mlx.nn as nn
+import pytest
 
 import mlx_mtp
-from mlx_mtp import cpu_blas, row_exact
+from mlx_mtp import cpu_blas, row_exact, row_kernel
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """The compiled row kernel switched off (MLX_MTP_ROW_KERNEL=0): today's fallbacks."""
+    monkeypatch.setenv(row_kernel.ENV, "0")
+    row_kernel.reset()
+    yield
+    monkeypatch.delenv(row_kernel.ENV)
+    row_kernel.reset()
 
 
 def bitwise(a, b):
@@ -82,7 +93,7 @@ def test_block_columns_keeps_a_block_within_block_bytes():
     assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # narrower than a block: whole
 
 
-def test_install_uses_blocked_one_row_products_for_float_layers():
+def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel):
     layer = nn.Linear(1024, 8192, bias=False)
     mx.eval(layer.parameters())
     calls = []
@@ -144,7 +155,7 @@ def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeyp
     assert bool(calls) == bool(target.row_exact_layers)
 
 
-def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch):
+def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch, no_kernel):
     """Column blocks 7 wide: BLIS reduces a one-row product narrower than its 8-column kernel
     differently, so the blocked formulation differs there and install must not use it."""
     layer = nn.Linear(1024, 640, bias=False)

@@ -1,0 +1,148 @@
+/* Multi-row products in the order of BLIS's one-row product (x86-64, AVX2 + FMA).
+
+   y[t, n] = x[t, :] . w[n, :] for t < T, n < N (N a multiple of 8: the columns that BLIS
+   reduces with its 8-column kernel), w row-major [N, K] as nn.Linear stores
+   it. Each output is reduced exactly as BLIS 0.9's one-row product (sgemm with M = 1) reduces it
+   on AVX2 (measured bitwise, see mlx_mtp/row_kernel.py):
+     - 8 lanes, lane j summing k = j mod 8 over the first K - K % 8 inputs, each lane a sequential
+       fused multiply-add in k order;
+     - the lanes added pairwise: ((0+1)+(2+3))+((4+5)+(6+7));
+     - then the last K % 8 products added one by one, each rounded (a multiply, then an add).
+   Build with -ffp-contract=off so the compiler fuses nothing else (and no -ffast-math).
+
+   Speed: the T rows' accumulators are kept in registers for 2-8 columns at a time while the
+   columns' weights stream once, so a T-row product reads the weights about once, like the
+   one-row product decode makes. T > 6 rows are split into groups of at most 6 that share
+   a column block of weights while it is in cache. Threads, when asked for, split the output
+   columns. */
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stddef.h>
+
+#define ROW_DOT_ABI 2
+
+int row_dot_abi(void) { return ROW_DOT_ABI; }
+
+static inline float lane_sum(__m256 a) {
+    __m256 h = _mm256_hadd_ps(a, a); /* 0+1, 2+3, ., . | 4+5, 6+7, ., . */
+    h = _mm256_hadd_ps(h, h);        /* (0+1)+(2+3)    | (4+5)+(6+7) */
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+/* R rows x C columns (compile-time): rows x[0..R), columns w[0..C) (each K long). R x C
+   accumulators stay in registers (at most 12 of the 16 ymm); more columns at once keep more
+   weight streams in flight, which the memory system needs to reach its bandwidth. */
+#define ROWS_KERNEL(R, C)                                                                       \
+static void rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const float *w, float *y,     \
+                     ptrdiff_t ldy) {                                                           \
+    __m256 a[R][C];                                                                             \
+    _Pragma("GCC unroll 8") for (int t = 0; t < R; t++)                                        \
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) a[t][c] = _mm256_setzero_ps();     \
+    const ptrdiff_t K8 = K - K % 8;                                                             \
+    for (ptrdiff_t k = 0; k < K8; k += 8) {                                                     \
+        __m256 v[C];                                                                            \
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) v[c] = _mm256_loadu_ps(w + c * K + k); \
+        _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                  \
+            const __m256 u = _mm256_loadu_ps(x + t * ldx + k);                                  \
+            _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                \
+                a[t][c] = _mm256_fmadd_ps(u, v[c], a[t][c]);                                    \
+        }                                                                                       \
+    }                                                                                           \
+    _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                      \
+        const float *xt = x + t * ldx;                                                          \
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {                                  \
+            float s = lane_sum(a[t][c]);                                                        \
+            const float *wc = w + c * K;                                                        \
+            for (ptrdiff_t k = K8; k < K; k++) s += xt[k] * wc[k];                              \
+            y[t * ldy + c] = s;                                                                 \
+        }                                                                                       \
+    }                                                                                           \
+}
+
+/* Columns per call by rows, measured on a 2-core AMD EPYC (AVX2): 8 / 4 / 4 / 2 / 2 / 2. */
+ROWS_KERNEL(1, 8)
+ROWS_KERNEL(2, 4)
+ROWS_KERNEL(3, 4)
+ROWS_KERNEL(4, 2)
+ROWS_KERNEL(5, 2)
+ROWS_KERNEL(6, 2)
+
+typedef void (*rows_fn)(const float *, ptrdiff_t, ptrdiff_t, const float *, float *, ptrdiff_t);
+static const rows_fn ROWS[7] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6};
+static const int COLS[7] = {0, 8, 4, 4, 2, 2, 2};
+
+#define MAX_ROWS 6
+#define BLOCK_BYTES (256 * 1024) /* a column block of weights shared by row groups (an L2) */
+
+/* Columns [n_begin, n_end) of y = x w^T, single-threaded. */
+static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
+                    ptrdiff_t n_begin, ptrdiff_t n_end, float *y, ptrdiff_t ldy) {
+    const ptrdiff_t groups = (T + MAX_ROWS - 1) / MAX_ROWS;
+    ptrdiff_t block = n_end - n_begin;
+    if (groups > 1) {
+        block = BLOCK_BYTES / (K * (ptrdiff_t)sizeof(float) + 1);
+        block = block < 8 ? 8 : block - block % 8;
+    }
+    for (ptrdiff_t n0 = n_begin; n0 < n_end; n0 += block) {
+        const ptrdiff_t n1 = n0 + block < n_end ? n0 + block : n_end;
+        ptrdiff_t t0 = 0;
+        for (ptrdiff_t g = 0; g < groups; g++) {
+            const ptrdiff_t rows = (T - t0) / (groups - g); /* balanced groups, <= MAX_ROWS */
+            const rows_fn f = ROWS[rows];
+            for (ptrdiff_t n = n0; n < n1; n += COLS[rows])
+                f(x + t0 * ldx, ldx, K, w + n * K, y + t0 * ldy + n, ldy);
+            t0 += rows;
+        }
+    }
+}
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    ptrdiff_t T, ldx, K, n_begin, n_end, ldy;
+} job_t;
+
+static void *run_job(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    columns(j->x, j->T, j->ldx, j->K, j->w, j->n_begin, j->n_end, j->y, j->ldy);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+#define MIN_THREAD_FLOATS (256 * 1024) /* weights per thread below which a thread costs more */
+
+/* x [T, K] (row stride ldx), w [N, K] contiguous, y [T, ldy]: columns [0, N) written, split
+   over up to `threads` threads by output columns (each output is computed by one thread, so
+   the bytes do not depend on the thread count). Returns 0, or -1 when N is not a multiple
+   of 8. */
+int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
+                ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
+    if (N % 8 || T < 0 || K < 0) return -1;
+    ptrdiff_t most = (N * K) / MIN_THREAD_FLOATS;
+    if (threads > most) threads = (int)most;
+    if (threads > N / 8) threads = (int)(N / 8);
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads <= 1) {
+        columns(x, T, ldx, K, w, 0, N, y, ldy);
+        return 0;
+    }
+    job_t jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    const ptrdiff_t groups8 = N / 8;
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (job_t){x, w, y, T, ldx, K, 8 * (groups8 * i / threads),
+                          8 * (groups8 * (i + 1) / threads), ldy};
+    }
+    for (int i = 1; i < threads; i++)
+        started[i] = pthread_create(&ids[i], NULL, run_job, &jobs[i]) == 0;
+    run_job(&jobs[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(ids[i], NULL);
+        else
+            run_job(&jobs[i]); /* no thread: this one computes its columns */
+    }
+    return 0;
+}

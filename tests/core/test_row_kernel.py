@@ -1,0 +1,253 @@
+"""The compiled row kernel (mlx_mtp.row_kernel): T-row products bitwise equal to BLIS's one-row
+products, how row_exact.install picks it, and its fallbacks when it cannot be built."""
+
+import os
+import stat
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlx_mtp import MTPError, cpu_blas, row_exact, row_kernel
+
+BLIS = cpu_blas.STATE.name == "BLIS"
+
+
+def bitwise(a, b):
+    return a.shape == b.shape and bytes(memoryview(a)) == bytes(memoryview(b))
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """The kernel forgotten and its cache an empty folder; restored afterwards."""
+    monkeypatch.setenv(row_kernel.CACHE_ENV, str(tmp_path / "cache"))
+    row_kernel.reset()
+    yield tmp_path / "cache"
+    row_kernel.reset()
+
+
+def needs_kernel():
+    problem = row_kernel._cpu_problem()
+    if problem:  # not x86-64 Linux with AVX2 + FMA: the kernel cannot exist here
+        pytest.skip(problem)
+    if not row_kernel.available():
+        pytest.fail(f"row kernel unavailable on this x86-64 CI box: {row_kernel.reason()}")
+
+
+def test_the_kernel_builds_here_into_the_cache_folder(fresh):
+    """CI and this machine are x86-64 Linux with AVX2, FMA and gcc: the kernel must build, into
+    the cache folder, under a name keyed by source, compiler and flags, leaving no temp file."""
+    needs_kernel()
+    assert row_kernel.available(), row_kernel.reason()
+    assert row_kernel.reason() == ""
+    files = os.listdir(fresh)
+    assert len(files) == 1 and files[0].startswith("row_dot-") and files[0].endswith(".so"), files
+
+
+def test_a_cached_library_is_loaded_without_compiling(fresh, monkeypatch):
+    needs_kernel()
+    row_kernel.reset()
+    import subprocess
+
+    def no_compiler(*a, **kw):
+        raise AssertionError("compiled again although the cache holds the library")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert row_kernel.available(), row_kernel.reason()
+
+
+@pytest.mark.parametrize("K", [520, 1024, 3072, 1027])
+@pytest.mark.parametrize("N", [8, 64, 1000, 1003])
+def test_kernel_products_equal_one_row_products_bitwise(K, N):
+    """x[T, K] @ W[N, K].T through the kernel (and BLAS one-row products for the last N % 8
+    columns) equals T one-row matmuls byte for byte with BLIS, for T = 2..8; K % 8 != 0
+    included. With another BLAS the order differs and install must not pick the kernel."""
+    needs_kernel()
+    W = mx.random.normal((N, K), key=mx.random.key(K * 7 + N))
+    x = mx.random.normal((1, 8, K), key=mx.random.key(N))
+    layer = nn.Linear(K, N, bias=False)
+    layer.weight = W
+    rows = [x[:, i : i + 1] @ W.T for i in range(8)]
+    mx.eval(rows)
+    for T in (2, 3, 4, 6, 7, 8):
+        got = row_exact.kernel_products(layer, x[:, :T])
+        mx.eval(got)
+        assert got.shape == (1, T, N)
+        same = all(bitwise(got[:, i : i + 1], rows[i]) for i in range(T))
+        if BLIS:
+            assert same, (K, N, T)
+    if not BLIS:
+        assert row_exact.kernel_equal_rows(layer, layer, 4) == same
+
+
+def test_the_vocabulary_sized_product_is_exact():
+    """A realistic LM head (32768 x 1024) with 3 rows, as a verify of 3 tokens multiplies it."""
+    needs_kernel()
+    W = mx.random.normal((32768, 1024), key=mx.random.key(11))
+    x = mx.random.normal((1, 3, 1024), key=mx.random.key(12))
+    got = row_kernel.products(x, row_kernel.weight_view(W), 32768)
+    rows = [x[:, i : i + 1] @ W.T for i in range(3)]
+    mx.eval(got, rows)
+    if BLIS:
+        assert all(bitwise(got[:, i : i + 1], rows[i]) for i in range(3))
+
+
+def test_weight_view_is_zero_copy_and_checked():
+    w = mx.random.normal((16, 24), key=mx.random.key(3))
+    a, b = row_kernel.weight_view(w), row_kernel.weight_view(w)
+    assert a.ctypes.data == b.ctypes.data  # two views of one MLX buffer, not two copies
+    assert a.tobytes() == bytes(memoryview(w))
+    with pytest.raises(ValueError, match=r"row kernel: needs a contiguous float32 \[N, K\] weight"):
+        row_kernel.weight_view(w.T)
+    with pytest.raises(ValueError, match=r"row kernel: 12 columns of a \(16, 24\) weight"):
+        row_kernel.products(mx.zeros((2, 24)), a, 12)
+
+
+def test_install_picks_the_kernel_for_a_wide_layer(monkeypatch):
+    needs_kernel()
+    layer = nn.Linear(1024, 640, bias=False)
+    mx.eval(layer.parameters())
+    switched = row_exact.install(layer, 4)
+    if not BLIS:  # another BLAS: no divergence to fix, or the kernel's order is not its order
+        assert not switched or row_exact.method(layer) != "kernel"
+        return
+    assert switched == {"": 2}
+    assert row_exact.method(layer) == "kernel" and layer.use_kernel and layer.block_cols == 0
+    calls = []
+    original = row_kernel.products
+    monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
+    x = mx.random.normal((1, 4, 1024), key=mx.random.key(9))
+    with row_exact.verifying():
+        block = layer(x)
+    rows = [layer(x[:, i : i + 1]) for i in range(4)]
+    mx.eval(block, rows)
+    assert calls == [640]
+    assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(4))
+    assert row_exact.report(layer) == {"layers": {"kernel": 1}, "kernel": "available"}
+
+
+def test_switched_off_by_the_environment(fresh, monkeypatch):
+    monkeypatch.setenv(row_kernel.ENV, "0")
+    assert not row_kernel.available()
+    assert row_kernel.reason() == "MLX_MTP_ROW_KERNEL=0"
+    layer = nn.Linear(1024, 640, bias=False)
+    mx.eval(layer.parameters())
+    if row_exact.install(layer, 3):
+        assert row_exact.method(layer) == "blocked"
+        assert row_exact.report(layer) == {
+            "layers": {"blocked": 1}, "kernel": "unavailable (MLX_MTP_ROW_KERNEL=0)"}
+    with pytest.raises(RuntimeError, match=r"row kernel unavailable: MLX_MTP_ROW_KERNEL=0"):
+        row_kernel.products(mx.zeros((2, 8)), np.zeros((8, 8), np.float32), 8)
+
+
+def test_a_bad_switch_value_is_a_one_line_error(fresh, monkeypatch):
+    monkeypatch.setenv(row_kernel.ENV, "yes")
+    with pytest.raises(MTPError, match=r"^environment variable MLX_MTP_ROW_KERNEL must be 0 or 1, "
+                                       r"got 'yes'$"):
+        row_kernel.load()
+
+
+def test_a_missing_compiler_leaves_the_fallbacks(fresh, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert not row_kernel.available()
+    assert row_kernel.reason() == ("cannot build row_dot.c: no C compiler '/nonexistent/cc' "
+                                   "(set CC)")
+    layer = nn.Linear(1024, 640, bias=False)
+    mx.eval(layer.parameters())
+    if row_exact.install(layer, 3):
+        assert row_exact.method(layer) == "blocked"
+        x = mx.random.normal((1, 3, 1024), key=mx.random.key(2))
+        with row_exact.verifying():
+            block = layer(x)
+        rows = [layer(x[:, i : i + 1]) for i in range(3)]
+        mx.eval(block, rows)
+        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
+    assert not [f for f in os.listdir(fresh)], "a failed build leaves nothing in the cache"
+
+
+def test_a_failing_compiler_is_reported_not_raised(fresh, monkeypatch, tmp_path):
+    cc = tmp_path / "badcc"
+    cc.write_text("#!/bin/sh\necho 'row_dot.c:1: error: no such thing' >&2\nexit 3\n")
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(cc))
+    assert row_kernel.load() is None
+    assert row_kernel.reason() == (f"cannot build row_dot.c: {cc} failed (3): "
+                                   "row_dot.c:1: error: no such thing")
+    assert not os.listdir(fresh)
+
+
+def test_the_cli_row_names_the_layers_by_method_and_the_kernel():
+    from mlx_mtp.gate import row_exact_summary
+
+    ex = {"row_exact": {"layers": {"kernel": 27, "blocked": 2}, "kernel": "available"}}
+    assert row_exact_summary(ex) == "29 (blocked 2, kernel 27); row kernel available"
+    ex = {"row_exact": {"layers": {}, "kernel": "unavailable (MLX_MTP_ROW_KERNEL=0)"}}
+    assert row_exact_summary(ex) == "none; row kernel unavailable (MLX_MTP_ROW_KERNEL=0)"
+    assert row_exact_summary({"verdict": "equal"}) is None
+
+
+def test_threads_split_columns_and_change_no_byte(monkeypatch):
+    """MLX_MTP_VERIFY_THREADS threads split the output columns; every output is reduced by one
+    thread in the same order, so the bytes are those of one thread."""
+    needs_kernel()
+    W = mx.random.normal((4096, 1024), key=mx.random.key(21))  # large enough to be split
+    x = mx.random.normal((1, 3, 1024), key=mx.random.key(22))
+    view = row_kernel.weight_view(W)
+    one = row_kernel.products(x, view, 4096, 1)
+    mx.eval(one)
+    for threads in (2, 3, 7):
+        got = row_kernel.products(x, view, 4096, threads)
+        mx.eval(got)
+        assert bitwise(got, one), threads
+    monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "3")
+    assert row_exact.kernel_threads() == 3
+    monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV)
+    assert row_exact.kernel_threads() == 1
+
+
+def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
+    """The tied head's product is ``embed_tokens.as_linear``: switched like a Linear."""
+    needs_kernel()
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(1003, 1024)  # 1000 columns by kernel, 3 by BLAS
+
+    model = Tied()
+    mx.eval(model.parameters())
+    switched = row_exact.install(model, 3, tied_head=True)
+    emb = model.embed_tokens
+    if not BLIS:
+        assert not switched or row_exact.method(emb) != "kernel"
+        return
+    assert switched == {"embed_tokens": 2} and row_exact.method(emb) == "kernel"
+    calls = []
+    original = row_kernel.products
+    monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
+    x = mx.random.normal((1, 3, 1024), key=mx.random.key(31))
+    with row_exact.verifying():
+        block = emb.as_linear(x)
+    rows = [emb.as_linear(x[:, i : i + 1]) for i in range(3)]
+    mx.eval(block, rows)
+    assert calls == [1000]
+    assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
+
+
+def test_a_strided_weight_is_declined_not_a_crash():
+    """A weight that is a transposed view is not row-major in memory: install keeps the
+    blocked products for it instead of failing."""
+    needs_kernel()
+    layer = nn.Linear(1024, 640, bias=False)
+    layer.weight = mx.random.normal((1024, 640), key=mx.random.key(41)).T
+    mx.eval(layer.parameters())
+    assert not row_exact.kernel_equal_rows(layer, layer, 3)
+    if row_exact.install(layer, 3):
+        assert row_exact.method(layer) != "kernel"
+        x = mx.random.normal((1, 3, 1024), key=mx.random.key(42))
+        with row_exact.verifying():
+            block = layer(x)
+        rows = [layer(x[:, i : i + 1]) for i in range(3)]
+        mx.eval(block, rows)
+        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
