@@ -2,13 +2,23 @@
 
 Arms, alternated round by round on the same target, each with its own cache prefilled alike:
   decode    mlx-lm's own forward of one token (the plain decode step)
+  forward   mlx-lm's own forward of W tokens (+ the LM head): what a W-token pass costs before
+            mlx_mtp adds anything (no stashed states, no row-exact layers)
   kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.row_kernel)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
+  all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
+                   are row-invariant (not switched), where its bitwise check passes: does the
+                   kernel pay for speed alone (issue 12, the demo pair)?
+  all_kernel_body  the same but the LM head keeps its installed path
 Prints the median ms per arm and each as a multiple of the decode step, as JSON. Nothing is
 written: quote it with the machine's state (run it idle for a number worth quoting):
 
     python scripts/verify_arms.py --model PAIR [--width 3] [--reps 12] [--kernel-threads 2]
+
+Measured (demo pair, BLIS, contended 2-core machine, 1 verify thread, w = 2 / 3 / 4, x decode):
+forward 1.18 / 1.34 / 1.61, the installed exact verify 1.15-1.25 / 1.34-1.37 / 1.68-1.84,
+all_kernel 1.68 / 1.86 / 2.38: the kernel does not pay for speed on small layers.
 """
 
 from __future__ import annotations
@@ -23,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS)
 import mlx.core as mx  # noqa: E402
+import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_mtp import cpu_blas, row_exact, row_kernel  # noqa: E402
 
-ARMS = ("decode", "kernel", "blocked", "inexact")
+ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "all_kernel", "all_kernel_body")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -42,6 +53,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
               if row_exact.method(layer) != "multi-row"]
     chosen = {id(layer): (layer.use_kernel, layer.block_cols) for layer in layers}
     kernel_layers = [layer for layer in layers if layer.use_kernel]
+    extra, head = speed_candidates(model, width)
     prompt = mx.array([[5 + i % 200 for i in range(prompt_len)]])
 
     def fresh():
@@ -53,14 +65,16 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     one, block = mx.array([[7]]), mx.array([[7 + i for i in range(width)]])
 
     def setup(arm):
+        all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm == "kernel"
-            layer.block_cols = 0 if arm == "kernel" else row_exact.block_columns(layer.weight)
+            layer.use_kernel = arm == "kernel" or all_kernel
+            layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
+        switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
 
     def run(arm):
-        if arm == "decode":
-            mx.eval(model.mlx_model(one, cache=caches[arm]))
+        if arm in ("decode", "forward"):
+            mx.eval(model.mlx_model(one if arm == "decode" else block, cache=caches[arm]))
             return
         setup(arm)
         with cpu_blas.verify_threads():
@@ -80,15 +94,51 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]
+        switch(extra, False)
         target.exact = True
     ms = {arm: float(np.median(t[1:])) for arm, t in times.items()}
     return {
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
         "row_exact": row_exact.report(model.mlx_model),
         "kernel_layers": len(kernel_layers), "kernel_threads": threads,
+        "all_kernel_extra_layers": len(extra), "all_kernel_head": any(layer is head for layer, _, _ in extra),
         "ms": {arm: round(v, 2) for arm, v in ms.items()},
         "x_decode": {arm: round(v / ms["decode"], 3) for arm, v in ms.items()},
     }
+
+
+def speed_candidates(model, width: int):
+    """The target's float32 layers that the installed choice leaves on their multi-row product
+    (row-invariant) but that the kernel computes bitwise alike (``kernel_equal_rows`` on their own
+    weights, widths 2..width): [(layer, its class, the row-exact class that uses the kernel)],
+    and the LM head module. Their attributes are set here once; the arms switch the
+    class only."""
+    target = model.target
+    head = target.lm_head_module
+    found = []
+    if not row_kernel.available():
+        return found, head
+    for _, layer in model.mlx_model.named_modules():
+        if row_exact.method(layer) != "multi-row" or "bias" in layer:
+            continue
+        base = next((b for b in type(layer).__mro__ if b in (mx_nn.Linear, mx_nn.Embedding)), None)
+        if base is None or type(layer) is not base or layer.weight.dtype != mx.float32:
+            continue
+        if base is mx_nn.Embedding and not (target.tied_head and layer is head):
+            continue
+        fn = layer.as_linear if base is mx_nn.Embedding else layer
+        if not row_exact.kernel_equal_rows(fn, layer, width):
+            continue
+        layer.exact_from, layer.block_cols, layer.use_kernel = 2, 0, True
+        found.append((layer, base, row_exact._SWAP[base]))
+    return found, head
+
+
+def switch(extra, on: bool, keep=None) -> None:
+    """``speed_candidates``' layers through the kernel inside ``verifying()`` (``on``), except
+    ``keep``, or back to their own class (their installed multi-row product)."""
+    for layer, cls, swapped in extra:
+        layer.__class__ = swapped if on and layer is not keep else cls
 
 
 def main(argv=None) -> int:

@@ -1,9 +1,12 @@
-"""scripts/verify_arms.py: every arm timed on a tiny wide target, the layers' choices restored."""
+"""scripts/verify_arms.py: every arm timed on a tiny wide target and the demo pair, the layers'
+choices restored; the all-kernel arms compute the installed verify's bytes."""
 
 import json
 import sys
 from pathlib import Path
 
+import mlx.core as mx
+import pytest
 import mlx_mtp
 from mlx_mtp import cpu_blas, row_exact, row_kernel
 
@@ -37,3 +40,61 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     assert out["kernel_threads"] == 2
     assert choices() == before and model.target.exact is True
     assert row_exact.kernel_threads() == 1  # the kernel arm's threads were its own
+
+
+DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
+
+
+def _classes(model):
+    return [(n, type(m)) for n, m in model.mlx_model.named_modules()]
+
+
+def test_all_kernel_arms_find_the_demo_pairs_row_invariant_layers_and_switch_them_back():
+    model = mlx_mtp.load_model(DEMO, require_head=False)
+    model.target.prepare(3)
+    before = _classes(model)
+    extra, head = verify_arms.speed_candidates(model, 3)
+    assert head is model.target.lm_head_module and model.target.tied_head
+    assert all(row_exact.method(layer) == "multi-row" for layer, _, _ in extra)
+    if cpu_blas.STATE.name == "BLIS" and row_kernel.available():
+        # every layer of the demo target is row-invariant under BLIS and the kernel equals its
+        # one-row product: 124 projections (16 layers) and the tied head
+        assert row_exact.report(model.mlx_model)["layers"] == {}
+        assert len(extra) == 125 and any(layer is head for layer, _, _ in extra)
+    out = verify_arms.measure(model, 3, 1)
+    assert out["all_kernel_extra_layers"] == len(extra)
+    assert _classes(model) == before and model.target.exact is True
+
+
+def test_the_all_kernel_verify_is_bitwise_the_installed_verify_on_the_demo_pair(monkeypatch):
+    """What the all_kernel arm times is the same computation, byte for byte: logits and caches."""
+    model = mlx_mtp.load_model(DEMO, require_head=False)
+    target = model.target
+    target.prepare(4)
+    extra, _ = verify_arms.speed_candidates(model, 4)
+    if not extra:
+        pytest.skip(f"no layer goes through the kernel here ({cpu_blas.STATE.name}, kernel "
+                    f"{row_exact.report(model.mlx_model)['kernel']})")
+    prompt = mx.array([[5 + i % 200 for i in range(40)]])
+    block = mx.array([[9, 301, 77, 4000]])
+    calls = []
+    kernel_products = row_exact.kernel_products
+    monkeypatch.setattr(row_exact, "kernel_products",
+                        lambda layer, x: calls.append(on) or kernel_products(layer, x))
+    results = []
+    for on in (False, True):
+        cache = target.make_cache()
+        mx.eval(target.hidden(prompt, cache))
+        verify_arms.switch(extra, on)
+        try:
+            with cpu_blas.verify_threads():
+                logits = target.logits(target.verify(block, cache))
+                mx.eval(logits)
+        finally:
+            verify_arms.switch(extra, False)
+        states = [a for c in cache for a in c.state if isinstance(a, mx.array)]
+        mx.eval(states)
+        results.append((bytes(memoryview(logits)), [bytes(memoryview(a)) for a in states]))
+    assert calls.count(True) >= len(extra) and False not in calls  # the kernel ran, only when on
+    assert results[0][0] == results[1][0]
+    assert results[0][1] == results[1][1] and results[0][1]
