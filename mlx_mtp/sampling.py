@@ -6,16 +6,22 @@ Three acceptance rules, chosen per run by ``choose_rule``:
                         samples t_i ~ p_i with the user's sampler; a draft is kept while it equals
                         t_i. This is speculative sampling for a one-hot q (accept w.p. p(d), else
                         a draw from p without d) and works with any per-row sampler function.
-  speculative-sampling  the drafter samples d_j ~ q_j (``draft_sampled``) and reports q_j; draft
-                        j is kept with probability min(1, p(d_j) / q_j(d_j)); at the first
-                        rejection the token comes from normalize(max(p - q, 0)); after a full
-                        accept the bonus comes from p at the last row (Leviathan et al. 2023;
-                        Chen et al. 2023).
+  speculative-sampling  the drafter samples d_j ~ q_j (``draft_sampled``) and reports q_j; the
+                        target verifies the drafted block jointly (block verification, Sun et al.
+                        2024): it keeps the longest prefix that passes its test and emits a draw
+                        from that prefix's residual, or the bonus from p at the last row after a
+                        full accept. Lossless like token-by-token verification (Leviathan et al.
+                        2023; Chen et al. 2023) and never keeps fewer drafts on average.
 
 p is what mlx-lm's own sampler draws from: the logits after the user's logits processors
 (repetition penalty and friends, fed the token history including the in-block drafted prefix),
 then top-p, min-p, top-k, then temperature, exactly in ``mlx_lm.sample_utils.make_sampler``'s
 order and with its functions.
+
+Cost: on a CPU a pass over the vocabulary with a transcendental is dear (mlx's CPU exp is ~15 ns
+an element: 0.12 ms for an 8k row; random bits ~0.1 ms, a log ~0.04 ms), so the
+speculative-sampling pieces make one exp pass per row and draw by inverse CDF (``draw_rows``:
+one uniform and one running sum per row) instead of Gumbel-max over random bits per column.
 """
 
 from __future__ import annotations
@@ -88,24 +94,27 @@ class Sampler:
             logprobs = f(logprobs)
         return logprobs * (1.0 / self.temp)
 
-    def _eager_probs(self, logprobs: mx.array) -> mx.array:
-        return mx.softmax(self.logits(logprobs).astype(mx.float32), axis=-1)
+    def _eager_probs(self, logits: mx.array) -> mx.array:
+        # The softmax does not see a shift of its row, so raw logits need no log-normalization
+        # (a pass of exp over the vocabulary) unless a filter reads probabilities (top-p, min-p).
+        if self._filters:
+            logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return mx.softmax(self.logits(logits).astype(mx.float32), axis=-1)
 
-    def probs(self, logprobs: mx.array) -> mx.array:
-        """The sampled distribution, in float32 (exact zeros where a filter removed a token)."""
-        return self._probs(logprobs)
+    def probs(self, logits: mx.array) -> mx.array:
+        """The sampled distribution of rows of (processed) logits or logprobs, in float32 (exact
+        zeros where a filter removed a token): one pass of exp per row."""
+        return self._probs(logits)
 
     def _eager_pick(self, logits: mx.array, key: mx.array):
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        scaled = self.logits(logprobs)
         key, sub = mx.random.split(key)
-        return (mx.random.categorical(scaled, key=sub),
-                self._eager_probs(logprobs), key)
+        q = self._eager_probs(logits)
+        return draw_rows(q, mx.random.uniform(shape=(q.shape[0],), key=sub)), q, key
 
     def pick(self, logits: mx.array, key: mx.array):
-        """One draft draw from raw (processed) logits: ``(column, q row, next key)``, where the
-        column is drawn from this sampler's distribution with ``split(key)[1]`` and q is
-        ``probs`` of the same row."""
+        """One draft draw from raw (processed) logits: ``(column, q row, next key)``, where q is
+        ``probs`` of the row and the column is drawn from q itself (``draw_rows`` with a uniform
+        from ``split(key)[1]``)."""
         return self._pick(logits, key)
 
     def sample(self, logprobs: mx.array, key: mx.array) -> mx.array:
@@ -276,51 +285,91 @@ def lift_q(q: mx.array, q_ids: Optional[mx.array], vocab_size: int) -> mx.array:
     return mx.zeros((q.shape[0], vocab_size), dtype=q.dtype).at[:, q_ids].add(q)
 
 
-def residual(p: mx.array, q: mx.array) -> mx.array:
-    """normalize(max(p - q, 0)) per row; p itself where p <= q everywhere (then p == q up to
-    rounding and a rejection can only come from rounding)."""
-    r = mx.maximum(p - q, 0.0)
-    total = r.sum(axis=-1, keepdims=True)
-    return mx.where(total > 0, r / mx.where(total > 0, total, 1.0), p)
+def draw_rows(weights: mx.array, u: mx.array) -> mx.array:
+    """One id per row of non-negative ``weights [R, V]`` (any scale; each row needs some mass),
+    drawn with ``u [R]`` ~ U[0, 1) by inverse CDF: the first column whose running sum exceeds
+    ``u * total``. A zero-weight column is never drawn. One running sum per row, where Gumbel-max
+    (mlx's ``categorical``) makes random bits and two logs per column. Both are exact up to
+    float32 resolution: a column below ~1e-7 of the row's mass can be lost to rounding by either.
+    """
+    c = mx.cumsum(weights, axis=-1)
+    total = c[:, -1:]
+    # u * total can round up to the total, which no column exceeds: keep it an ulp or two below
+    # (this moves only u above 1 - 2^-23, and only off a last column lighter than 2^-23 of the
+    # row: the float32 resolution the docstring allows).
+    x = mx.minimum(u[:, None] * total, total * (1.0 - 2.0**-23))
+    return (c <= x).sum(axis=-1).astype(mx.uint32)
 
 
-def accept_drafts(p_d: mx.array, q_d: mx.array, u: mx.array) -> mx.array:
-    """Keep draft d with probability min(1, p(d) / q(d)): u ~ U[0, 1) and u * q(d) < p(d)
-    (strict, so a token the target cannot emit is never kept)."""
-    return u * q_d < p_d
+def prefix_weights(p_d: mx.array, q_d: mx.array) -> mx.array:
+    """Block verification's prefix weights ``[k+1]`` for drafts with target and draft
+    probabilities ``p_d``, ``q_d [k]``: w_0 = 1, w_i = min(w_{i-1} * p_d[i-1] / q_d[i-1], 1), the
+    share of the target's mass the prefix of i drafts carries (a later ratio above 1 makes up for
+    an earlier one below, which token-by-token verification throws away)."""
+    ratio = mx.where(q_d > 0, p_d / mx.where(q_d > 0, q_d, 1.0), 0.0)
+    weights = [mx.ones((), dtype=mx.float32)]
+    for i in range(p_d.size):
+        weights.append(mx.minimum(weights[-1] * ratio[i], 1.0))
+    return mx.stack(weights)
+
+
+def pass_probabilities(weights: mx.array, residual_mass: mx.array) -> mx.array:
+    """``[k]``: the probability that the prefix of i + 1 drafts passes (Sun et al. 2024, block
+    verification, Algorithm 2): m_i / (m_i + 1 - w_i) for a prefix i < k, where m_i is the mass
+    of the residual max(w_i * p_i - q_i, 0) at row i (``residual_mass [k]``), and w_k for the
+    whole block. 1 where the denominator is 0 (w_i = 1 and no residual: p_i == q_i)."""
+    k = residual_mass.size
+    mass, w = residual_mass[1:], weights[1:k]
+    den = mass + 1.0 - w
+    return mx.concatenate([mx.where(den > 0, mass / mx.where(den > 0, den, 1.0), 1.0),
+                           weights[k:]])
 
 
 def rejection_sample(p: mx.array, q: mx.array, drafts: mx.array, key: mx.array,
-                       q_ids: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
-    """One chain round of speculative sampling, all on device.
+                     q_ids: Optional[mx.array] = None) -> Tuple[mx.array, mx.array]:
+    """One chain round of speculative sampling with block verification, all on device.
 
     ``p [k+1, V]`` the target's float32 distributions at the verify rows, ``q [k, Vq]`` the
     drafter's (``q_ids`` maps its columns to target ids when it covers a subset), ``drafts [k]``
-    target ids. Returns ``accepted [k]`` (bool) and ``toks [k+1]``: ``toks[i]`` is the residual
-    draw to emit if draft i + 1 is the first rejected one, ``toks[k]`` the bonus drawn from
-    ``p[k]``. Pre-sampling every row keeps the round at one host read.
+    target ids. Returns ``accepted [k]`` (bool, a prefix: drafts kept) and ``toks [k+1]``:
+    ``toks[a]`` is the token to emit after ``a`` kept drafts (a residual draw, or for a = k the
+    bonus drawn from ``p[k]``). Pre-sampling every row keeps the round at one host read.
     """
     if drafts.size == 0:
         key_t = mx.random.split(key)[1]
-        return mx.zeros((0,), dtype=mx.bool_), mx.random.categorical(mx.log(p), key=key_t)
+        return mx.zeros((0,), dtype=mx.bool_), draw_rows(p, mx.random.uniform(shape=(1,),
+                                                                              key=key_t))
     if q_ids is None:
         return _verify_full(p, q, drafts, key)
     return _verify_subset(p, q, drafts, key, q_ids)
 
 
-def _verify_rows(p, q, drafts, key, q_ids):
+def verdicts(p, q, drafts, coins, u, q_ids=None):
+    """The round's decisions from its uniforms: ``coins [k]`` test the prefixes, ``u [k+1]`` draw
+    each row's token (``rejection_sample`` makes them from its key)."""
     k = drafts.size
-    key_u, key_t = mx.random.split(key)
     q = lift_q(q.astype(mx.float32), q_ids, p.shape[-1])
     d = drafts.astype(mx.uint32)[:, None]
     p_d = mx.take_along_axis(p[:k], d, axis=-1)[:, 0]
     q_d = mx.take_along_axis(q, d, axis=-1)[:, 0]
-    accepted = accept_drafts(p_d, q_d, mx.random.uniform(shape=(k,), key=key_u))
-    rows = mx.concatenate([residual(p[:k], q), p[k:]], axis=0)
-    return accepted, mx.random.categorical(mx.log(rows), key=key_t)
+    weights = prefix_weights(p_d, q_d)
+    r = mx.maximum(weights[:k, None] * p[:k] - q, 0.0)  # row i: the residual after i drafts
+    mass = r.sum(axis=-1)
+    passed = coins < pass_probabilities(weights, mass)
+    kept = mx.max(mx.where(passed, mx.arange(1, k + 1), 0))  # the longest passing prefix
+    # A residual without mass (q covers w * p: only rounding can pick it) draws from p instead.
+    rows = mx.concatenate([mx.where(mass[:, None] > 0, r, p[:k]), p[k:]], axis=0)
+    return mx.arange(k) < kept, draw_rows(rows, u)
+
+
+def _verify_rows(p, q, drafts, key, q_ids):
+    key_u, key_t = mx.random.split(key)
+    k = drafts.size
+    return verdicts(p, q, drafts, mx.random.uniform(shape=(k,), key=key_u),
+                    mx.random.uniform(shape=(k + 1,), key=key_t), q_ids)
 
 
 # One compiled graph per round (traced once per block width and vocabulary): the coins, the
-# residual rows and the k + 1 draws are ~20 small ops that cost more in dispatch than in math.
+# residual rows and the k + 1 draws are ~30 small ops that cost more in dispatch than in math.
 _verify_full = mx.compile(lambda p, q, drafts, key: _verify_rows(p, q, drafts, key, None))
 _verify_subset = mx.compile(_verify_rows)

@@ -385,9 +385,9 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                     toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
                 elif streams is None:
                     toks = sampler(logprobs)
-                else:
+                else:  # p from the logits: the logprobs stay lazy (computed if read)
                     accepted, toks = sampling.rejection_sample(
-                        sampler.probs(logprobs), q, block[1:], streams.target(), q_ids)
+                        sampler.probs(logits), q, block[1:], streams.target(), q_ids)
                     parts.append(accepted.astype(mx.uint32))
                 # The round's one host read: the target's picks, the drafts and any verdicts.
                 host = mx.concatenate([toks, *parts]).tolist()

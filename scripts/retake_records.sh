@@ -43,6 +43,12 @@ retake demo-pair-openblas-vm-2026-12-01 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,auto \
   --pairs 5 --max-tokens 128
 
+# T=0.6 speculative sampling with BLIS against plain sampling; blocks up to 6 since block
+# verification keeps more drafts the longer the block.
+retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-speculative-sampling \
+  --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128
+
 # T > 0, per acceptance rule (OpenBLAS, as recorded).
 for t in 0.6 1.0; do
   for rule in point-mass speculative-sampling; do

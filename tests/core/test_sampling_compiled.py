@@ -25,9 +25,10 @@ def test_pick_and_probs_are_their_eager_definitions(cfg):
         assert all(same(g, w) for g, w in zip(got, want)), (cfg, seed)
         lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         assert same(sampler.probs(lp), sampler._eager_probs(lp))
-        # the draw is mlx's categorical over the sampler's logits with split(key)[1]
-        sub = mx.random.split(key)[1]
-        assert got[0].tolist() == mx.random.categorical(sampler.logits(lp), key=sub).tolist()
+        assert same(sampler.probs(logits), sampler._eager_probs(logits))
+        # the draw is the inverse CDF of the q row with a uniform from split(key)[1]
+        u = mx.random.uniform(shape=(1,), key=mx.random.split(key)[1])
+        assert got[0].tolist() == S.draw_rows(got[1], u).tolist()
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

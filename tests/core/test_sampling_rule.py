@@ -1,6 +1,7 @@
 """The acceptance rules of ``mlx_mtp.sampling`` on known p and q, and the sampler / drafting pieces
 that produce p and q. No model: everything here runs in a few seconds."""
 
+import itertools
 import math
 
 import mlx.core as mx
@@ -41,29 +42,31 @@ def test_two_sample_statistic_on_known_counts():
 # ----------------------------------------------------------------------------- exact rule parts
 
 
-def test_residual_is_normalized_positive_part_of_p_minus_q():
-    p = f32([[0.5, 0.25, 0.25, 0.0]])
-    q = f32([[0.25, 0.5, 0.0, 0.25]])
-    assert S.residual(p, q).tolist() == [[0.5, 0.0, 0.5, 0.0]]
+def test_draw_rows_is_the_inverse_cdf_of_unnormalized_weights():
+    w = f32([[0.0, 1.0, 0.0, 3.0, 0.0], [0.0, 1.0, 0.0, 3.0, 0.0]])
+    # running sums 0 1 1 4 4: u * 4 below 1 -> id 1, from 1 on -> id 3; zero weights never drawn
+    for u, want in [(0.0, 1), (0.2499, 1), (0.25, 3), (0.9, 3)]:
+        assert S.draw_rows(w, f32([u, u])).tolist() == [want, want], u
+    assert S.draw_rows(8 * w, f32([0.2, 0.3])).tolist() == [1, 3]  # the scale does not matter
+    # u * total rounding up to the total still draws the last id with mass, not one past it
+    assert S.draw_rows(f32([[1.0, 1.0, 0.0]]), f32([1.0])).tolist() == [1]
 
 
-def test_residual_for_a_one_hot_q_is_p_without_the_draft():
-    p = f32([[0.5, 0.25, 0.25, 0.0]])
-    q = f32([[1.0, 0.0, 0.0, 0.0]])
-    assert S.residual(p, q).tolist() == [[0.0, 0.5, 0.5, 0.0]]
+def test_prefix_weights_carry_an_earlier_deficit_forward():
+    # ratios 0.5, 2, 0.5: token-by-token keeps draft 2 only after a coin of 0.5; the weight makes
+    # up for draft 1's deficit with draft 2's surplus. A draft the target cannot emit zeroes the
+    # rest.
+    w = S.prefix_weights(f32([0.25, 0.5, 0.25]), f32([0.5, 0.25, 0.5]))
+    assert w.tolist() == [1.0, 0.5, 1.0, 0.5]
+    assert S.prefix_weights(f32([0.0, 0.5]), f32([0.5, 0.25])).tolist() == [1.0, 0.0, 0.0]
 
 
-def test_residual_falls_back_to_p_when_q_covers_p():
-    p = f32([[0.5, 0.25, 0.25, 0.0], [0.0, 1.0, 0.0, 0.0]])
-    assert S.residual(p, p).tolist() == p.tolist()
-
-
-def test_accept_is_u_times_q_below_p():
-    p_d = f32([0.25, 0.25, 0.25, 0.5, 0.0, 0.125])
-    q_d = f32([0.5, 0.5, 0.5, 0.25, 0.5, 0.0])
-    u = f32([0.49, 0.5, 0.51, 0.999, 0.0, 0.7])
-    # ratio 0.5: u = 0.49 keeps, 0.5 and 0.51 do not; p >= q always keeps; p = 0 never does.
-    assert S.accept_drafts(p_d, q_d, u).tolist() == [True, False, False, True, False, True]
+def test_pass_probabilities_follow_the_block_rule():
+    # prefix i < k: m_i / (m_i + 1 - w_i); the whole block: w_k; w_i = 1 with m_i = 0 passes.
+    weights = f32([1.0, 0.5, 1.0, 0.25])
+    got = S.pass_probabilities(weights, f32([0.3, 0.5, 0.0])).tolist()
+    assert got == pytest.approx([0.5 / (0.5 + 0.5), 1.0, 0.25])
+    assert S.pass_probabilities(f32([1.0, 0.4]), f32([0.2])).tolist() == pytest.approx([0.4])
 
 
 def test_lift_q_places_subset_mass_on_target_ids():
@@ -75,12 +78,12 @@ def test_lift_q_places_subset_mass_on_target_ids():
 
 def test_verify_decides_degenerate_cases_exactly():
     # Row 0: p(d) = 0, so the draft is rejected and the residual (all on id 1) is emitted.
-    # Row 1: p == q, always kept. Row 2 (bonus): p is one-hot on id 2.
+    # Row 1: p == q. Row 2 (bonus): p is one-hot on id 2.
     p = f32([[0, 1, 0, 0], [0.5, 0, 0.5, 0], [0, 0, 1, 0]])
     q = f32([[1, 0, 0, 0], [0.5, 0, 0.5, 0]])
     for seed in range(20):
         accepted, toks = S.rejection_sample(p, q, mx.array([0, 2]), mx.random.key(seed))
-        assert accepted.tolist() == [False, True]
+        assert accepted.tolist() == [False, False]  # draft 1's weight 0 sinks the whole block
         assert toks.tolist()[0] == 1 and toks.tolist()[2] == 2
 
 
@@ -106,28 +109,31 @@ ALPHA = 1e-3
 
 
 def one_position_trials(rule, q_rows, q_ids=None, seed=0):
-    """N independent single-position trials of ``rule``, vectorized: every trial is one verify row
-    (rows are independent inside the rule) and the first-rejection logic is per trial."""
-    kd, kr = mx.random.split(mx.random.key(seed))
+    """N independent rounds of one draft each, vectorized (``mx.vmap``) over ``rule(p, q, drafts,
+    coins, u, q_ids)`` with the signature of ``S.verdicts``: p is P at both rows."""
+    kd, kc, ku = mx.random.split(mx.random.key(seed), 3)
     q_full = S.lift_q(q_rows, q_ids, V)
     drafts = mx.random.categorical(mx.log(q_full), key=kd).astype(mx.uint32)
-    p_rows = mx.broadcast_to(f32([P]), (N + 1, V))
-    accepted, toks = rule(p_rows, q_rows, drafts, kr, q_ids)
-    emitted = mx.where(accepted, drafts, toks[:N])
-    return emitted.tolist(), accepted.tolist()
+    p_rows = mx.broadcast_to(f32([P]), (N, 2, V))
+    coins = mx.random.uniform(shape=(N, 1), key=kc)
+    u = mx.random.uniform(shape=(N, 2), key=ku)
+    accepted, toks = mx.vmap(lambda p, q, d, c, u: rule(p, q, d, c, u, q_ids))(
+        p_rows, q_rows[:, None], drafts[:, None], coins, u)
+    emitted = mx.where(accepted[:, 0], drafts, toks[:, 0])
+    return emitted.tolist(), accepted[:, 0].tolist()
 
 
-def argmax_matching(p, q, drafts, key, q_ids=None):
+def argmax_matching(p, q, drafts, coins, u, q_ids=None):
     """A known biased rule: keep a sampled draft when it equals the target's argmax, else emit a
     draw from p."""
     k = drafts.size
-    return drafts == mx.argmax(p[:k], axis=-1), mx.random.categorical(mx.log(p), key=key)
+    return drafts == mx.argmax(p[:k], axis=-1), S.draw_rows(p, u)
 
 
-def residual_from_p(p, q, drafts, key, q_ids=None):
+def residual_from_p(p, q, drafts, coins, u, q_ids=None):
     """Another: the right coin, but a rejection redraws from p instead of max(p - q, 0)."""
-    accepted, _ = S.rejection_sample(p, q, drafts, key, q_ids)
-    return accepted, mx.random.categorical(mx.log(p), key=mx.random.split(key)[1])
+    accepted, _ = S.verdicts(p, q, drafts, coins, u, q_ids)
+    return accepted, S.draw_rows(p, u)
 
 
 def p_dict():
@@ -136,7 +142,7 @@ def p_dict():
 
 def test_speculative_sampling_emits_p_and_accepts_sum_min_p_q():
     q = mx.broadcast_to(f32([Q]), (N, V))
-    emitted, accepted = one_position_trials(S.rejection_sample, q)
+    emitted, accepted = one_position_trials(S.verdicts, q)
     assert goodness_of_fit(emitted, p_dict())[2] > ALPHA
     # Acceptance is sum_x min(p, q) = 0.5; binomial sd at N = 20000 is 0.0035.
     assert abs(np.mean(accepted) - 0.5) < 0.02
@@ -149,7 +155,7 @@ def test_speculative_sampling_emits_p_and_accepts_sum_min_p_q():
 def test_point_mass_q_is_the_greedy_drafter_case():
     d = 1
     q = mx.broadcast_to(f32([[1.0 if i == d else 0.0 for i in range(V)]]), (N, V))
-    emitted, accepted = one_position_trials(S.rejection_sample, q, seed=1)
+    emitted, accepted = one_position_trials(S.verdicts, q, seed=1)
     assert goodness_of_fit(emitted, p_dict())[2] > ALPHA
     assert abs(np.mean(accepted) - P[d]) < 0.02  # a one-hot q is kept with probability p(d)
 
@@ -157,9 +163,156 @@ def test_point_mass_q_is_the_greedy_drafter_case():
 def test_q_on_a_draft_vocabulary_subset():
     ids = mx.array([1, 3, 5])
     q = mx.broadcast_to(f32([[0.5, 0.3, 0.2]]), (N, 3))
-    emitted, accepted = one_position_trials(S.rejection_sample, q, q_ids=ids, seed=2)
+    emitted, accepted = one_position_trials(S.verdicts, q, q_ids=ids, seed=2)
     assert goodness_of_fit(emitted, p_dict())[2] > ALPHA
     assert abs(np.mean(accepted) - (0.25 + 0.1 + 0.0)) < 0.02
+
+
+def test_draw_rows_follows_the_weights():
+    n = 40000
+    rows = mx.broadcast_to(f32([P]) * 3.0, (n, V))
+    got = S.draw_rows(rows, mx.random.uniform(shape=(n,), key=mx.random.key(5))).tolist()
+    assert goodness_of_fit(got, p_dict())[2] > ALPHA
+
+
+# --------------------------------------- block verification keeps the joint distribution (k > 1)
+
+
+def random_tree(V, k, seed):
+    """Context-dependent p (target, rows for prefixes of length 0..k) and q (drafter, 0..k-1),
+    with some exact zeros in both."""
+    rng = np.random.default_rng(seed)
+    P_, Q_ = {}, {}
+    for n in range(k + 1):
+        for prefix in itertools.product(range(V), repeat=n):
+            for table in (P_, Q_) if n < k else (P_,):
+                row = rng.dirichlet(np.full(V, 0.7))
+                if rng.random() < 0.3:
+                    row[rng.integers(V)] = 0.0
+                table[prefix] = (row / row.sum()).astype(np.float32)
+    return P_, Q_
+
+
+def target_prob(P_, seq, start=()):
+    prob, prefix = 1.0, tuple(start)
+    for t in seq:
+        prob *= float(P_[prefix][t])
+        prefix += (t,)
+    return prob
+
+
+def exact_round(P_, Q_, V, k, pass_probabilities):
+    """The exact probability of every emitted block ``drafts[:a] + (token,)``, from the rule's
+    own weights and pass probabilities (the coins are independent, the longest pass is kept)."""
+    emitted = {}
+    for X in itertools.product(range(V), repeat=k):
+        px = target_prob(Q_, X)
+        if px == 0:
+            continue
+        p = f32([P_[X[:i]] for i in range(k + 1)])
+        q = f32([Q_[X[:i]] for i in range(k)])
+        d = mx.array(X)[:, None]
+        weights = S.prefix_weights(mx.take_along_axis(p[:k], d, -1)[:, 0],
+                                   mx.take_along_axis(q, d, -1)[:, 0])
+        r = mx.maximum(weights[:k, None] * p[:k] - q, 0.0)
+        h = np.array(pass_probabilities(weights, r.sum(axis=-1)), dtype=np.float64)
+        rows = np.array(mx.concatenate([r, p[k:]]), dtype=np.float64)
+        for a in range(k + 1):
+            p_a = (h[a - 1] if a else 1.0) * np.prod(1 - h[a:])
+            if p_a > 0:
+                dist = rows[a] / rows[a].sum() if rows[a].sum() > 0 else rows[a]
+                for y in np.flatnonzero(dist):
+                    o = X[:a] + (int(y),)
+                    emitted[o] = emitted.get(o, 0.0) + px * p_a * dist[y]
+    return emitted
+
+
+def joint_error(P_, V, k, emitted):
+    """max over z in V^(k+1) of |P(the output starts with z) - p(z)|, the run going on with
+    plain sampling after the round."""
+    worst = 0.0
+    for z in itertools.product(range(V), repeat=k + 1):
+        got = sum(emitted.get(z[: j + 1], 0.0) * target_prob(P_, z[j + 1 :], z[: j + 1])
+                  for j in range(k + 1))
+        worst = max(worst, abs(got - target_prob(P_, z)))
+    return worst
+
+
+def token_wise_passes(weights, mass):
+    """A known wrong rule for the block residual: each prefix passes with its weight."""
+    return weights[1:]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_block_verification_keeps_the_joint_distribution_exactly(k):
+    for seed in range(4):
+        P_, Q_ = random_tree(3, k, seed)
+        emitted = exact_round(P_, Q_, 3, k, S.pass_probabilities)
+        assert abs(sum(emitted.values()) - 1) < 1e-5
+        assert joint_error(P_, 3, k, emitted) < 2e-6, (k, seed)
+        if k > 1:  # the negative control: prefixes passing with their weights are biased
+            wrong = exact_round(P_, Q_, 3, k, token_wise_passes)
+            assert joint_error(P_, 3, k, wrong) > 1e-3, (k, seed)
+
+
+def test_block_verification_keeps_drafts_token_wise_would_not():
+    """On the same trees block verification keeps more drafts on average than token-by-token
+    verification (the first rejection ends the block), which it never undercuts."""
+    k, gains = 3, []
+    for seed in range(4):
+        P_, Q_ = random_tree(3, k, seed)
+        block = exact_round(P_, Q_, 3, k, S.pass_probabilities)
+        kept_token = 0.0  # sum over i of P(drafts 1..i all pass their own coin min(1, p/q))
+        for X in itertools.product(range(3), repeat=k):
+            px, keep = target_prob(Q_, X), 1.0
+            for i in range(k if px else 0):
+                keep *= min(P_[X[:i]][X[i]] / Q_[X[:i]][X[i]], 1.0)
+                kept_token += px * keep
+        kept_block = sum(v * (len(o) - 1) for o, v in block.items())
+        assert kept_block >= kept_token - 1e-6
+        gains.append(kept_block - kept_token)
+    assert max(gains) > 0.02
+
+
+def test_the_round_samples_the_joint_distribution():
+    """The round's graph (``verdicts``, which the compiled round runs, with its uniforms), k = 2
+    over V = 3:
+    N rounds on drafts drawn from q, each continued by plain sampling to k + 1 tokens, against
+    p's exact joint distribution; the token-wise pass rule as the negative control."""
+    V_, k, n = 3, 2, 20000
+    P_, Q_ = random_tree(V_, k, 11)
+    rng = np.random.default_rng(0)
+    drafts = []
+    for _ in range(n):
+        X = ()
+        for _ in range(k):
+            X += (int(rng.choice(V_, p=Q_[X] / Q_[X].sum())),)
+        drafts.append(X)
+    p = f32([[P_[X[:i]] for i in range(k + 1)] for X in drafts])
+    q = f32([[Q_[X[:i]] for i in range(k)] for X in drafts])
+    keys = mx.random.split(mx.random.key(3))
+    coins = mx.random.uniform(shape=(n, k), key=keys[0])
+    u = mx.random.uniform(shape=(n, k + 1), key=keys[1])
+    exact = {z: target_prob(P_, z) for z in itertools.product(range(V_), repeat=k + 1)}
+
+    def outputs(rule):
+        accepted, toks = mx.vmap(rule)(p, q, mx.array(drafts, dtype=mx.uint32), coins, u)
+        out = []
+        for X, acc, t in zip(drafts, accepted.tolist(), toks.tolist()):
+            a = S.accepted_length(acc)
+            z = X[:a] + (t[a],)
+            while len(z) < k + 1:
+                z += (int(rng.choice(V_, p=P_[z] / P_[z].sum())),)
+            out.append(z)
+        return out
+
+    assert goodness_of_fit(outputs(S.verdicts), exact)[2] > ALPHA
+    real = S.pass_probabilities
+    try:
+        S.pass_probabilities = token_wise_passes
+        assert goodness_of_fit(outputs(S.verdicts), exact)[2] < ALPHA
+    finally:
+        S.pass_probabilities = real
 
 
 @pytest.mark.parametrize("biased", [argmax_matching, residual_from_p],
@@ -197,6 +350,8 @@ def test_sampler_distribution_is_what_mlx_lm_samples_from(cfg):
     assert ours(logprobs).tolist() == theirs
     p = ours.probs(logprobs)
     assert p.dtype == mx.float32
+    # raw logits give the same distribution (the loop passes them: no log-normalizing pass)
+    assert np.allclose(np.array(ours.probs(logits)), np.array(p), rtol=0, atol=1e-6)
     assert np.allclose(np.array(p.sum(axis=-1)), 1.0, atol=1e-5)
     if cfg.get("top_k"):
         assert int((p > 0).sum(axis=-1).max().item()) <= cfg["top_k"]
@@ -298,10 +453,11 @@ def test_draft_sampler_records_the_q_it_draws_from():
     assert q_ids is None and drafts.dtype == mx.uint32 and q.shape == (3, 16)
     k = key
     for j, lg in enumerate(logits):
-        lp = lg - mx.logsumexp(lg, axis=-1, keepdims=True)
         k, sub = mx.random.split(k)
-        assert q[j].tolist() == sampler.probs(lp)[0].tolist()
-        assert toks[j].tolist() == mx.random.categorical(sampler.logits(lp), key=sub).tolist()
+        assert q[j].tolist() == sampler.probs(lg)[0].tolist()
+        # drawn from that q row itself, with a uniform from split(key)[1]
+        u = mx.random.uniform(shape=(1,), key=sub)
+        assert toks[j].tolist() == S.draw_rows(q[j : j + 1], u).tolist()
     assert drafts.tolist() == [t.item() for t in toks]
 
 
