@@ -9,6 +9,9 @@ whose rows depend on the row count, ...), so it is measured, never assumed:
              time (``target.hidden`` + ``target.logits``), keeping each step's logits row;
   block arm  fresh caches, the same prefill, then one ``target.verify`` over the whole block;
   compare    every position's full logits row as raw bytes.
+Within a draw the prefill runs once: every arm starts from its own deep copy of the prefilled
+caches (the same bytes and buffer shapes the prefill left; re-running it for each width was
+most of a block arm's time).
 
 Three draws of synthetic tokens; equal only if every draw is. A probe that cannot run is a
 ``not_run`` verdict, which the gate treats as a decline. Results are memoized for the process per
@@ -21,6 +24,7 @@ draws no random numbers (a seeded session is not disturbed).
 
 from __future__ import annotations
 
+import copy
 import time
 import weakref
 from collections import Counter
@@ -109,9 +113,23 @@ def _prefill(target, prompt: Sequence[int], kv=None):
     return cache
 
 
-def chain_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> List[mx.array]:
-    """Logits rows of single-token decode steps over ``block`` (what plain decoding computes)."""
-    cache = _prefill(target, prompt, kv)
+def _start(target, prompt: Sequence[int], kv, prefilled):
+    """The arm's caches: a deep copy of ``prefilled`` (caches after ``_prefill`` of ``prompt``;
+    mlx-lm caches write their buffers in place, so each arm needs its own), else a prefill (also
+    for caches that cannot be copied)."""
+    if prefilled is not None:
+        try:
+            return copy.deepcopy(prefilled)
+        except (TypeError, copy.Error):
+            pass
+    return _prefill(target, prompt, kv)
+
+
+def chain_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None,
+               prefilled=None) -> List[mx.array]:
+    """Logits rows of single-token decode steps over ``block`` (what plain decoding computes).
+    ``prefilled``: the caches after the prompt's prefill, copied instead of prefilling again."""
+    cache = _start(target, prompt, kv, prefilled)
     rows = []
     for t in block:
         h = target.hidden(mx.array([[t]]), cache)
@@ -122,9 +140,11 @@ def chain_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> 
     return rows
 
 
-def block_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None) -> List[mx.array]:
-    """Logits rows of one verify forward over ``block`` (what a speculative round computes)."""
-    cache = _prefill(target, prompt, kv)
+def block_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None,
+               prefilled=None) -> List[mx.array]:
+    """Logits rows of one verify forward over ``block`` (what a speculative round computes).
+    ``prefilled`` as in ``chain_rows``."""
+    cache = _start(target, prompt, kv, prefilled)
     with cpu_blas.verify_threads():  # as the round loop verifies
         h = target.verify(mx.array(block)[None], cache)
         logits = target.logits(h[0])
@@ -199,14 +219,16 @@ def _run(target, widths: List[int], draws: int, kv=None) -> Dict[int, ProbeResul
             break
         prompt, block = probe_tokens(vocab, max(pending), draw)
         try:
-            chain = chain_rows(target, prompt, block, kv)
+            prefilled = _prefill(target, prompt, kv)  # once per draw: each arm copies it
+            chain = chain_rows(target, prompt, block, kv, prefilled)
         except Exception as e:
             for w in pending:
                 results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=_error_line(e))
             return results
         for w in list(pending):
             try:
-                diff = first_difference(chain[:w], block_rows(target, prompt, block[:w], kv))
+                diff = first_difference(chain[:w], block_rows(target, prompt, block[:w], kv,
+                                                              prefilled))
             except Exception as e:
                 results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=_error_line(e))
                 pending.remove(w)

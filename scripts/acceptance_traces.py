@@ -10,7 +10,12 @@ then checks it against real ``generate_step`` runs (fixed block sizes and ``auto
 of every run must have kept exactly min(L(p), k) of its k drafts at the position p it started at.
 
     python scripts/acceptance_traces.py [--model mlx_mtp/demo_pair] [--max-tokens 128] \
-        [--out tests/data/demo_pair_traces.json]
+        [--out tests/data/demo_pair_traces.json] [--prompts-json FILE] [--cli-default]
+
+Prompts: the benchmark's (``bench_mtp.DEFAULT_PROMPTS``), or ``--prompts-json`` (an object
+{name: prompt}); ``--cli-default`` adds the CLI's default prompt as ``cli-default``, as
+``python -m mlx_mtp.generate`` feeds it (e.g. to replay the CLI's default run in
+``scripts/simulate_chooser.py --traces``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import mlx.core as mx  # noqa: E402
 
 from bench_mtp import DEFAULT_PROMPTS  # noqa: E402
 from mlx_mtp.block_chooser import BlockChooser  # noqa: E402
+from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt  # noqa: E402
 from mlx_mtp.stream import encode_prompt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,11 +110,26 @@ def main(argv=None):
     ap.add_argument("--drafts", type=int, default=5, help="K: drafts judged per position")
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "demo_pair_traces.json"))
     ap.add_argument("--no-check", action="store_true", help="skip the real-run check")
+    ap.add_argument("--prompts-json", help="JSON object {name: prompt} (default: the benchmark's)")
+    ap.add_argument("--cli-default", action="store_true",
+                    help="also the CLI's default prompt, as 'cli-default'")
     args = ap.parse_args(argv)
+    prompts = dict(DEFAULT_PROMPTS)
+    if args.prompts_json:
+        try:
+            prompts = json.loads(Path(args.prompts_json).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--prompts-json {args.prompts_json}: expected a JSON object ({e})")
+        if not isinstance(prompts, dict) or not all(isinstance(v, str) and v
+                                                    for v in prompts.values()):
+            ap.error(f"--prompts-json {args.prompts_json}: expected a JSON object of "
+                     "non-empty prompt strings")
     model, tokenizer = mlx_mtp.load(args.model)
+    if args.cli_default:  # through the chat template where there is one, as the CLI does
+        prompts["cli-default"] = _prepare_prompt(tokenizer, DEFAULT_PROMPT, False)
     n, K = args.max_tokens, args.drafts
     traces = {}
-    for name, text in DEFAULT_PROMPTS.items():
+    for name, text in prompts.items():
         prompt = encode_prompt(tokenizer, text)
         out = greedy_text(model, prompt, n + K)
         L = trace(model, prompt, out, K)

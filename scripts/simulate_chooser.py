@@ -29,7 +29,11 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
 --max-tokens 96``.
 
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
-        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed] [--offsets 20]
+        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed] [--offsets 20] \
+        [--verify-steps 1,1.25,1.25,1.25,1.35,1.45]
+
+``--verify-steps`` replaces the record's verify costs by multiples of its plain step, width 1 up
+(what-if: a verify as cheap as a target asks).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import math
 import random
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -235,6 +239,8 @@ def main(argv=None):
     ap.add_argument("--spike-every", type=int, default=0, help="a stall every N rounds on average")
     ap.add_argument("--spike", type=float, default=5.0, help="the stall's factor")
     ap.add_argument("--max-block-size", type=int, default=6)
+    ap.add_argument("--verify-steps", help="verify cost per width 1.. as multiples of the "
+                    "record's plain step, comma-separated (default: the record's own)")
     ap.add_argument("--offsets", type=int, default=1,
                     help="seed s replays the traces from position s %% OFFSETS (averages out "
                          "where the rejections fall against the rounds; 1: from the start)")
@@ -256,6 +262,15 @@ def main(argv=None):
         ap.error(f"--offsets: expected 1 to {traces['max_tokens'] - 1} (the traces' tokens "
                  f"less one), got {args.offsets}")
     costs = costs_from_record(Path(args.record), args.verify_arm)
+    if args.verify_steps:
+        try:
+            steps = [float(x) for x in args.verify_steps.split(",")]
+        except ValueError:
+            steps = []
+        if len(steps) < args.max_block_size or not all(x > 0 for x in steps):
+            ap.error(f"--verify-steps: expected {args.max_block_size} or more positive numbers "
+                     f"(width 1 up), got {args.verify_steps!r}")
+        costs = replace(costs, verify={w: x * costs.plain_step for w, x in enumerate(steps, 1)})
     print(f"costs (ms): {costs}")
     result = simulate(traces, costs, args.seeds, args.sigma, max_block_size=args.max_block_size,
                       spike_every=args.spike_every, spike=args.spike, offsets=args.offsets)

@@ -131,7 +131,7 @@ def pair(tmp_path_factory):
 # Every script that writes a record: the check refuses before the run starts.
 @pytest.mark.parametrize("script", ["bench_mtp.py", "bench_drafter.py", "bench_convert.py",
                                     "bench_server.py", "bench_split.py", "blas_spread.py",
-                                    "probe_cost.py"])
+                                    "probe_cost.py", "cli_pairs.py"])
 def test_a_cpu_burning_neighbour_is_refused(script, pair, burner, tmp_path):
     d, model = pair
     m = ["--model", str(model)]
@@ -145,7 +145,8 @@ def test_a_cpu_burning_neighbour_is_refused(script, pair, burner, tmp_path):
                                     "--requests", "1"],
             "bench_split.py": m + ["--splits", "pipeline", "--pairs", "1", "--max-tokens", "4"],
             "blas_spread.py": ["--processes", "2", "--arms", "default", "--max-tokens", "4"],
-            "probe_cost.py": m + ["--repeats", "1", "--record"]}[script]
+            "probe_cost.py": m + ["--repeats", "1", "--record"],
+            "cli_pairs.py": ["--pairs", "1", "--cli-args=--max-tokens 4"]}[script]
     r = bench([f"scripts/{script}", *args], tmp_path)
     assert r.returncode == 1, r.stderr
     line = r.stderr.strip().splitlines()

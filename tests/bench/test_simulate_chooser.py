@@ -3,6 +3,7 @@ round for round, its cost model is the record's, and it replays the chooser."""
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,10 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs():
     (["--acceptance", "1.5"], "--acceptance: expected comma-separated numbers in [0, 1], "
                               "got '1.5'"),
     (["--acceptance", "0.5", "--max-tokens", "1"], "--max-tokens: expected at least 2, got 1"),
+    (["--verify-steps", "1,1.2,1.3"], "--verify-steps: expected 6 or more positive numbers "
+                                      "(width 1 up), got '1,1.2,1.3'"),
+    (["--verify-steps", "1,1,1,1,1,0"], "--verify-steps: expected 6 or more positive numbers "
+                                        "(width 1 up), got '1,1,1,1,1,0'"),
 ])
 def test_bad_arguments_name_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -171,3 +176,49 @@ def test_acceptance_traces_agree_with_real_runs_on_a_tiny_pair(tmp_path):
         assert len(tr["L"]) == 15 and len(tr["tokens"]) == 16
         assert all(0 <= x <= 3 for x in tr["L"])
     assert any(x > 0 for tr in got["prompts"].values() for x in tr["L"])  # the head agrees
+
+
+def test_acceptance_traces_of_given_prompts_and_the_cli_default(tmp_path):
+    """``--prompts-json`` replaces the benchmark's prompts; ``--cli-default`` adds the CLI's
+    default prompt, fed as the CLI feeds it: its trace's tokens are the CLI's greedy text."""
+    import tiny_checkpoints as tc
+    import acceptance_traces
+    import mlx_mtp
+    from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
+    from mlx_mtp.stream import encode_prompt
+
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    (tmp_path / "p.json").write_text(json.dumps({"add": "def add(a, b):"}))
+    out = tmp_path / "traces.json"
+    acceptance_traces.main(["--model", str(model), "--max-tokens", "12", "--drafts", "3",
+                            "--prompts-json", str(tmp_path / "p.json"), "--cli-default",
+                            "--out", str(out)])
+    got = json.loads(out.read_text())["prompts"]
+    assert list(got) == ["add", "cli-default"]
+    m, tok = mlx_mtp.load(str(model))
+    prompt = encode_prompt(tok, _prepare_prompt(tok, DEFAULT_PROMPT, False))
+    assert got["cli-default"]["tokens"] == acceptance_traces.greedy_text(m, prompt, 12)
+    assert len(got["add"]["L"]) == len(got["cli-default"]["L"]) == 11
+
+
+def test_acceptance_traces_refuse_prompts_json_that_is_not_an_object(tmp_path, capsys):
+    import acceptance_traces
+
+    (tmp_path / "p.json").write_text(json.dumps(["def add(a, b):"]))
+    with pytest.raises(SystemExit) as e:
+        acceptance_traces.main(["--prompts-json", str(tmp_path / "p.json")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f": error: --prompts-json {tmp_path / 'p.json'}: expected a JSON object of non-empty "
+        "prompt strings")
+
+
+def test_verify_steps_replace_the_records_verify_costs(capsys):
+    """``--verify-steps``: verify(w) = the given multiple of the record's plain step; the other
+    costs stay the record's."""
+    sim.main(["--seeds", "1", "--verify-steps", "1,1.25,1.25,1.25,1.35,1.45"])
+    out = capsys.readouterr().out
+    c = sim.costs_from_record(sim.RECORD)
+    want = {w: x * c.plain_step for w, x in enumerate([1, 1.25, 1.25, 1.25, 1.35, 1.45], 1)}
+    assert f"costs (ms): {replace(c, verify=want)}" in out
+    assert "| random |" in out

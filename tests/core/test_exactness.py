@@ -198,3 +198,65 @@ def test_swapping_a_layer_class_in_place_invalidates_the_memo(dense_dir):
     model.mlx_model.language_model.lm_head.__class__ = SameLinear
     (r,) = probe_exactness(target, [2])
     assert not r.cached and target.verify_calls == 2 * PROBE_DRAWS
+
+
+class CountingPrefills(CountingTarget):
+    """Counts the probe's prefills (the synthetic prompt less its last token, in one call)."""
+
+    def __init__(self, inner, uncopyable: bool = False):
+        super().__init__(inner)
+        self.prefills = 0
+        self.uncopyable = uncopyable
+
+    def hidden(self, ids, cache, *args):
+        self.prefills += ids.shape[1] == PROBE_PROMPT_LEN - 1
+        return self.inner.hidden(ids, cache, *args)
+
+    def make_cache(self):
+        cache = self.inner.make_cache()
+        if self.uncopyable:  # a cache holding something deepcopy refuses
+            import threading
+            cache[0].lock = threading.Lock()
+        return cache
+
+
+def _state_bytes(target, cache):
+    return [_row_bytes(a).tobytes() for a in target.cache_state(cache)]
+
+
+@pytest.mark.parametrize("kind", ["dense", "next", "q4"])
+def test_arms_from_the_copied_prefill_equal_arms_that_prefill_themselves(kind, request):
+    """Each arm copies the draw's prefilled caches: the same logits bytes as an arm that runs the
+    prefill itself, and the prefilled caches are left as they were (the arms wrote copies)."""
+    model = mlx_mtp.load_model(request.getfixturevalue(f"{kind}_dir"), require_head=False)
+    target = model.target
+    target.prepare(4)
+    prompt, block = probe_tokens(target.vocab_size, 4, 1)
+    prefilled = exactness._prefill(target, prompt)
+    before = _state_bytes(target, prefilled)
+    for arm in (chain_rows, block_rows):
+        copied = arm(target, prompt, block, prefilled=prefilled)
+        own = arm(target, prompt, block)
+        assert [_row_bytes(r).tobytes() for r in copied] == [_row_bytes(r).tobytes() for r in own]
+    assert _state_bytes(target, prefilled) == before
+
+
+def test_the_probe_prefills_once_per_draw(dense_dir):
+    model = mlx_mtp.load_model(dense_dir, require_head=False)
+    target = CountingPrefills(model.target)
+    results = probe_exactness(target, [2, 3, 4, 5, 6])
+    assert [r.verdict for r in results] == [EQUAL] * 5
+    assert target.prefills == PROBE_DRAWS and target.verify_calls == 5 * PROBE_DRAWS
+
+
+def test_caches_that_cannot_be_copied_are_prefilled_per_arm(dense_dir):
+    model = mlx_mtp.load_model(dense_dir, require_head=False)
+    target = CountingPrefills(model.target, uncopyable=True)
+    assert [r.verdict for r in probe_exactness(target, [2, 3])] == [EQUAL, EQUAL]
+    assert target.prefills == PROBE_DRAWS * (1 + 1 + 2)  # the draw's own, the chain, 2 blocks
+
+
+def test_a_copied_prefill_still_catches_a_one_ulp_verify(dense_dir):
+    model = mlx_mtp.load_model(dense_dir, require_head=False)
+    (r,) = probe_exactness(PerturbedVerify(model.target, position=1), [3])
+    assert (r.verdict, r.position, r.draw) == (DIVERGES, 1, 0)
