@@ -49,17 +49,16 @@ retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-speculative-sampling \
   --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128
 
-# T > 0, per acceptance rule (OpenBLAS, as recorded).
-for t in 0.6 1.0; do
-  for rule in point-mass speculative-sampling; do
-    retake demo-pair-openblas-T$t-$rule-vm-2026-11-29 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
-      $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas-T$t-$rule \
-      --temp $t --acceptance $rule --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128
-  done
-done
+# T=1.0 speculative sampling with BLIS.
+retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T1.0-speculative-sampling \
+  --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128
+
+# The CLI's default run against --no-mtp, alternating pairs of fresh processes (issue 12's CLI bar).
+retake cli-default-vm-2026-12-01 -- $PY scripts/cli_pairs.py --pairs 5
 
 # Drafter phases: the random pair, and the trained demo pair with its 48-file calibration corpus.
-retake drafter-phases-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake drafter-phases-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_drafter.py --max-tokens 24 --pairs 5
 CORPUS_FILES=(
   __future__.py _pydecimal.py asyncio/__init__.py asyncio/locks.py
@@ -76,12 +75,12 @@ CORPUS_FILES=(
   weakref.py xml/dom/__init__.py xml/parsers/__init__.py zipimport.py
 )
 CORPUS=("${CORPUS_FILES[@]/#/$STDLIB/}")
-retake drafter-phases-demo-pair-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake drafter-phases-demo-pair-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_drafter.py --model mlx_mtp/demo_pair --corpus "${CORPUS[@]}" \
   --draft-vocab-size 2048 --pairs 5 --topic drafter-phases-demo-pair
 
 # The exactness probe's cost.
-retake probe-cost-vm-2026-11-29 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake probe-cost-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/probe_cost.py --record --repeats 5
 
 # The spread across fresh processes per BLAS choice, with the one-process control (issue 17).
