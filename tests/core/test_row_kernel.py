@@ -18,6 +18,16 @@ def bitwise(a, b):
     return a.shape == b.shape and bytes(memoryview(a)) == bytes(memoryview(b))
 
 
+def verify_equals_rows(layer, T: int, K: int, seed: int) -> bool:
+    """Whether the layer's T-row verify product is bitwise its T one-row calls."""
+    x = mx.random.normal((1, T, K), key=mx.random.key(seed))
+    with row_exact.verifying():
+        block = layer(x)
+    rows = [layer(x[:, i : i + 1]) for i in range(T)]
+    mx.eval(block, rows)
+    return all(bitwise(block[:, i : i + 1], rows[i]) for i in range(T))
+
+
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """The kernel forgotten and its cache an empty folder; restored afterwards."""
@@ -157,12 +167,7 @@ def test_a_missing_compiler_leaves_the_fallbacks(fresh, monkeypatch):
     mx.eval(layer.parameters())
     if row_exact.install(layer, 3):
         assert row_exact.method(layer) == "blocked"
-        x = mx.random.normal((1, 3, 1024), key=mx.random.key(2))
-        with row_exact.verifying():
-            block = layer(x)
-        rows = [layer(x[:, i : i + 1]) for i in range(3)]
-        mx.eval(block, rows)
-        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
+        assert verify_equals_rows(layer, 3, 1024, seed=2)
     assert not [f for f in os.listdir(fresh)], "a failed build leaves nothing in the cache"
 
 
@@ -245,9 +250,4 @@ def test_a_strided_weight_is_declined_not_a_crash():
     assert not row_exact.kernel_equal_rows(layer, layer, 3)
     if row_exact.install(layer, 3):
         assert row_exact.method(layer) != "kernel"
-        x = mx.random.normal((1, 3, 1024), key=mx.random.key(42))
-        with row_exact.verifying():
-            block = layer(x)
-        rows = [layer(x[:, i : i + 1]) for i in range(3)]
-        mx.eval(block, rows)
-        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(3))
+        assert verify_equals_rows(layer, 3, 1024, seed=42)
