@@ -160,17 +160,7 @@ def kernel_equal_rows(fn, layer, max_width: int) -> bool:
         row_kernel.weight_view(layer.weight)
     except ValueError:  # a strided view (not [N, K] row-major in memory): not for the kernel
         return False
-    x = mx.random.normal((1, max_width, K), key=mx.random.key(2468))
-    rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
-    mx.eval(rows)
-    for T in range(2, max_width + 1):
-        with cpu_blas.verify_threads():  # as the round loop verifies (the last N % 8 columns)
-            block = kernel_products(layer, x[:, :T, :])
-            mx.eval(block)
-        for i in range(T):
-            if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
-                return False
-    return True
+    return _equal_to_rows(fn, lambda x: kernel_products(layer, x), K, max_width, mx.float32, 2468)
 
 
 def block_columns(weight: mx.array) -> int:
@@ -267,13 +257,19 @@ def first_divergent_width(fn, max_width: int, in_dims: int, dtype) -> int:
 def products_equal_rows(fn, weight: mx.array, block_cols: int, max_width: int, dtype) -> bool:
     """Whether ``one_row_products`` with ``block_cols`` equals ``fn`` (the layer's own one-row
     call) row for row, bitwise, for every width 2..max_width."""
-    K = weight.shape[1]
-    x = mx.random.normal((1, max_width, K), key=mx.random.key(4321)).astype(dtype)
+    return _equal_to_rows(fn, lambda x: one_row_products(x, weight, block_cols), weight.shape[1],
+                          max_width, dtype, 4321)
+
+
+def _equal_to_rows(fn, product, K: int, max_width: int, dtype, seed: int) -> bool:
+    """Whether ``product`` of a T-row input equals ``fn``'s T one-row calls bitwise, for every
+    T in 2..max_width (the verify's product run with the loop's BLAS threads)."""
+    x = mx.random.normal((1, max_width, K), key=mx.random.key(seed)).astype(dtype)
     rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
     mx.eval(rows)
     for T in range(2, max_width + 1):
-        with cpu_blas.verify_threads():
-            block = one_row_products(x[:, :T, :], weight, block_cols)
+        with cpu_blas.verify_threads():  # as the round loop verifies
+            block = product(x[:, :T, :])
             mx.eval(block)
         for i in range(T):
             if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
