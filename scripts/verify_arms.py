@@ -7,6 +7,8 @@ Arms, alternated round by round on the same target, each with its own cache pref
   kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.row_kernel)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
+  stepwise  the kernel arm's verify with the GatedDeltaNet recurrence as mlx-lm's per-token ops
+            (what ``gdn_block``'s compiled block replaced; its fallback)
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone (issue 12, the demo pair)?
@@ -37,8 +39,10 @@ import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_mtp import cpu_blas, row_exact, row_kernel  # noqa: E402
+from mlx_mtp.qwen3_5 import gdn_block  # noqa: E402
 
-ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "all_kernel", "all_kernel_body")
+ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "stepwise", "all_kernel",
+        "all_kernel_body")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -67,7 +71,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     def setup(arm):
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm == "kernel" or all_kernel
+            layer.use_kernel = arm in ("kernel", "stepwise") or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
@@ -77,10 +81,12 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             mx.eval(model.mlx_model(one if arm == "decode" else block, cache=caches[arm]))
             return
         setup(arm)
+        gdn_block.block_equal = (lambda *a: False) if arm == "stepwise" else block_equal
         with cpu_blas.verify_threads():
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}
+    block_equal = gdn_block.block_equal
     default_threads = row_exact.kernel_threads
     threads = kernel_threads or default_threads()
     row_exact.kernel_threads = lambda: threads
@@ -91,6 +97,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
+        gdn_block.block_equal = block_equal
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]
