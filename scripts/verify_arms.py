@@ -7,8 +7,8 @@ Arms, alternated round by round on the same target, each with its own cache pref
   kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.row_kernel)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
-  stepwise  the kernel arm's verify with the GatedDeltaNet recurrence as mlx-lm's per-token ops
-            (what ``gdn_block``'s compiled block replaced; its fallback)
+  stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
+            one token at a time, norms unfused): ``gdn_block``'s reference and fallback
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone (issue 12, the demo pair)?
@@ -81,12 +81,12 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             mx.eval(model.mlx_model(one if arm == "decode" else block, cache=caches[arm]))
             return
         setup(arm)
-        gdn_block.block_equal = (lambda *a: False) if arm == "stepwise" else block_equal
+        gdn_block.mixer_equal = (lambda *a: False) if arm == "stepwise" else mixer_equal
         with cpu_blas.verify_threads():
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}
-    block_equal = gdn_block.block_equal
+    mixer_equal = gdn_block.mixer_equal
     default_threads = row_exact.kernel_threads
     threads = kernel_threads or default_threads()
     row_exact.kernel_threads = lambda: threads
@@ -97,7 +97,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
-        gdn_block.block_equal = block_equal
+        gdn_block.mixer_equal = mixer_equal
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]

@@ -1,28 +1,33 @@
-"""The GatedDeltaNet recurrence of a T-token verify as one compiled graph per T (issue 12).
+"""A GatedDeltaNet layer's verify of T tokens, between its projections, as one compiled graph per
+T (issue 12).
 
-mlx-lm's ops path (``gated_delta_ops``) runs its compiled one-step op ``_gated_delta_step_ops``
-T times from Python: per step 5 slices and squeezes of the inputs, expand-dims inside the op,
-three fused kernels and two sums, ~27 graph nodes a step in a verify whose cost at small sizes
-is per-node overhead. ``block_states`` computes the same float operations in the same order
-with about a third of the nodes: the per-token inputs are split once (``mx.split``, one node),
-expanded once for all steps, the sums keep their reduced axis instead of expanding it again,
-and the whole block (with ``sigmoid``, ``compute_g`` and the head repeat) is one ``mx.compile``d
-function per T, which also fuses each step's elementwise ops.
+At small sizes a verify's cost is the number of kernels it runs, and the GatedDeltaNet layers
+take most of a verify's extra: mlx-lm's ops path (``gated_delta_ops``) runs its compiled one-step
+op ``_gated_delta_step_ops`` T times from Python (per step 5 slices and squeezes, expand-dims,
+three fused kernels and two sums), and the layer's norms and activations (on the CPU, ``rms_norm``
+runs as separate ops) are one kernel per op. ``capture_mixer`` runs the conv window, conv, silu,
+q/k norms, the recurrence and the gated norm as one ``mx.compile``d function per T and layer
+shape (weights passed in), which fuses the elementwise ops; its recurrence (``_block``) splits
+the per-token inputs once and keeps the reduced axis of its sums. A T = 3 verify layer of the
+demo pair then runs as many compute kernels as a decode step's layer (39).
 
-Equal values are not guaranteed by construction on every backend (fusion and the reduction's
-shape are the backend's), so each shape signature is checked once against the per-step
-reference (``reference_states``) on seeded random inputs, y and every state bitwise; where it
-differs, that signature keeps the per-step path.
+The same float operations in the same order, but fusion and a reduction's shape are the
+backend's business, so each signature (T, layer shape, dtypes, device) is checked once against
+the uncompiled reference (``reference_mixer``: mlx-lm's ops, op for op) on seeded random inputs
+with the layer's own weights, every output bitwise; where it differs, it keeps the reference.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g
+import mlx.nn as nn
+from mlx_lm.models.activations import precise_swiglu
+from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normalize_qk
+from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
-_compiled: Dict[int, Callable] = {}
+_compiled: Dict[object, Callable] = {}
 _checked: Dict[Tuple, bool] = {}
 
 
@@ -80,7 +85,7 @@ def _block(T: int) -> Callable:
 
 
 def compiled_states(q, k, v, a, b, A_log, dt_bias, state):
-    """``reference_states`` through the compiled block (unchecked: see ``block_states``)."""
+    """``reference_states`` through the compiled block (unchecked; ``capture_mixer`` checks)."""
     if state is None:
         B, _, _, Dk = q.shape
         Hv, Dv = v.shape[-2:]
@@ -89,36 +94,119 @@ def compiled_states(q, k, v, a, b, A_log, dt_bias, state):
     return y, states
 
 
-def _signature(q, v, a, A_log, dt_bias, state) -> Tuple:
-    return (q.shape, q.dtype, v.shape, v.dtype, a.dtype, A_log.dtype, dt_bias.dtype,
-            None if state is None else state.dtype, str(mx.default_device()))
+Mixed = Tuple[mx.array, mx.array, mx.array, List[mx.array]]
 
 
-def block_equal(q, v, a, A_log, dt_bias, state) -> bool:
-    """Whether the compiled block equals the per-step reference, y and every state bitwise, at
-    these shapes and dtypes on the default device (seeded random inputs; measured once)."""
-    key = _signature(q, v, a, A_log, dt_bias, state)
+def reference_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
+    """What the capturing layer computes between its projections, as mlx-lm's
+    ``GatedDeltaNet.__call__`` does (unmasked, ops recurrence): ``(gated-normed output [B,T,Hv,Dv],
+    conv input [B,K-1+T,C], the conv window to keep [B,K-1,C], [state_1..state_T])``."""
+    B, S, _ = qkv.shape
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    keep = mx.contiguous(conv_input[:, -(layer.conv_kernel_size - 1) :, :])
+    conv_out = nn.silu(layer.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [layer.key_dim, 2 * layer.key_dim], -1),
+            [layer.num_k_heads, layer.num_k_heads, layer.num_v_heads],
+            [layer.head_k_dim, layer.head_k_dim, layer.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    y, states = reference_states(q, k, v, a, b, layer.A_log, layer.dt_bias, state)
+    return layer.norm(y, z), conv_input, keep, states
+
+
+def _shape_of(layer) -> Optional[Tuple]:
+    """The layer's hyperparameters the compiled mixer bakes in, or None where it does not apply
+    (a conv bias, another gated norm class)."""
+    conv, norm = layer.conv1d, layer.norm
+    if "bias" in conv or type(norm) is not Qwen3NextRMSNormGated:
+        return None
+    return (layer.conv_kernel_size, layer.key_dim, layer.num_k_heads, layer.num_v_heads,
+            layer.head_k_dim, layer.head_v_dim, norm.eps, conv.stride, conv.padding,
+            conv.dilation, conv.groups)
+
+
+def _mixer(T: int, shape: Tuple) -> Callable:
+    """``reference_mixer`` of T tokens for layers of ``shape``, compiled, weights as inputs:
+    ``(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w) -> (out, conv_input,
+    keep, *states)``."""
+    key = (T, shape)
+    fn = _compiled.get(key)
+    if fn is not None:
+        return fn
+    K, key_dim, Hk, Hv, Dk, Dv, eps, stride, padding, dilation, groups = shape
+    block = _block(T)
+
+    def mixer(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w):
+        B = qkv.shape[0]
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        keep = mx.contiguous(conv_input[:, -(K - 1) :, :])
+        conv_out = nn.silu(mx.conv1d(conv_input, conv_w, stride, padding, dilation, groups))
+        q, k, v = [
+            t.reshape(B, T, h, d)
+            for t, h, d in zip(mx.split(conv_out, [key_dim, 2 * key_dim], -1),
+                               [Hk, Hk, Hv], [Dk, Dk, Dv])
+        ]
+        q, k = normalize_qk(q, k, inv_scale=Dk**-0.5, eps=1e-6)
+        y, *states = block(q, k, v, a, b, A_log, dt_bias, state)
+        out = precise_swiglu(y, z, mx.fast.rms_norm(y, norm_w, eps))  # Qwen3NextRMSNormGated
+        return (out, conv_input, keep, *states)
+
+    fn = _compiled[key] = mx.compile(mixer)
+    return fn
+
+
+def compiled_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
+    """``reference_mixer`` through the compiled graph (unchecked: see ``capture_mixer``)."""
+    out, conv_input, keep, *states = _mixer(qkv.shape[1], _shape_of(layer))(
+        qkv, z, b, a, conv_state, _state_or_zeros(layer, qkv, state), layer.conv1d.weight,
+        layer.A_log, layer.dt_bias, layer.norm.weight)
+    return out, conv_input, keep, states
+
+
+def _state_or_zeros(layer, qkv, state):
+    if state is not None:
+        return state
+    return mx.zeros((qkv.shape[0], layer.num_v_heads, layer.head_v_dim, layer.head_k_dim),
+                    dtype=mx.float32)
+
+
+def _signature(layer, args) -> Tuple:
+    arrays = [x for x in args if x is not None] + [layer.conv1d.weight, layer.A_log,
+                                                   layer.dt_bias, layer.norm.weight]
+    return (_shape_of(layer), args[-1] is None, str(mx.default_device()),
+            tuple((x.shape, x.dtype) for x in arrays))
+
+
+def mixer_equal(layer, qkv, z, b, a, conv_state, state) -> bool:
+    """Whether the compiled mixer equals ``reference_mixer`` for these shapes and dtypes on the
+    default device, every output bitwise, on seeded random inputs with the layer's own weights
+    (measured once per signature)."""
+    if _shape_of(layer) is None:
+        return False
+    key = _signature(layer, (qkv, z, b, a, conv_state, state))
     found = _checked.get(key)
     if found is None:
-        found = _checked[key] = _equal_on_random(q, v, a, A_log, dt_bias, state)
+        found = _checked[key] = _equal_on_random(layer, qkv, z, b, a, conv_state, state)
     return found
 
 
-def _equal_on_random(q, v, a, A_log, dt_bias, state) -> bool:
-    rng = mx.random.key(1357)
-    keys = mx.random.split(rng, 8)
+def _equal_on_random(layer, qkv, z, b, a, conv_state, state) -> bool:
+    keys = mx.random.split(mx.random.key(1357), 6)
 
     def like(x, key, scale=1.0):
-        return (scale * mx.random.normal(x.shape, key=key)).astype(x.dtype)
+        return None if x is None else (scale * mx.random.normal(x.shape, key=key)).astype(x.dtype)
 
-    args = (like(q, keys[0], 0.125), like(q, keys[1], 0.125), like(v, keys[2]), like(a, keys[3]),
-            like(a, keys[4]), like(A_log, keys[5]), like(dt_bias, keys[6]),
-            None if state is None else like(state, keys[7]))
-    y0, s0 = reference_states(*args)
-    y1, s1 = compiled_states(*args)
-    mx.eval(y0, s0, y1, s1)
-    return (_same(y0, y1) and len(s0) == len(s1)
-            and all(_same(x, y) for x, y in zip(s0, s1)))
+    args = (like(qkv, keys[0]), like(z, keys[1]), like(b, keys[2]), like(a, keys[3]),
+            like(conv_state, keys[4]), like(state, keys[5], 0.1))
+    ref = reference_mixer(layer, *args)
+    new = compiled_mixer(layer, *args)
+    mx.eval(ref, new)
+    return (all(_same(x, y) for x, y in zip(ref[:3], new[:3])) and len(ref[3]) == len(new[3])
+            and all(_same(x, y) for x, y in zip(ref[3], new[3])))
 
 
 _BITS = {2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
@@ -133,9 +221,9 @@ def _same(x: mx.array, y: mx.array) -> bool:
         bool(mx.array_equal(x, y).item())
 
 
-def block_states(q, k, v, a, b, A_log, dt_bias, state) -> Tuple[mx.array, List[mx.array]]:
-    """``(y, [state_1..state_T])`` of the unmasked recurrence over the T tokens: the compiled
-    block where ``block_equal`` says it equals the per-step path here, else the per-step path."""
-    if q.shape[1] > 1 and block_equal(q, v, a, A_log, dt_bias, state):
-        return compiled_states(q, k, v, a, b, A_log, dt_bias, state)
-    return reference_states(q, k, v, a, b, A_log, dt_bias, state)
+def capture_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
+    """``reference_mixer``'s outputs: compiled where ``mixer_equal`` says it equals the
+    reference here (T > 1), else the reference."""
+    if qkv.shape[1] > 1 and mixer_equal(layer, qkv, z, b, a, conv_state, state):
+        return compiled_mixer(layer, qkv, z, b, a, conv_state, state)
+    return reference_mixer(layer, qkv, z, b, a, conv_state, state)

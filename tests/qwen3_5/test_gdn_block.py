@@ -1,6 +1,6 @@
-"""The compiled T-step GatedDeltaNet recurrence (``gdn_block``) equals the per-step reference
-(mlx-lm's ``_gated_delta_step_ops`` T times) bitwise, y and every state, on every CPU BLAS binding;
-a signature whose check fails keeps the per-step path."""
+"""The compiled verify of a GatedDeltaNet layer (``gdn_block``) equals the reference (mlx-lm's ops:
+``_gated_delta_step_ops`` T times, its norms and conv) bitwise, output, conv input and window and
+every state, on every CPU BLAS binding; a signature whose check fails keeps the reference."""
 
 import json
 import os
@@ -10,11 +10,15 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from mlx_lm.utils import load_model as mlx_load_model
 
+import mlx_mtp
 from mlx_mtp import cpu_blas
 from mlx_mtp.qwen3_5 import gdn_block
+from mlx_mtp.qwen3_5.target import Qwen3_5Target
 
 ROOT = Path(__file__).resolve().parents[2]
+DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
 
 
 def bitwise(a, b):
@@ -40,7 +44,7 @@ SHAPES = [(2, 8, 64, 32), (4, 4, 32, 32), (2, 4, 128, 128)]
 
 @pytest.mark.parametrize("T", [2, 3, 4, 6])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_compiled_block_equals_per_step_reference_bitwise(T, shape):
+def test_compiled_recurrence_equals_per_step_reference_bitwise(T, shape):
     for seed, state in ((T, True), (T + 100, False)):
         args = inputs(T, *shape, seed=seed, state=state)
         y0, s0 = gdn_block.reference_states(*args)
@@ -49,77 +53,131 @@ def test_compiled_block_equals_per_step_reference_bitwise(T, shape):
         assert y1.shape == (1, T, shape[1], shape[3])
         assert bitwise(y0, y1)
         assert len(s1) == T and all(bitwise(x, y) for x, y in zip(s0, s1))
-        assert gdn_block.block_equal(args[0], args[2], args[3], args[5], args[6], args[7])
 
 
-def test_block_states_takes_the_compiled_block_where_its_check_passes(monkeypatch):
+def gdn_layer(path):
+    target = Qwen3_5Target(mlx_load_model(Path(path))[0])
+    return next(l for l in target.layers if l.is_linear).linear_attn
+
+
+def mixer_inputs(layer, T, seed, state=True):
+    mx.random.seed(seed)
+    qkv = mx.random.normal((1, T, layer.conv_dim))
+    z = mx.random.normal((1, T, layer.num_v_heads, layer.head_v_dim))
+    b, a = mx.random.normal((1, T, layer.num_v_heads)), mx.random.normal((1, T, layer.num_v_heads))
+    conv_state = mx.random.normal((1, layer.conv_kernel_size - 1, layer.conv_dim))
+    s = 0.1 * mx.random.normal((1, layer.num_v_heads, layer.head_v_dim, layer.head_k_dim))
+    args = (qkv, z, b, a, conv_state, s if state else None)
+    mx.eval([x for x in args if x is not None])
+    return args
+
+
+def mixed_equal(m0, m1):
+    return (all(bitwise(x, y) for x, y in zip(m0[:3], m1[:3])) and len(m0[3]) == len(m1[3])
+            and all(bitwise(x, y) for x, y in zip(m0[3], m1[3])))
+
+
+@pytest.mark.parametrize("kind", ["dense", "next", "demo"])
+def test_compiled_mixer_equals_the_reference_bitwise(kind, request):
+    path = DEMO if kind == "demo" else request.getfixturevalue(f"{kind}_dir")
+    layer = gdn_layer(path)
+    for T in (2, 3, 4, 6):
+        for state in (True, False):
+            args = mixer_inputs(layer, T, seed=T, state=state)
+            ref = gdn_block.reference_mixer(layer, *args)
+            new = gdn_block.compiled_mixer(layer, *args)
+            mx.eval(ref, new)
+            assert new[0].shape == (1, T, layer.num_v_heads, layer.head_v_dim)
+            assert len(new[3]) == T and mixed_equal(ref, new), (T, state)
+            assert gdn_block.mixer_equal(layer, *args)
+
+
+def test_capture_mixer_takes_the_compiled_graph_where_its_check_passes(dense_dir, monkeypatch):
     monkeypatch.setattr(gdn_block, "_checked", {})
-    args = inputs(3, 2, 8, 64, 32, seed=7)
+    layer = gdn_layer(dense_dir)
     calls = []
-    compiled = gdn_block.compiled_states
-    monkeypatch.setattr(gdn_block, "compiled_states", lambda *a: calls.append(1) or compiled(*a))
-    y, states = gdn_block.block_states(*args)
-    y0, s0 = gdn_block.reference_states(*args)
-    mx.eval(y, states, y0, s0)
-    assert calls == [1, 1]  # the check's run, then the block's
-    assert bitwise(y, y0) and all(bitwise(x, z) for x, z in zip(states, s0))
+    compiled = gdn_block.compiled_mixer
+    monkeypatch.setattr(gdn_block, "compiled_mixer", lambda *a: calls.append(1) or compiled(*a))
+    args = mixer_inputs(layer, 3, seed=7)
+    out = gdn_block.capture_mixer(layer, *args)
+    ref = gdn_block.reference_mixer(layer, *args)
+    mx.eval(out, ref)
+    assert calls == [1, 1]  # the check's run, then the verify's
+    assert mixed_equal(out, ref)
+    gdn_block.capture_mixer(layer, *mixer_inputs(layer, 3, seed=8))
+    assert calls == [1, 1, 1]  # checked once per signature
 
 
-def test_a_signature_whose_check_fails_keeps_the_per_step_path(monkeypatch):
+def test_a_signature_whose_check_fails_keeps_the_reference(dense_dir, monkeypatch):
     monkeypatch.setattr(gdn_block, "_checked", {})
     monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a: False)
 
     def refuse(*a):
-        raise AssertionError("the compiled block ran after its check failed")
+        raise AssertionError("the compiled mixer ran after its check failed")
 
-    monkeypatch.setattr(gdn_block, "compiled_states", refuse)
-    args = inputs(4, 2, 8, 64, 32, seed=11)
-    y, states = gdn_block.block_states(*args)
-    y0, s0 = gdn_block.reference_states(*args)
-    mx.eval(y, states, y0, s0)
-    assert bitwise(y, y0) and len(states) == 4 and all(bitwise(x, z) for x, z in zip(states, s0))
+    monkeypatch.setattr(gdn_block, "compiled_mixer", refuse)
+    layer = gdn_layer(dense_dir)
+    args = mixer_inputs(layer, 4, seed=11)
+    out = gdn_block.capture_mixer(layer, *args)
+    ref = gdn_block.reference_mixer(layer, *args)
+    mx.eval(out, ref)
+    assert mixed_equal(out, ref) and len(out[3]) == 4
     assert list(gdn_block._checked.values()) == [False]
 
 
-def test_the_check_compares_every_state(monkeypatch):
-    """A block whose last state differs in one element fails the check."""
+@pytest.mark.parametrize("output", [0, 1, 2, 3])
+def test_the_check_compares_every_output(output, dense_dir, monkeypatch):
+    """A compiled mixer that differs in one element of any output (or of the last state) fails."""
     monkeypatch.setattr(gdn_block, "_checked", {})
-    compiled = gdn_block.compiled_states
+    compiled = gdn_block.compiled_mixer
+
+    def bump(x):
+        return x.reshape(-1).at[5].add(1.0).reshape(x.shape)
 
     def off_by_one(*a):
-        y, states = compiled(*a)
-        last = states[-1]
-        bumped = last.reshape(-1).at[5].add(1.0).reshape(last.shape)
-        return y, states[:-1] + [bumped]
+        out = list(compiled(*a))
+        if output == 3:
+            out[3] = out[3][:-1] + [bump(out[3][-1])]
+        else:
+            out[output] = bump(out[output])
+        return tuple(out)
 
-    monkeypatch.setattr(gdn_block, "compiled_states", off_by_one)
-    args = inputs(3, 2, 8, 64, 32, seed=13)
-    assert not gdn_block.block_equal(args[0], args[2], args[3], args[5], args[6], args[7])
+    monkeypatch.setattr(gdn_block, "compiled_mixer", off_by_one)
+    layer = gdn_layer(dense_dir)
+    assert not gdn_block.mixer_equal(layer, *mixer_inputs(layer, 3, seed=13))
 
 
-def test_one_token_uses_the_per_step_path(monkeypatch):
-    monkeypatch.setattr(gdn_block, "block_equal", lambda *a: pytest.fail("checked at T = 1"))
-    args = inputs(1, 2, 8, 64, 32, seed=17)
-    y, states = gdn_block.block_states(*args)
-    y0, s0 = gdn_block.reference_states(*args)
-    mx.eval(y, states, y0, s0)
-    assert bitwise(y, y0) and bitwise(states[0], s0[0])
+def test_one_token_and_other_layers_use_the_reference(dense_dir, monkeypatch):
+    layer = gdn_layer(dense_dir)
+    monkeypatch.setattr(gdn_block, "compiled_mixer", lambda *a: pytest.fail("compiled"))
+    args = mixer_inputs(layer, 1, seed=17)
+    out = gdn_block.capture_mixer(layer, *args)
+    mx.eval(out)
+    assert mixed_equal(out, gdn_block.reference_mixer(layer, *args))
+    # A conv with a bias is not what the compiled mixer computes: the reference, unchecked.
+    layer.conv1d.bias = mx.zeros((layer.conv_dim,))
+    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a: pytest.fail("checked"))
+    args = mixer_inputs(layer, 3, seed=19)
+    out = gdn_block.capture_mixer(layer, *args)
+    mx.eval(out)
+    assert mixed_equal(out, gdn_block.reference_mixer(layer, *args))
 
 
 CHECK = """
-import json, mlx_mtp
+import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp import cpu_blas
 from mlx_mtp.qwen3_5 import gdn_block
+model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 out = []
-for T in (2, 3, 4, 5):
-    for Hk, Hv, Dk, Dv in ((2, 8, 64, 32), (2, 4, 128, 128)):
+for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
+    for T in (2, 3, 4, 5):
+        V, H, Dv, Dk = layer.conv_dim, layer.num_v_heads, layer.head_v_dim, layer.head_k_dim
         mx.random.seed(T)
-        q = mx.random.normal((1, T, Hk, Dk))
-        v = mx.random.normal((1, T, Hv, Dv))
-        a = mx.random.normal((1, T, Hv))
-        out.append(gdn_block._equal_on_random(q, v, a, mx.zeros((Hv,)), mx.zeros((Hv,)),
-                                              mx.zeros((1, Hv, Dv, Dk))))
+        args = (mx.random.normal((1, T, V)), mx.random.normal((1, T, H, Dv)),
+                mx.random.normal((1, T, H)), mx.random.normal((1, T, H)),
+                mx.random.normal((1, layer.conv_kernel_size - 1, V)), mx.zeros((1, H, Dv, Dk)))
+        out.append(gdn_block._equal_on_random(layer, *args))
 print(json.dumps({"blas": cpu_blas.STATE.name, "equal": out}))
 """
 
@@ -130,13 +188,14 @@ def _bindings():
 
 
 @pytest.mark.parametrize("name,value", _bindings())
-def test_the_block_equals_the_reference_with_every_blas_binding(name, value):
+def test_the_compiled_mixer_equals_the_reference_with_every_blas_binding(name, value):
+    """On the demo pair's layers (their own weights), in a fresh process per binding."""
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
     env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO)], capture_output=True, text=True,
+                       env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if sys.platform.startswith("linux"):
         assert out["blas"] == name
-    assert out["equal"] == [True] * 8
+    assert out["equal"] == [True] * 12
