@@ -81,12 +81,12 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             mx.eval(model.mlx_model(one if arm == "decode" else block, cache=caches[arm]))
             return
         setup(arm)
-        gdn_block.mixer_equal = (lambda *a: False) if arm == "stepwise" else mixer_equal
+        gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         with cpu_blas.verify_threads():
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}
-    mixer_equal = gdn_block.mixer_equal
+    mixer_choice = gdn_block.mixer_choice
     default_threads = row_exact.kernel_threads
     threads = kernel_threads or default_threads()
     row_exact.kernel_threads = lambda: threads
@@ -97,7 +97,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
-        gdn_block.mixer_equal = mixer_equal
+        gdn_block.mixer_choice = mixer_choice
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]

@@ -7,7 +7,8 @@ op ``_gated_delta_step_ops`` T times from Python (per step 6 kernels and ~20 sli
 expand-dims), and the layer's norms and activations (on the CPU, ``rms_norm`` runs as separate
 ops) are one kernel per op. ``capture_mixer`` runs the conv window, conv, silu, q/k norms, the
 recurrence and the gated norm as one ``mx.compile``d function per T and layer shape (weights
-passed in), which fuses the elementwise ops; its recurrence (``_block``) splits the per-token
+passed in), which fuses the elementwise ops (the depthwise conv too where it sums its taps as
+the products do: ``taps_conv``); its recurrence (``_block``) splits the per-token
 inputs once, keeps the reduced axis of its sums and runs 5 kernels a step. A w = 3 verify of the
 demo pair then runs as many compute kernels as a decode step (1041; 1233 with mlx-lm's ops).
 
@@ -131,11 +132,33 @@ def _shape_of(layer) -> Optional[Tuple]:
             conv.dilation, conv.groups)
 
 
-def _mixer(T: int, shape: Tuple) -> Callable:
+def _taps_apply(layer) -> bool:
+    """Whether the layer's conv is depthwise, stride 1, no padding or dilation: one weight per
+    channel and tap, so the conv is a sum of K shifted products per channel (``_mixer``)."""
+    conv = layer.conv1d
+    C, K, per_group = conv.weight.shape
+    return ((conv.stride, conv.padding, conv.dilation) == (1, 0, 1) and per_group == 1
+            and conv.groups == C == layer.conv_dim and K == layer.conv_kernel_size)
+
+
+def taps_conv(x: mx.array, w: mx.array, T: int) -> mx.array:
+    """A depthwise conv1d (``w`` [C, K, 1], stride 1, no padding) of ``x`` [B, K-1+T, C] as its K
+    shifted products summed in tap order from zero: the order MLX's CPU conv sums them in with
+    BLIS and the bundled BLAS (not with OpenBLAS). Adding 0.0 first is the sum from zero: a
+    window of -0.0 gives +0.0, as the conv does."""
+    w = w[:, :, 0].T  # [K, C]
+    out = x[:, 0:T] * w[0] + 0.0
+    for j in range(1, w.shape[0]):
+        out = out + x[:, j : j + T] * w[j]
+    return out
+
+
+def _mixer(T: int, shape: Tuple, taps: bool) -> Callable:
     """``reference_mixer`` of T tokens for layers of ``shape``, compiled, weights as inputs:
     ``(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w) -> (out, conv_input,
-    keep, *states)``."""
-    key = (T, shape)
+    keep, *states)``. ``taps``: the conv as ``taps_conv``, fused with silu; MLX's CPU conv runs
+    a depthwise conv as one small product per channel, about 8 kernels' time on the demo pair."""
+    key = (T, shape, taps)
     fn = _compiled.get(key)
     if fn is not None:
         return fn
@@ -146,10 +169,11 @@ def _mixer(T: int, shape: Tuple) -> Callable:
         B = qkv.shape[0]
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
         keep = mx.contiguous(conv_input[:, -(K - 1) :, :])
-        conv_out = nn.silu(mx.conv1d(conv_input, conv_w, stride, padding, dilation, groups))
+        conv_out = (taps_conv(conv_input, conv_w, T) if taps else
+                    mx.conv1d(conv_input, conv_w, stride, padding, dilation, groups))
         q, k, v = [
             t.reshape(B, T, h, d)
-            for t, h, d in zip(mx.split(conv_out, [key_dim, 2 * key_dim], -1),
+            for t, h, d in zip(mx.split(nn.silu(conv_out), [key_dim, 2 * key_dim], -1),
                                [Hk, Hk, Hv], [Dk, Dk, Dv])
         ]
         q, k = normalize_qk(q, k, inv_scale=Dk**-0.5, eps=1e-6)
@@ -161,9 +185,9 @@ def _mixer(T: int, shape: Tuple) -> Callable:
     return fn
 
 
-def compiled_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
+def compiled_mixer(layer, qkv, z, b, a, conv_state, state, taps: bool = False) -> Mixed:
     """``reference_mixer`` through the compiled graph (unchecked: see ``capture_mixer``)."""
-    out, conv_input, keep, *states = _mixer(qkv.shape[1], _shape_of(layer))(
+    out, conv_input, keep, *states = _mixer(qkv.shape[1], _shape_of(layer), taps)(
         qkv, z, b, a, conv_state, _state_or_zeros(layer, qkv, state), layer.conv1d.weight,
         layer.A_log, layer.dt_bias, layer.norm.weight)
     return out, conv_input, keep, states
@@ -183,29 +207,37 @@ def _signature(layer, args) -> Tuple:
             tuple((x.shape, x.dtype) for x in arrays))
 
 
-def mixer_equal(layer, qkv, z, b, a, conv_state, state) -> bool:
-    """Whether the compiled mixer equals ``reference_mixer`` for these shapes and dtypes on the
-    default device, every output bitwise, on seeded random inputs with the layer's own weights
-    (measured once per signature)."""
+TAPS, CONV = "taps", "conv"
+
+
+def mixer_choice(layer, qkv, z, b, a, conv_state, state) -> Optional[str]:
+    """Which compiled mixer equals ``reference_mixer`` for these shapes and dtypes on the default
+    device, every output bitwise, on seeded inputs with the layer's own weights: ``TAPS`` (the
+    conv as ``taps_conv``, where it applies), else ``CONV`` (``mx.conv1d``), else None (the
+    reference). Measured once per signature."""
     if _shape_of(layer) is None:
-        return False
+        return None
     key = _signature(layer, (qkv, z, b, a, conv_state, state))
-    found = _checked.get(key)
-    if found is None:
-        found = _checked[key] = _equal_on_random(layer, qkv, z, b, a, conv_state, state)
-    return found
+    if key not in _checked:
+        args = (layer, qkv, z, b, a, conv_state, state)
+        _checked[key] = (TAPS if _taps_apply(layer) and _equal_on_random(*args, taps=True)
+                         else CONV if _equal_on_random(*args, taps=False) else None)
+    return _checked[key]
 
 
-def _equal_on_random(layer, qkv, z, b, a, conv_state, state) -> bool:
+def _equal_on_random(layer, qkv, z, b, a, conv_state, state, taps: bool) -> bool:
     keys = mx.random.split(mx.random.key(1357), 6)
 
     def like(x, key, scale=1.0):
         return None if x is None else (scale * mx.random.normal(x.shape, key=key)).astype(x.dtype)
 
-    args = (like(qkv, keys[0]), like(z, keys[1]), like(b, keys[2]), like(a, keys[3]),
-            like(conv_state, keys[4]), like(state, keys[5], 0.1))
+    qkv_r, conv_r = like(qkv, keys[0]), like(conv_state, keys[4])
+    qkv_r[..., :4] = -0.0  # channels with a window of -0.0 (see taps_conv)
+    conv_r[..., :4] = -0.0
+    args = (qkv_r, like(z, keys[1]), like(b, keys[2]), like(a, keys[3]), conv_r,
+            like(state, keys[5], 0.1))
     ref = reference_mixer(layer, *args)
-    new = compiled_mixer(layer, *args)
+    new = compiled_mixer(layer, *args, taps=taps)
     mx.eval(ref, new)
     return (all(_same(x, y) for x, y in zip(ref[:3], new[:3])) and len(ref[3]) == len(new[3])
             and all(_same(x, y) for x, y in zip(ref[3], new[3])))
@@ -224,8 +256,9 @@ def _same(x: mx.array, y: mx.array) -> bool:
 
 
 def capture_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
-    """``reference_mixer``'s outputs: compiled where ``mixer_equal`` says it equals the
-    reference here (T > 1), else the reference."""
-    if qkv.shape[1] > 1 and mixer_equal(layer, qkv, z, b, a, conv_state, state):
-        return compiled_mixer(layer, qkv, z, b, a, conv_state, state)
-    return reference_mixer(layer, qkv, z, b, a, conv_state, state)
+    """``reference_mixer``'s outputs: compiled where ``mixer_choice`` found a compiled mixer
+    equal to the reference here (T > 1), else the reference."""
+    choice = mixer_choice(layer, qkv, z, b, a, conv_state, state) if qkv.shape[1] > 1 else None
+    if choice is None:
+        return reference_mixer(layer, qkv, z, b, a, conv_state, state)
+    return compiled_mixer(layer, qkv, z, b, a, conv_state, state, taps=choice == TAPS)

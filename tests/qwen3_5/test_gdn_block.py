@@ -81,15 +81,20 @@ def mixed_equal(m0, m1):
 def test_compiled_mixer_equals_the_reference_bitwise(kind, request):
     path = DEMO if kind == "demo" else request.getfixturevalue(f"{kind}_dir")
     layer = gdn_layer(path)
+    assert gdn_block._taps_apply(layer)
     for T in (2, 3, 4, 6):
         for state in (True, False):
             args = mixer_inputs(layer, T, seed=T, state=state)
             ref = gdn_block.reference_mixer(layer, *args)
-            new = gdn_block.compiled_mixer(layer, *args)
-            mx.eval(ref, new)
-            assert new[0].shape == (1, T, layer.num_v_heads, layer.head_v_dim)
-            assert len(new[3]) == T and mixed_equal(ref, new), (T, state)
-            assert gdn_block.mixer_equal(layer, *args)
+            conv = gdn_block.compiled_mixer(layer, *args, taps=False)
+            taps = gdn_block.compiled_mixer(layer, *args, taps=True)
+            mx.eval(ref, conv, taps)
+            assert conv[0].shape == (1, T, layer.num_v_heads, layer.head_v_dim)
+            assert len(conv[3]) == T and mixed_equal(ref, conv), (T, state)
+            choice = gdn_block.mixer_choice(layer, *args)
+            assert choice == (gdn_block.TAPS if mixed_equal(ref, taps) else gdn_block.CONV)
+            if cpu_blas.STATE.name in ("BLIS", "bundled"):  # MLX's conv sums the taps in order
+                assert choice == gdn_block.TAPS
 
 
 def test_capture_mixer_takes_the_compiled_graph_where_its_check_passes(dense_dir, monkeypatch):
@@ -97,23 +102,40 @@ def test_capture_mixer_takes_the_compiled_graph_where_its_check_passes(dense_dir
     layer = gdn_layer(dense_dir)
     calls = []
     compiled = gdn_block.compiled_mixer
-    monkeypatch.setattr(gdn_block, "compiled_mixer", lambda *a: calls.append(1) or compiled(*a))
+    monkeypatch.setattr(gdn_block, "compiled_mixer",
+                        lambda *a, taps: calls.append(taps) or compiled(*a, taps=taps))
+    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a, taps: True)
     args = mixer_inputs(layer, 3, seed=7)
     out = gdn_block.capture_mixer(layer, *args)
     ref = gdn_block.reference_mixer(layer, *args)
     mx.eval(out, ref)
-    assert calls == [1, 1]  # the check's run, then the verify's
-    assert mixed_equal(out, ref)
+    assert calls == [True] and mixed_equal(out, ref)
     gdn_block.capture_mixer(layer, *mixer_inputs(layer, 3, seed=8))
-    assert calls == [1, 1, 1]  # checked once per signature
+    assert calls == [True, True] and list(gdn_block._checked.values()) == [gdn_block.TAPS]
 
 
-def test_a_signature_whose_check_fails_keeps_the_reference(dense_dir, monkeypatch):
+def test_a_failing_taps_check_takes_the_compiled_conv(dense_dir, monkeypatch):
     monkeypatch.setattr(gdn_block, "_checked", {})
-    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a: False)
+    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a, taps: not taps)
+    layer = gdn_layer(dense_dir)
+    calls = []
+    compiled = gdn_block.compiled_mixer
+    monkeypatch.setattr(gdn_block, "compiled_mixer",
+                        lambda *a, taps: calls.append(taps) or compiled(*a, taps=taps))
+    args = mixer_inputs(layer, 2, seed=9)
+    out = gdn_block.capture_mixer(layer, *args)
+    ref = gdn_block.reference_mixer(layer, *args)
+    mx.eval(out, ref)
+    assert calls == [False] and mixed_equal(out, ref)
+    assert list(gdn_block._checked.values()) == [gdn_block.CONV]
 
-    def refuse(*a):
-        raise AssertionError("the compiled mixer ran after its check failed")
+
+def test_a_signature_whose_checks_fail_keeps_the_reference(dense_dir, monkeypatch):
+    monkeypatch.setattr(gdn_block, "_checked", {})
+    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a, taps: False)
+
+    def refuse(*a, **k):
+        raise AssertionError("a compiled mixer ran after its check failed")
 
     monkeypatch.setattr(gdn_block, "compiled_mixer", refuse)
     layer = gdn_layer(dense_dir)
@@ -122,20 +144,21 @@ def test_a_signature_whose_check_fails_keeps_the_reference(dense_dir, monkeypatc
     ref = gdn_block.reference_mixer(layer, *args)
     mx.eval(out, ref)
     assert mixed_equal(out, ref) and len(out[3]) == 4
-    assert list(gdn_block._checked.values()) == [False]
+    assert list(gdn_block._checked.values()) == [None]
 
 
 @pytest.mark.parametrize("output", [0, 1, 2, 3])
 def test_the_check_compares_every_output(output, dense_dir, monkeypatch):
-    """A compiled mixer that differs in one element of any output (or of the last state) fails."""
+    """A compiled mixer that differs in one element of any output (or of the last state) fails
+    both checks."""
     monkeypatch.setattr(gdn_block, "_checked", {})
     compiled = gdn_block.compiled_mixer
 
     def bump(x):
         return x.reshape(-1).at[5].add(1.0).reshape(x.shape)
 
-    def off_by_one(*a):
-        out = list(compiled(*a))
+    def off_by_one(*a, taps):
+        out = list(compiled(*a, taps=taps))
         if output == 3:
             out[3] = out[3][:-1] + [bump(out[3][-1])]
         else:
@@ -144,19 +167,42 @@ def test_the_check_compares_every_output(output, dense_dir, monkeypatch):
 
     monkeypatch.setattr(gdn_block, "compiled_mixer", off_by_one)
     layer = gdn_layer(dense_dir)
-    assert not gdn_block.mixer_equal(layer, *mixer_inputs(layer, 3, seed=13))
+    assert gdn_block.mixer_choice(layer, *mixer_inputs(layer, 3, seed=13)) is None
+
+
+@pytest.mark.parametrize("T", [1, 3, 5])
+def test_taps_conv_equals_the_conv_and_keeps_the_sign_of_a_zero_sum(T, dense_dir):
+    """MLX's conv sums a window of -0.0 from zero (+0.0); the taps do too (a plain sum of the
+    products would give -0.0)."""
+    layer = gdn_layer(dense_dir)
+    mx.random.seed(T)
+    x = mx.random.normal((1, layer.conv_kernel_size - 1 + T, layer.conv_dim))
+    x[..., :2] = -0.0
+    w = mx.abs(layer.conv1d.weight)  # positive: every product of a -0.0 window is -0.0
+    conv = mx.conv1d(x, w, 1, 0, 1, layer.conv_dim)
+    taps = gdn_block.taps_conv(x, w, T)
+    plain = x[:, 0:T] * w[:, 0, 0]
+    for j in range(1, w.shape[1]):
+        plain = plain + x[:, j : j + T] * w[:, j, 0]
+    mx.eval(conv, taps, plain)
+    assert bitwise(conv[..., :2], mx.zeros((1, T, 2)))  # +0.0
+    assert not bitwise(plain[..., :2], mx.zeros((1, T, 2)))  # -0.0: the case the + 0.0 is for
+    if cpu_blas.STATE.name in ("BLIS", "bundled"):
+        assert bitwise(conv, taps)
+    else:
+        assert bitwise(taps[..., :2], conv[..., :2])
 
 
 def test_one_token_and_other_layers_use_the_reference(dense_dir, monkeypatch):
     layer = gdn_layer(dense_dir)
-    monkeypatch.setattr(gdn_block, "compiled_mixer", lambda *a: pytest.fail("compiled"))
+    monkeypatch.setattr(gdn_block, "compiled_mixer", lambda *a, **k: pytest.fail("compiled"))
     args = mixer_inputs(layer, 1, seed=17)
     out = gdn_block.capture_mixer(layer, *args)
     mx.eval(out)
     assert mixed_equal(out, gdn_block.reference_mixer(layer, *args))
     # A conv with a bias is not what the compiled mixer computes: the reference, unchecked.
     layer.conv1d.bias = mx.zeros((layer.conv_dim,))
-    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a: pytest.fail("checked"))
+    monkeypatch.setattr(gdn_block, "_equal_on_random", lambda *a, **k: pytest.fail("checked"))
     args = mixer_inputs(layer, 3, seed=19)
     out = gdn_block.capture_mixer(layer, *args)
     mx.eval(out)
@@ -177,8 +223,11 @@ for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
         args = (mx.random.normal((1, T, V)), mx.random.normal((1, T, H, Dv)),
                 mx.random.normal((1, T, H)), mx.random.normal((1, T, H)),
                 mx.random.normal((1, layer.conv_kernel_size - 1, V)), mx.zeros((1, H, Dv, Dk)))
-        out.append(gdn_block._equal_on_random(layer, *args))
-print(json.dumps({"blas": cpu_blas.STATE.name, "equal": out}))
+        gdn_block._checked.clear()
+        out.append([gdn_block.mixer_choice(layer, *args),
+                    gdn_block._equal_on_random(layer, *args, taps=True),
+                    gdn_block._equal_on_random(layer, *args, taps=False)])
+print(json.dumps({"blas": cpu_blas.STATE.name, "checks": out}))
 """
 
 
@@ -198,4 +247,9 @@ def test_the_compiled_mixer_equals_the_reference_with_every_blas_binding(name, v
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if sys.platform.startswith("linux"):
         assert out["blas"] == name
-    assert out["equal"] == [True] * 12
+    assert len(out["checks"]) == 12
+    for choice, taps, conv in out["checks"]:
+        assert conv  # compiling mx.conv1d's graph changes no bytes
+        assert choice == ("taps" if taps else "conv")
+    if name in ("BLIS", "bundled"):  # MLX's conv sums the taps in order with these
+        assert all(taps for _, taps, _ in out["checks"])
