@@ -146,9 +146,10 @@ def taps_conv(x: mx.array, w: mx.array, T: int) -> mx.array:
     shifted products summed in tap order from zero: the order MLX's CPU conv sums them in with
     BLIS and the bundled BLAS (not with OpenBLAS). Adding 0.0 first is the sum from zero: a
     window of -0.0 gives +0.0, as the conv does."""
-    w = w[:, :, 0].T  # [K, C]
+    C, K, _ = w.shape
+    w = [t.reshape(C) for t in mx.split(w.reshape(C, K), K, axis=1)]  # views (no gathers)
     out = x[:, 0:T] * w[0] + 0.0
-    for j in range(1, w.shape[0]):
+    for j in range(1, K):
         out = out + x[:, j : j + T] * w[j]
     return out
 
