@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mlx_mtp  # noqa: E402,F401  (first: binds the system BLAS before mlx.core loads)
+import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 import mlx.core as mx  # noqa: E402
 
 from mlx_mtp import keyed_sampling, sampling  # noqa: E402
@@ -69,7 +69,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.vocab < 2 or args.drafts < 1 or args.rounds < 1 or not args.temp > 0:
         p.error("--vocab >= 2, --drafts >= 1, --rounds >= 1 and --temp > 0 are required")
-    sampler = sampling.make_sampler(temp=args.temp)
+    sampler = mlx_mtp.make_sampler(temp=args.temp)
     keys, streams = keyed_sampling.PositionKeys(0), sampling.RandomStreams(0)
     z = mx.random.normal((2 * args.drafts + 1, args.vocab), key=mx.random.key(1)) * 3
     z_draft, z_verify = z[: args.drafts], z[args.drafts :]
