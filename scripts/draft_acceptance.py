@@ -17,6 +17,8 @@ With ``--chains N`` it also estimates the expected number of drafts kept per rou
 position, N draft chains drawn recurrently from each q as the drafter drafts, the target's p at
 the chain's rows, and E[kept | chain] exactly from block verification's pass probabilities
 (independent coins: P(kept >= j) = 1 - prod_{i >= j} (1 - pass_i)), averaged over the chains.
+Both average over positions, where a run averages over its rounds (an easy stretch takes fewer
+rounds), so they rank variants; they are not a run's per-round means.
 
     python scripts/draft_acceptance.py [--model mlx_mtp/demo_pair] [--temp 0.6] \
         [--max-tokens 128] [--chains 4 --stride 4 --drafts 5] [--out FILE.json]
