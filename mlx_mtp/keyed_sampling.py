@@ -42,14 +42,21 @@ class PositionKeys:
         return mx.random.gumbel(shape=(1, vocab_size), key=self.key(n))
 
 
-def draw(sampler, logprobs: mx.array, keys: PositionKeys, first: int) -> mx.array:
+def draw(sampler, logprobs: mx.array, keys: PositionKeys, first: int, *,
+         logits: Optional[mx.array] = None, noise: Sequence[mx.array] = ()) -> mx.array:
     """The target's draws for rows ``logprobs [w, V]`` at positions first .. first + w - 1
     (uint32 ``[w]``). ``sampler`` is an ``mlx_mtp.sampling.Sampler``; a bare sampler function
-    (mlx-lm's) is called row by row with mlx's global seed set to each position's key."""
+    (mlx-lm's) is called row by row with mlx's global seed set to each position's key.
+
+    For a ``Sampler``: ``logits``, the same rows before log-normalization, saves the pass of exp
+    that normalizing costs where no filter needs it (an argmax does not see a row's shift);
+    ``noise`` are G_n rows ``[1, V]`` already made for the first positions (the coupled drafts'),
+    reused instead of drawn again from the same keys."""
     w, vocab = logprobs.shape
     if isinstance(sampler, sampling.Sampler):
-        noise = mx.concatenate([keys.noise(first + i, vocab) for i in range(w)])
-        return mx.argmax(sampler.logits(logprobs) + noise, axis=-1).astype(mx.uint32)
+        rows = list(noise[:w]) + [keys.noise(first + i, vocab) for i in range(len(noise), w)]
+        scaled = sampler.shifted_logits(logprobs if logits is None else logits)
+        return mx.argmax(scaled + mx.concatenate(rows), axis=-1).astype(mx.uint32)
     rows = []
     for i in range(w):
         mx.random.seed(hash((keys.seed, first + i)) & 0xFFFFFFFFFFFFFFFF)  # no host read
@@ -65,14 +72,14 @@ class CoupledDraftSampler(sampling.DraftSampler):
                  processors: Sequence = (), history: Optional[mx.array] = None):
         super().__init__(sampler, None, vocab_size, processors, history)
         self.keys, self.first = keys, first
+        self.noise = []  # G_n of each draft's position, over the full vocabulary (``draw`` reuses)
 
     def __call__(self, logits: mx.array, ids: Optional[mx.array] = None) -> mx.array:
-        logits = self._process(logits, ids)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         noise = self.keys.noise(self.first + len(self.ids), self.vocab_size)
+        self.noise.append(noise)
         if ids is not None:  # a reduced draft vocabulary: the noise of the ids it covers
             noise = noise[:, ids]
-        col = mx.argmax(self.sampler.logits(logprobs) + noise, axis=-1)
+        col = mx.argmax(self.sampler.shifted_logits(self._process(logits, ids)) + noise, axis=-1)
         tok = (col if ids is None else ids[col]).astype(mx.uint32)
         self.ids.append(tok)
         return tok

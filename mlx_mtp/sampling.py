@@ -94,12 +94,16 @@ class Sampler:
             logprobs = f(logprobs)
         return logprobs * (1.0 / self.temp)
 
-    def _eager_probs(self, logits: mx.array) -> mx.array:
-        # The softmax does not see a shift of its row, so raw logits need no log-normalization
-        # (a pass of exp over the vocabulary) unless a filter reads probabilities (top-p, min-p).
+    def shifted_logits(self, logits: mx.array) -> mx.array:
+        """``logits`` up to a per-row shift (all an argmax or a softmax sees): ``logits`` of raw
+        (processed) logits, normalized first only when a filter reads probabilities (top-p,
+        min-p), which saves a pass of exp over the vocabulary otherwise."""
         if self._filters:
             logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return mx.softmax(self.logits(logits).astype(mx.float32), axis=-1)
+        return self.logits(logits)
+
+    def _eager_probs(self, logits: mx.array) -> mx.array:
+        return mx.softmax(self.shifted_logits(logits).astype(mx.float32), axis=-1)
 
     def probs(self, logits: mx.array) -> mx.array:
         """The sampled distribution of rows of (processed) logits or logprobs, in float32 (exact

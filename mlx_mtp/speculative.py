@@ -293,7 +293,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
         logits = proc(history, logits)
     logprobs = _logprobs(logits)
     if keys is not None:
-        bonus = keyed_sampling.draw(sampler, logprobs, keys, 0)
+        bonus = keyed_sampling.draw(sampler, logprobs, keys, 0, logits=logits)
     else:
         bonus = sampler(logprobs) if streams is None else sampler.sample(logprobs, streams.target())
     history = sampling.append_history(history, bonus)
@@ -354,6 +354,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                     deferred = []
             t_choice = time.perf_counter()
             drafts = q = q_ids = None
+            noise = ()  # coupled drafts' G_n, reused by the target's draws at those positions
             if k > 0:
                 with stats.phase("draft"):
                     syncs = drafter.syncs
@@ -361,7 +362,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                         ds = keyed_sampling.CoupledDraftSampler(sampler, keys, emitted,
                                                                 target.vocab_size, processors, history)
                         drafter.draft_sampled(k, ds)
-                        drafts = ds.drafts()
+                        drafts, noise = ds.drafts(), ds.noise
                     elif streams is None:
                         drafts = drafter.draft(k)
                     else:
@@ -382,7 +383,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                 logprobs = _logprobs(logits)
                 parts = [] if drafts is None else [drafts]
                 if keys is not None:
-                    toks = keyed_sampling.draw(sampler, logprobs, keys, emitted)
+                    toks = keyed_sampling.draw(sampler, logprobs, keys, emitted, logits=logits,
+                                               noise=noise)
                 elif streams is None:
                     toks = sampler(logprobs)
                 else:  # p from the logits: the logprobs stay lazy (computed if read)
@@ -450,8 +452,8 @@ def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, proce
         if processors:
             logits = sampling.process_rows(logits, history, y, processors)
         logprobs = _logprobs(logits)
-        tok = (keyed_sampling.draw(sampler, logprobs, keys, pos) if keys is not None
-               else sampler(logprobs))
+        tok = (keyed_sampling.draw(sampler, logprobs, keys, pos, logits=logits)
+               if keys is not None else sampler(logprobs))
         return h, tok, logprobs
 
     if n < 1:

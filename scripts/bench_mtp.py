@@ -14,7 +14,10 @@ with one line): tok/s per block size, per-position acceptance, the round split.
 
 ``auto`` is an arm like a block size (``--block-size auto``, widths up to ``--max-block-size``);
 with it the record adds a per-prompt table: auto against the best fixed block size and against
-plain decode on each prompt, and the widths auto chose.
+plain decode on each prompt, and the widths auto chose; and auto against every fixed block pair
+by pair (median and min-max over pairs of the ratio within a pair), which tells a loss from the
+noise that lifts the best of the fixed arms' medians (an older record's raw runs give it too,
+when ``--render --summary`` rewrites its .md).
 
 With ``--temp > 0`` both arms sample (mlx_mtp's ``make_sampler``, mlx-lm semantics; the plain arm is
 still mlx-lm's own ``generate_step``), each run seeded with ``--seed`` + run index, and the record
@@ -277,9 +280,34 @@ def _sum_widths(dicts) -> dict:
     return {w: total[w] for w in sorted(total, key=int)}
 
 
+def paired_vs_fixed(raw, prompt: str, fixed) -> dict:
+    """Auto against each fixed block size on ``prompt``, pair by pair: per block, auto's tok/s
+    over that block's in the same pair (the arms alternate within a pair, so the machine's drift
+    and the order weigh on both alike), as the median, min and max over pairs. "auto / best
+    fixed" divides auto's median by the largest of the fixed arms' medians, which noise lifts
+    (the best of several noisy medians); here a range that holds 1 is within the pairs' noise,
+    one wholly below 1 a loss in every pair."""
+    auto = {r["pair"]: r["tps"] for r in raw[_arm(AUTO)] if r["prompt"] == prompt}
+    out = {}
+    for b in fixed:
+        ratios = [auto[r["pair"]] / r["tps"] for r in raw[_arm(b)]
+                  if r["prompt"] == prompt and r["pair"] in auto]
+        if ratios:
+            out[str(b)] = {"median": statistics.median(ratios), "min": min(ratios),
+                           "max": max(ratios), "pairs": len(ratios)}
+    return out
+
+
+def hardest_fixed(paired: dict) -> str:
+    """The fixed block auto does worst against, pair by pair (lowest median ratio; ties: the
+    first listed)."""
+    return min(paired, key=lambda b: paired[b]["median"])
+
+
 def per_prompt(args, raw) -> list:
     """Per prompt: each arm's median tok/s and, for auto, its ratio to the best fixed block size
-    and to plain decode (medians of that prompt's pairs), and the widths it chose."""
+    and to plain decode (medians of that prompt's pairs), the same against every fixed block
+    pair by pair (``paired_vs_fixed``), and the widths it chose."""
     out = []
     for name in args.prompts:
         tps = {arm: statistics.median(r["tps"] for r in runs if r["prompt"] == name)
@@ -294,6 +322,7 @@ def per_prompt(args, raw) -> list:
                 best = max(fixed, key=lambda b: tps[_arm(b)])
                 row["best_fixed"] = best
                 row["auto_vs_best_fixed"] = auto / tps[_arm(best)]
+                row["auto_vs_fixed_paired"] = paired_vs_fixed(raw, name, fixed)
             row["auto_block_sizes"] = _sum_widths(
                 r["stats"]["block_sizes"] for r in raw[_arm(AUTO)] if r["prompt"] == name)
         out.append(row)
@@ -380,25 +409,70 @@ def result_cells(row: dict) -> str:
             f"{_identical_text(row.get('identical_to_classic'))}")
 
 
+def _paired_of(r: dict, p: dict) -> dict:
+    """A per-prompt row's paired comparison: stored, or computed from the record's raw runs (a
+    record from before the field)."""
+    if "auto_vs_fixed_paired" in p:
+        return p["auto_vs_fixed_paired"]
+    if "best_fixed" not in p or "raw" not in r:
+        return {}
+    fixed = [a for a in p["mtp_tps"] if a != AUTO]
+    return paired_vs_fixed(r["raw"], p["prompt"], [int(a) for a in fixed])
+
+
+def _ratio_range(c: dict) -> str:
+    return f"{c['median']:.2f}x ({c['min']:.2f}-{c['max']:.2f})"
+
+
 def _per_prompt_lines(r: dict) -> list:
     rows = r.get("per_prompt") or []
     if not rows:
         return []
     arms = list(rows[0]["mtp_tps"])
     auto = "auto_vs_plain" in rows[0]
+    paired = [_paired_of(r, p) if auto else {} for p in rows]
     head = ["prompt", "classic tok/s"] + [f"block {a} tok/s" for a in arms]
     if auto:
-        head += ["auto / best fixed", "auto / plain", "widths auto chose (width: rounds)"]
+        head += ["auto / best fixed"] + (["that block, paired"] if any(paired) else []) + [
+            "auto / plain", "widths auto chose (width: rounds)"]
     lines = ["", "## Per prompt (medians over pairs)", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
-    for p in rows:
+    for p, pp in zip(rows, paired):
         cells = [p["prompt"], f"{p['classic_tps']:.1f}"] + [f"{p['mtp_tps'][a]:.1f}" for a in arms]
         if auto:
             vs_fixed = (f"{p['auto_vs_best_fixed']:.2f}x (block {p['best_fixed']})"
                         if "auto_vs_best_fixed" in p else "-")
-            cells += [vs_fixed, f"{p['auto_vs_plain']:.2f}x",
+            cells.append(vs_fixed)
+            if any(paired):
+                best = str(p.get("best_fixed"))
+                cells.append(_ratio_range(pp[best]) if best in pp else "-")
+            cells += [f"{p['auto_vs_plain']:.2f}x",
                       ", ".join(f"{w}: {n}" for w, n in p["auto_block_sizes"].items())]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(paired):
+        lines += _paired_lines(rows, paired)
+    return lines
+
+
+def _paired_lines(rows: list, paired: list) -> list:
+    """The section that tells a real loss from noise: auto against every fixed block, pair by
+    pair."""
+    blocks = list(next(pp for pp in paired if pp))
+    lines = ["", "## Auto against each fixed block, pair by pair", "",
+             "Median over pairs of auto's tok/s over the block's in the same pair (the arms "
+             "alternate within a pair), and the min-max over pairs. \"auto / best fixed\" "
+             "above divides auto's median by the best of the fixed arms' medians, and the best "
+             "of several noisy medians is lifted by their noise; here a range that holds 1.00x "
+             "is within the pairs' noise, one wholly below it a loss in every pair.", "",
+             "| prompt | " + " | ".join(f"vs block {b}" for b in blocks)
+             + " | hardest block, paired |", "|" + "---|" * (len(blocks) + 2)]
+    for p, pp in zip(rows, paired):
+        if not pp:
+            continue
+        hard = hardest_fixed(pp)
+        lines.append(f"| {p['prompt']} | " + " | ".join(
+            _ratio_range(pp[b]) if b in pp else "-" for b in blocks)
+            + f" | block {hard}: {_ratio_range(pp[hard])} |")
     return lines
 
 

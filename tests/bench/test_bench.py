@@ -98,7 +98,18 @@ def test_bench_auto_arm_reports_per_prompt_against_the_best_fixed_block(tmp_path
     text = next((tmp_path / "out").glob("auto-*.md")).read_text()
     assert "## Per prompt (medians over pairs)" in text
     assert "| prompt | classic tok/s | block 1 tok/s | block 3 tok/s | block auto tok/s | " \
-           "auto / best fixed | auto / plain | widths auto chose (width: rounds) |" in text
+           "auto / best fixed | that block, paired | auto / plain | " \
+           "widths auto chose (width: rounds) |" in text
+    # and pair by pair: one pair, so each range is that pair's own ratio
+    for p in data["per_prompt"]:
+        auto_tps = {r["prompt"]: r["tps"] for r in runs}[p["prompt"]]
+        for b in ("1", "3"):
+            other = next(r["tps"] for r in data["raw"][f"mtp{b}"] if r["prompt"] == p["prompt"])
+            ratio = auto_tps / other
+            assert p["auto_vs_fixed_paired"][b] == {"median": ratio, "min": ratio, "max": ratio,
+                                                    "pairs": 1}
+    assert "## Auto against each fixed block, pair by pair" in text
+    assert "| prompt | vs block 1 | vs block 3 | hardest block, paired |" in text
     assert "- block auto: MTP ran; verdict equal; all widths equal" in text
 
 
@@ -110,3 +121,64 @@ def test_bench_rejects_a_bad_arm(tmp_path, capsys):
     assert e.value.code == 2
     assert "--block-sizes: expected comma-separated block sizes or auto, got '1,fast'" in \
         capsys.readouterr().err
+
+
+def _made_up_raw():
+    """Three pairs of one prompt: plain, blocks 3 and 5, auto (tok/s chosen by hand)."""
+    tps = {"classic": (50, 50, 50), "mtp3": (80, 70, 90), "mtp5": (100, 80, 110),
+           "mtpauto": (90, 88, 99)}
+    raw = {arm: [{"pair": i, "prompt": "code", "tps": float(t)} for i, t in enumerate(ts)]
+           for arm, ts in tps.items()}
+    for r in raw["mtpauto"]:
+        r["stats"] = {"block_sizes": {"2": 1, "6": 10}}
+    return raw
+
+
+def test_auto_against_each_fixed_block_pair_by_pair():
+    """The per-prompt comparison: the plain one (auto's median over the best fixed arm's median)
+    and, beside it, auto over each fixed block in the same pair: median and range over pairs."""
+    from types import SimpleNamespace
+
+    raw = _made_up_raw()
+    args = SimpleNamespace(prompts={"code": "x"}, block_sizes=[3, 5, "auto"])
+    [row] = bench_mtp.per_prompt(args, raw)
+    # medians: block 3 80, block 5 100, auto 90: the best fixed block is 5, auto 0.9x of it
+    assert row["best_fixed"] == 5 and row["auto_vs_best_fixed"] == 90 / 100
+    assert row["auto_vs_plain"] == 90 / 50
+    # pair by pair, auto / block 5 is 90/100, 88/80, 99/110 = 0.9, 1.1, 0.9; auto / block 3 is
+    # 90/80, 88/70, 99/90 = 1.125, 1.257, 1.1
+    assert row["auto_vs_fixed_paired"] == {
+        "3": {"median": 90 / 80, "min": 99 / 90, "max": 88 / 70, "pairs": 3},
+        "5": {"median": 90 / 100, "min": 90 / 100, "max": 88 / 80, "pairs": 3}}
+    assert bench_mtp.hardest_fixed(row["auto_vs_fixed_paired"]) == "5"
+    assert row["auto_block_sizes"] == {"2": 3, "6": 30}
+    lines = bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw})
+    assert lines[3] == ("| prompt | classic tok/s | block 3 tok/s | block 5 tok/s "
+                        "| block auto tok/s | auto / best fixed | that block, paired "
+                        "| auto / plain | widths auto chose (width: rounds) |")
+    assert lines[5] == ("| code | 50.0 | 80.0 | 100.0 | 90.0 | 0.90x (block 5) | 0.90x (0.90-1.10) "
+                        "| 1.80x | 2: 3, 6: 30 |")
+    assert "## Auto against each fixed block, pair by pair" in lines
+    assert lines[-3:-1] == ["| prompt | vs block 3 | vs block 5 | hardest block, paired |",
+                            "|---|---|---|---|"]
+    assert lines[-1] == ("| code | 1.12x (1.10-1.26) | 0.90x (0.90-1.10) "
+                         "| block 5: 0.90x (0.90-1.10) |")
+
+
+def test_a_record_from_before_the_paired_comparison_still_renders():
+    """Records written before ``auto_vs_fixed_paired``: computed from their raw runs; without
+    raw runs the table is the one they were written with."""
+    from types import SimpleNamespace
+
+    raw = _made_up_raw()
+    [row] = bench_mtp.per_prompt(SimpleNamespace(prompts={"code": "x"},
+                                                 block_sizes=[3, 5, "auto"]), raw)
+    new = bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw})
+    del row["auto_vs_fixed_paired"]
+    assert bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw}) == new
+    old = bench_mtp._per_prompt_lines({"per_prompt": [row]})
+    assert old == ["", "## Per prompt (medians over pairs)", "",
+                   "| prompt | classic tok/s | block 3 tok/s | block 5 tok/s | block auto tok/s "
+                   "| auto / best fixed | auto / plain | widths auto chose (width: rounds) |",
+                   "|---|---|---|---|---|---|---|---|",
+                   "| code | 50.0 | 80.0 | 100.0 | 90.0 | 0.90x (block 5) | 1.80x | 2: 3, 6: 30 |"]

@@ -201,11 +201,15 @@ def keyed_plain(path, prompt, n, sampler, seed):
     return seq[len(prompt):]
 
 
-@pytest.mark.parametrize("acceptance,rule", [("auto", "gumbel-coupled"),
-                                             ("point-mass", "point-mass")])
+@pytest.mark.parametrize("acceptance,rule,settings", [
+    ("auto", "gumbel-coupled", dict(temp=1.0, top_k=20)),
+    ("point-mass", "point-mass", dict(temp=1.0, top_k=20)),
+    # no filter: the loop adds the noise to raw logits (no log-normalization), the reference
+    # to logprobs
+    ("auto", "gumbel-coupled", dict(temp=0.7))])
 def test_sampled_auto_is_keyed_plain_sampling_whatever_the_choices(soft_dir, soft_model,
-                                                                   acceptance, rule):
-    sampler = mlx_mtp.make_sampler(temp=1.0, top_k=20)
+                                                                   acceptance, rule, settings):
+    sampler = mlx_mtp.make_sampler(**settings)
     prompt, n = [5, 17], 30
     want = keyed_plain(soft_dir, prompt, n, sampler, seed=7)
     stats = RunStats()
@@ -238,6 +242,24 @@ def test_coupled_drafts_agree_with_the_target_when_the_head_does(soft_model):
                seed=3, acceptance=acceptance, stats=stats)
         rates[stats.acceptance_rule] = stats.acceptance_rate
     assert rates["gumbel-coupled"] > rates["point-mass"], rates
+
+
+def test_coupled_rounds_draw_each_positions_noise_once(soft_model, monkeypatch):
+    """A coupled draft and the target's draw at its position share G_n: the verify reuses the
+    drafts' noise, so a round of k drafts makes k + 1 noise rows (not 2k + 1)."""
+    made = []
+    noise = PositionKeys.noise
+    monkeypatch.setattr(PositionKeys, "noise",
+                        lambda self, n, vocab: made.append(n) or noise(self, n, vocab))
+    sampler = mlx_mtp.make_sampler(temp=1.0)
+    stats = RunStats()
+    out = tokens(soft_model, [5, 17], ScriptedChooser(3, [3, 1, 2]), max_tokens=30,
+                 sampler=sampler, seed=3, stats=stats)
+    assert stats.acceptance_rule == "gumbel-coupled" and stats.drafted > stats.rounds
+    assert len(made) == 1 + stats.rounds + stats.drafted
+    monkeypatch.setattr(PositionKeys, "noise", noise)
+    assert tokens(soft_model, [5, 17], ScriptedChooser(3, [0]), max_tokens=30,
+                  sampler=sampler, seed=3) == out  # the same draws as rounds without drafts
 
 
 def test_coupled_drafts_on_a_draft_vocabulary_use_the_noise_of_their_ids(soft_model):
