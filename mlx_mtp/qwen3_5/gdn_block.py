@@ -10,7 +10,7 @@ recurrence and the gated norm as one ``mx.compile``d function per T and layer sh
 passed in), which fuses the elementwise ops (the depthwise conv too where it sums its taps as
 the products do: ``taps_conv``); its recurrence (``_block``) splits the per-token
 inputs once, keeps the reduced axis of its sums and runs 5 kernels a step. A w = 3 verify of the
-demo pair then runs as many compute kernels as a decode step (1041; 1233 with mlx-lm's ops).
+demo pair then runs 1029 compute kernels, a decode step 1041 (1233 with mlx-lm's ops).
 
 The same float operations in the same order, but fusion and a reduction's shape are the
 backend's business, so each signature (T, layer shape, dtypes, device) is checked once against
