@@ -7,6 +7,8 @@ Arms, alternated round by round on the same target, each with its own cache pref
   kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.row_kernel)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
+  stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
+            one token at a time, norms unfused): ``gdn_block``'s reference and fallback
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone (issue 12, the demo pair)?
@@ -19,6 +21,8 @@ written: quote it with the machine's state (run it idle for a number worth quoti
 Measured (demo pair, BLIS, contended 2-core machine, 1 verify thread, w = 2 / 3 / 4, x decode):
 forward 1.18 / 1.34 / 1.61, the installed exact verify 1.15-1.25 / 1.34-1.37 / 1.68-1.84,
 all_kernel 1.68 / 1.86 / 2.38: the kernel does not pay for speed on small layers.
+With the compiled GatedDeltaNet verify graph (``gdn_block``; same machine state, w = 2 / 3 / 4):
+kernel 1.24 / 1.33 / 1.50, stepwise (mlx-lm's ops) 1.26 / 1.55 / 1.75, forward 1.28 / 1.54 / 1.64.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_mtp import cpu_blas, row_exact, row_kernel  # noqa: E402
+from mlx_mtp.qwen3_5 import gdn_block  # noqa: E402
 
-ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "all_kernel", "all_kernel_body")
+ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "stepwise", "all_kernel",
+        "all_kernel_body")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -67,7 +73,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     def setup(arm):
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm == "kernel" or all_kernel
+            layer.use_kernel = arm in ("kernel", "stepwise") or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
@@ -77,10 +83,12 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             mx.eval(model.mlx_model(one if arm == "decode" else block, cache=caches[arm]))
             return
         setup(arm)
+        gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         with cpu_blas.verify_threads():
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}
+    mixer_choice = gdn_block.mixer_choice
     default_threads = row_exact.kernel_threads
     threads = kernel_threads or default_threads()
     row_exact.kernel_threads = lambda: threads
@@ -91,6 +99,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
+        gdn_block.mixer_choice = mixer_choice
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]

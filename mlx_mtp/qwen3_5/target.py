@@ -2,8 +2,10 @@
 Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
 GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
 token of the block, so a partial accept is rolled back by selecting the state at the accepted
-length (no recompute). Where mlx-lm would run its Metal kernel instead of the ops recurrence, the
-inputs are stashed and the kept tokens replayed (spec §3.2, option A).
+length (no recompute). Between its projections, the layer's verify is one compiled graph per
+width where a check says it equals mlx-lm's ops bitwise (``gdn_block``). Where mlx-lm would run
+its Metal kernel instead of the ops recurrence, the inputs are stashed and the kept tokens
+replayed (spec §3.2, option A).
 
 Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
 ``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
@@ -20,11 +22,11 @@ from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
-from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_delta_update,
-                                       normalize_qk)
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from .. import row_exact
 from ..trunk import TrunkTarget
+from .gdn_block import capture_mixer
 
 QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -41,31 +43,10 @@ class SpecArraysCache(ArraysCache):
         super().__init__(size=2)
 
 
-def uses_ops_recurrence(k: mx.array, use_kernel: bool) -> bool:
+def uses_ops_recurrence(head_k_dim: int, use_kernel: bool) -> bool:
     """Whether mlx-lm's ``gated_delta_update`` runs its ops loop here (else its Metal kernel)."""
     return (not use_kernel or mx.default_device() != mx.gpu or not mx.metal.is_available()
-            or k.shape[-1] < 32 or k.shape[-1] % 32 != 0)
-
-
-def gated_delta_states(q, k, v, a, b, A_log, dt_bias, state):
-    """mlx-lm's ops recurrence (``gated_delta_update`` -> ``gated_delta_ops``, unmasked), op for
-    op, except that it returns the state after every token: ``(y [B,T,Hv,Dv], [state_1..state_T])``.
-    The states exist anyway while the loop runs; keeping them makes a rollback a selection."""
-    beta = mx.sigmoid(b)
-    g = compute_g(A_log, a, dt_bias)
-    B, T, Hk, Dk = q.shape
-    Hv, Dv = v.shape[-2:]
-    if state is None:
-        state = mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
-    if (repeat := Hv // Hk) > 1:
-        q = mx.repeat(q, repeat, -2)
-        k = mx.repeat(k, repeat, -2)
-    ys, states = [], []
-    for t in range(T):
-        y, state = _gated_delta_step_ops(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None)
-        ys.append(y)
-        states.append(state)
-    return mx.stack(ys, axis=1), states
+            or head_k_dim < 32 or head_k_dim % 32 != 0)
 
 
 class _CapturingGDN:
@@ -89,6 +70,21 @@ class _CapturingGDN:
         conv_state = cache[0]
         if conv_state is None:
             conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
+        state_in = cache[1]
+        if mask is None and uses_ops_recurrence(self.head_k_dim, not self.training):
+            out, conv_input, cache[0], states = capture_mixer(self, qkv, z, b, a, conv_state,
+                                                              state_in)
+            cache[1] = states[-1]
+            cache.stash = ("states", states, conv_input)
+        else:
+            out = self._kernel_mixer(qkv, z, b, a, conv_state, mask, cache)
+        cache.advance(S)
+        out = self.out_proj(out.reshape(B, S, -1))
+        return out if group is None else mx.distributed.all_sum(out, group=group)
+
+    def _kernel_mixer(self, qkv, z, b, a, conv_state, mask, cache):
+        """As mlx-lm (masked, or its Metal kernel): stash the inputs, replay kept tokens later."""
+        B, S, _ = qkv.shape
         if mask is not None:
             qkv = mx.where(mask[..., None], qkv, 0)
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
@@ -104,18 +100,10 @@ class _CapturingGDN:
         ]
         state_in = cache[1]
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
-        if mask is None and uses_ops_recurrence(k, not self.training):
-            out, states = gated_delta_states(q, k, v, a, b, self.A_log, self.dt_bias, state_in)
-            cache[1] = states[-1]
-            cache.stash = ("states", states, conv_input)
-        else:
-            out, cache[1] = gated_delta_update(
-                q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask,
-                use_kernel=not self.training)
-            cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
-        cache.advance(S)
-        out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
-        return out if group is None else mx.distributed.all_sum(out, group=group)
+        out, cache[1] = gated_delta_update(
+            q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask, use_kernel=not self.training)
+        cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
+        return self.norm(out, z)
 
     def rewind(self, cache: SpecArraysCache, keep: int) -> None:
         """Set the cache to the state after the first ``keep`` tokens of the last verify."""

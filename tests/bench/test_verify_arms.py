@@ -9,6 +9,7 @@ import mlx.core as mx
 import pytest
 import mlx_mtp
 from mlx_mtp import cpu_blas, row_exact, row_kernel
+from mlx_mtp.qwen3_5 import gdn_block
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import verify_arms  # noqa: E402
@@ -26,6 +27,7 @@ def test_verify_arms_reports_every_arm_against_the_decode_step(wide_dir, capsys)
 
 
 def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
+    mixer_choice = gdn_block.mixer_choice
     model = mlx_mtp.load_model(wide_dir, require_head=False)
     model.target.prepare(3)
 
@@ -40,6 +42,7 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     assert out["kernel_threads"] == 2
     assert choices() == before and model.target.exact is True
     assert row_exact.kernel_threads() == 1  # the kernel arm's threads were its own
+    assert gdn_block.mixer_choice is mixer_choice  # the stepwise arm's switch undone
 
 
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"

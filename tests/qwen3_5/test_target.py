@@ -18,7 +18,7 @@ def bitwise(a, b):
 @pytest.mark.parametrize("kind", ["dense", "next"])
 def test_capture_and_rewind_are_bitwise_exact(kind, rewind, request, monkeypatch):
     if rewind == "replay":  # as where mlx-lm runs its Metal kernel: stash inputs, replay on rewind
-        monkeypatch.setattr(qwen3_5, "uses_ops_recurrence", lambda k, use_kernel: False)
+        monkeypatch.setattr(qwen3_5, "uses_ops_recurrence", lambda head_k_dim, use_kernel: False)
     path = request.getfixturevalue(f"{kind}_dir")
     pristine, _ = mlx_load_model(path)
     wrapped, _ = mlx_load_model(path)
