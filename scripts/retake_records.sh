@@ -38,7 +38,11 @@ $PY scripts/idle_check.py --calibrate
 # T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
 retake demo-pair-blis-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
-  --pairs 5 --max-tokens 128
+  --pairs 6 --max-tokens 128
+# issue 16: auto against the blocks that can be best, with enough pairs to tell a loss from noise
+retake demo-pair-blis-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
+  --pairs 10 --max-tokens 128
 retake demo-pair-openblas-vm-2026-12-01 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,auto \
   --pairs 5 --max-tokens 128
@@ -50,6 +54,10 @@ retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="
   --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128
 
 # T=1.0 speculative sampling with BLIS.
+# auto at T > 0 (Gumbel-coupled keyed draws) against fixed blocks (speculative sampling)
+retake demo-pair-blis-T0.6-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-auto --temp 0.6 --seed 0 \
+  --block-sizes 3,4,auto --pairs 5 --max-tokens 128
 retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T1.0-speculative-sampling \
   --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128
