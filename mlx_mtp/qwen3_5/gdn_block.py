@@ -100,10 +100,9 @@ def compiled_states(q, k, v, a, b, A_log, dt_bias, state):
 Mixed = Tuple[mx.array, mx.array, mx.array, List[mx.array]]
 
 
-def reference_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
-    """What the capturing layer computes between its projections, as mlx-lm's
-    ``GatedDeltaNet.__call__`` does (unmasked, ops recurrence): ``(gated-normed output [B,T,Hv,Dv],
-    conv input [B,K-1+T,C], the conv window to keep [B,K-1,C], [state_1..state_T])``."""
+def conv_qkv(layer, qkv, conv_state):
+    """mlx-lm's ``GatedDeltaNet.__call__`` from the projected ``qkv`` to normalized q, k and v:
+    ``(conv input [B,K-1+T,C], the conv window to keep [B,K-1,C], q, k, v)``."""
     B, S, _ = qkv.shape
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
     keep = mx.contiguous(conv_input[:, -(layer.conv_kernel_size - 1) :, :])
@@ -117,6 +116,14 @@ def reference_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
         )
     ]
     q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    return conv_input, keep, q, k, v
+
+
+def reference_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
+    """What the capturing layer computes between its projections, as mlx-lm's
+    ``GatedDeltaNet.__call__`` does (unmasked, ops recurrence): ``(gated-normed output [B,T,Hv,Dv],
+    conv input [B,K-1+T,C], the conv window to keep [B,K-1,C], [state_1..state_T])``."""
+    conv_input, keep, q, k, v = conv_qkv(layer, qkv, conv_state)
     y, states = reference_states(q, k, v, a, b, layer.A_log, layer.dt_bias, state)
     return layer.norm(y, z), conv_input, keep, states
 

@@ -22,11 +22,11 @@ from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import gated_delta_update
 
 from .. import row_exact
 from ..trunk import TrunkTarget
-from .gdn_block import capture_mixer
+from .gdn_block import capture_mixer, conv_qkv
 
 QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -84,22 +84,10 @@ class _CapturingGDN:
 
     def _kernel_mixer(self, qkv, z, b, a, conv_state, mask, cache):
         """As mlx-lm (masked, or its Metal kernel): stash the inputs, replay kept tokens later."""
-        B, S, _ = qkv.shape
         if mask is not None:
             qkv = mx.where(mask[..., None], qkv, 0)
-        conv_input = mx.concatenate([conv_state, qkv], axis=1)
-        cache[0] = mx.contiguous(conv_input[:, -(self.conv_kernel_size - 1) :, :])
-        conv_out = nn.silu(self.conv1d(conv_input))
-        q, k, v = [
-            t.reshape(B, S, h, d)
-            for t, h, d in zip(
-                mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
-                [self.num_k_heads, self.num_k_heads, self.num_v_heads],
-                [self.head_k_dim, self.head_k_dim, self.head_v_dim],
-            )
-        ]
+        conv_input, cache[0], q, k, v = conv_qkv(self, qkv, conv_state)
         state_in = cache[1]
-        q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         out, cache[1] = gated_delta_update(
             q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask, use_kernel=not self.training)
         cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
