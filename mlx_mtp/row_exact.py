@@ -241,17 +241,7 @@ def _install_adapter(layer, base, max_width: int, measured: Dict[Tuple, int]) ->
 def first_divergent_width(fn, max_width: int, in_dims: int, dtype) -> int:
     """Smallest T in 2..max_width at which ``fn`` of a T-row input differs from T one-row calls
     (0 if none)."""
-    x = mx.random.normal((1, max_width, in_dims), key=mx.random.key(1234)).astype(dtype)
-    rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
-    mx.eval(rows)
-    for T in range(2, max_width + 1):
-        with cpu_blas.verify_threads():  # as the round loop verifies
-            block = fn(x[:, :T, :])
-            mx.eval(block)
-        for i in range(T):
-            if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
-                return T
-    return 0
+    return _first_divergent(fn, fn, in_dims, max_width, dtype, 1234)
 
 
 def products_equal_rows(fn, weight: mx.array, block_cols: int, max_width: int, dtype) -> bool:
@@ -263,7 +253,13 @@ def products_equal_rows(fn, weight: mx.array, block_cols: int, max_width: int, d
 
 def _equal_to_rows(fn, product, K: int, max_width: int, dtype, seed: int) -> bool:
     """Whether ``product`` of a T-row input equals ``fn``'s T one-row calls bitwise, for every
-    T in 2..max_width (the verify's product run with the loop's BLAS threads)."""
+    T in 2..max_width."""
+    return _first_divergent(fn, product, K, max_width, dtype, seed) == 0
+
+
+def _first_divergent(fn, product, K: int, max_width: int, dtype, seed: int) -> int:
+    """Smallest T in 2..max_width at which ``product`` of a T-row input differs bitwise from
+    ``fn``'s T one-row calls (0 if none); the T-row product runs with the loop's BLAS threads."""
     x = mx.random.normal((1, max_width, K), key=mx.random.key(seed)).astype(dtype)
     rows = [fn(x[:, i : i + 1, :]) for i in range(max_width)]
     mx.eval(rows)
@@ -271,10 +267,15 @@ def _equal_to_rows(fn, product, K: int, max_width: int, dtype, seed: int) -> boo
         with cpu_blas.verify_threads():  # as the round loop verifies
             block = product(x[:, :T, :])
             mx.eval(block)
-        for i in range(T):
-            if bytes(memoryview(block[:, i : i + 1, :])) != bytes(memoryview(rows[i])):
-                return False
-    return True
+        if not all(bitwise_equal(block[:, i : i + 1, :], rows[i]) for i in range(T)):
+            return T
+    return 0
+
+
+def bitwise_equal(x: mx.array, y: mx.array) -> bool:
+    """Same shape, dtype and bytes (signed zeros and NaN payloads included)."""
+    return (x.shape == y.shape and x.dtype == y.dtype
+            and bytes(memoryview(x)) == bytes(memoryview(y)))
 
 
 def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[str, int]:

@@ -28,8 +28,10 @@ from mlx_lm.models.activations import precise_swiglu
 from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normalize_qk
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
+from ..row_exact import bitwise_equal
+
 _compiled: Dict[object, Callable] = {}
-_checked: Dict[Tuple, bool] = {}
+_checked: Dict[Tuple, Optional[str]] = {}  # signature -> mixer_choice
 
 
 def reference_states(q, k, v, a, b, A_log, dt_bias, state):
@@ -100,22 +102,30 @@ def compiled_states(q, k, v, a, b, A_log, dt_bias, state):
 Mixed = Tuple[mx.array, mx.array, mx.array, List[mx.array]]
 
 
+def _window(conv_state, qkv, K: int):
+    """The conv's input (the kept window, then the block) and the window to keep after it."""
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    return conv_input, mx.contiguous(conv_input[:, -(K - 1) :, :])
+
+
+def _heads(conv_out, B: int, S: int, key_dim: int, Hk: int, Hv: int, Dk: int, Dv: int):
+    """silu, the split into q, k, v heads and the q/k norms, as mlx-lm's layer does them."""
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(mx.split(nn.silu(conv_out), [key_dim, 2 * key_dim], -1),
+                           [Hk, Hk, Hv], [Dk, Dk, Dv])
+    ]
+    q, k = normalize_qk(q, k, inv_scale=Dk**-0.5, eps=1e-6)
+    return q, k, v
+
+
 def conv_qkv(layer, qkv, conv_state):
     """mlx-lm's ``GatedDeltaNet.__call__`` from the projected ``qkv`` to normalized q, k and v:
     ``(conv input [B,K-1+T,C], the conv window to keep [B,K-1,C], q, k, v)``."""
     B, S, _ = qkv.shape
-    conv_input = mx.concatenate([conv_state, qkv], axis=1)
-    keep = mx.contiguous(conv_input[:, -(layer.conv_kernel_size - 1) :, :])
-    conv_out = nn.silu(layer.conv1d(conv_input))
-    q, k, v = [
-        t.reshape(B, S, h, d)
-        for t, h, d in zip(
-            mx.split(conv_out, [layer.key_dim, 2 * layer.key_dim], -1),
-            [layer.num_k_heads, layer.num_k_heads, layer.num_v_heads],
-            [layer.head_k_dim, layer.head_k_dim, layer.head_v_dim],
-        )
-    ]
-    q, k = normalize_qk(q, k, inv_scale=layer.head_k_dim**-0.5, eps=1e-6)
+    conv_input, keep = _window(conv_state, qkv, layer.conv_kernel_size)
+    q, k, v = _heads(layer.conv1d(conv_input), B, S, layer.key_dim, layer.num_k_heads,
+                     layer.num_v_heads, layer.head_k_dim, layer.head_v_dim)
     return conv_input, keep, q, k, v
 
 
@@ -174,17 +184,10 @@ def _mixer(T: int, shape: Tuple, taps: bool) -> Callable:
     block = _block(T)
 
     def mixer(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w):
-        B = qkv.shape[0]
-        conv_input = mx.concatenate([conv_state, qkv], axis=1)
-        keep = mx.contiguous(conv_input[:, -(K - 1) :, :])
+        conv_input, keep = _window(conv_state, qkv, K)
         conv_out = (taps_conv(conv_input, conv_w, T) if taps else
                     mx.conv1d(conv_input, conv_w, stride, padding, dilation, groups))
-        q, k, v = [
-            t.reshape(B, T, h, d)
-            for t, h, d in zip(mx.split(nn.silu(conv_out), [key_dim, 2 * key_dim], -1),
-                               [Hk, Hk, Hv], [Dk, Dk, Dv])
-        ]
-        q, k = normalize_qk(q, k, inv_scale=Dk**-0.5, eps=1e-6)
+        q, k, v = _heads(conv_out, qkv.shape[0], T, key_dim, Hk, Hv, Dk, Dv)
         y, *states = block(q, k, v, a, b, A_log, dt_bias, state)
         out = precise_swiglu(y, z, mx.fast.rms_norm(y, norm_w, eps))  # Qwen3NextRMSNormGated
         return (out, conv_input, keep, *states)
@@ -247,20 +250,8 @@ def _equal_on_random(layer, qkv, z, b, a, conv_state, state, taps: bool) -> bool
     ref = reference_mixer(layer, *args)
     new = compiled_mixer(layer, *args, taps=taps)
     mx.eval(ref, new)
-    return (all(_same(x, y) for x, y in zip(ref[:3], new[:3])) and len(ref[3]) == len(new[3])
-            and all(_same(x, y) for x, y in zip(ref[3], new[3])))
-
-
-_BITS = {2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
-
-
-def _same(x: mx.array, y: mx.array) -> bool:
-    """Bitwise equal (NaNs and signed zeros included)."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    bits = _BITS.get(x.dtype.size)
-    return bool(mx.array_equal(x.view(bits), y.view(bits)).item()) if bits else \
-        bool(mx.array_equal(x, y).item())
+    return (len(ref[3]) == len(new[3])
+            and all(bitwise_equal(x, y) for x, y in zip([*ref[:3], *ref[3]], [*new[:3], *new[3]])))
 
 
 def capture_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
