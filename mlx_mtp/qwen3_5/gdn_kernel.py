@@ -77,5 +77,6 @@ def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
                            B, T, Hk, Hv, Dk, Dv)
     if rc:
         raise RuntimeError(f"gdn kernel failed ({rc}) for q {q.shape} v {v.shape}")
-    out = mx.array(out)
-    return mx.array(y), [out[t] for t in range(T)]
+    # One array per step (copies): MLX slices of one [T, ...] array cost more to evaluate here
+    # (0.4 ms for one 1 MB step, against 0.05 ms for its copy).
+    return mx.array(y), [mx.array(out[t]) for t in range(T)]
