@@ -25,8 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import native
-from .native import CACHE_ENV, cache_dir  # noqa: F401  (the cache is shared by the kernels)
-
+CACHE_ENV = native.CACHE_ENV  # the kernels share one cache folder
 ENV = native.ALL_ENV
 FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 ABI = 2  # row_dot_abi() of the source this module calls

@@ -26,6 +26,9 @@ forward 1.18 / 1.34 / 1.61, the installed exact verify 1.15-1.25 / 1.34-1.37 / 1
 all_kernel 1.68 / 1.86 / 2.38: the kernel does not pay for speed on small layers.
 With the compiled GatedDeltaNet verify graph (``gdn_block``; same machine state, w = 2 / 3 / 4):
 kernel 1.24 / 1.33 / 1.50, stepwise (mlx-lm's ops) 1.26 / 1.55 / 1.75, forward 1.28 / 1.54 / 1.64.
+With the recurrence's C kernel (``gdn_kernel``), on the realistic-size pair (1 MB states; same
+machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kernel 0.98 / 1.38 /
+1.62 / 2.22; on the demo pair (64 KB) the two arms are the same code below w = 6.
 """
 
 from __future__ import annotations

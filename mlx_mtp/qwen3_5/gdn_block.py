@@ -287,14 +287,19 @@ def kernel_pays(layer, qkv) -> bool:
 
 
 def mixer_choice(layer, qkv, z, b, a, conv_state, state) -> Optional[str]:
-    """The first of ``KERNEL_TAPS``, ``KERNEL_CONV`` (where the kernel is available and pays,
-    ``kernel_pays``), ``TAPS`` (where ``taps_conv`` applies), ``CONV`` (T > 1 only: at one
+    """The first of ``KERNEL_TAPS``, ``KERNEL_CONV`` (on the CPU, where the kernel is available
+    and pays, ``kernel_pays``), ``TAPS`` (where ``taps_conv`` applies), ``CONV`` (T > 1 only: at one
     token the compiled graph saves nothing) whose mixer equals ``reference_mixer`` for these
     shapes and dtypes on the default device, every output bitwise, on seeded inputs with the
     layer's own weights; else None (the reference). Measured once per signature."""
     if _shape_of(layer) is None:
         return None
-    kernel = kernel_pays(layer, qkv) and gdn_kernel.available()
+    # A float32 CPU kernel: on a GPU its host copies would cost more than the GPU's own
+    # recurrence; in another dtype mlx-lm's ops round where the kernel does not.
+    floats = [x for x in (qkv, z, b, a, conv_state, state, layer.A_log, layer.dt_bias)
+              if x is not None]
+    kernel = (mx.default_device() == mx.cpu and all(x.dtype == mx.float32 for x in floats)
+              and kernel_pays(layer, qkv) and gdn_kernel.available())
     key = _signature(layer, (qkv, z, b, a, conv_state, state)) + (kernel,)
     if key not in _checked:
         args = (layer, qkv, z, b, a, conv_state, state)

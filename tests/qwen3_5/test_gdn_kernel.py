@@ -284,3 +284,13 @@ def test_generation_with_the_kernel_is_identical_to_plain_decode(big_state_dir, 
         assert bs in calls, (bs, calls)  # the verify of bs tokens ran through the kernel
     assert set(gdn_block._checked.values()) >= {gdn_block.KERNEL_TAPS if cpu_blas.STATE.name in
                                                 ("BLIS", "bundled") else gdn_block.KERNEL_CONV}
+
+
+def test_other_dtypes_are_not_tried(dense_dir, monkeypatch, fresh_kernel):
+    """bfloat16 inputs: the kernel (float32 only) is not tried, the check picks among the rest."""
+    monkeypatch.setattr(gdn_block, "KERNEL_MIN_BYTES", 0)
+    monkeypatch.setattr(gdn_kernel, "states", lambda *a: pytest.fail("the kernel ran"))
+    layer = gdn_layer(dense_dir)
+    args = [x.astype(mx.bfloat16) for x in mixer_inputs(layer, 3, seed=25)[:5]] + [None]
+    assert gdn_block.mixer_choice(layer, *args) in (gdn_block.TAPS, gdn_block.CONV, None)
+    assert [k[-1] for k in gdn_block._checked] == [False]
