@@ -273,9 +273,9 @@ KERNEL_TAPS, KERNEL_CONV = "kernel+taps", "kernel+conv"  # kernel_mixer, its con
 # The kernel splits the compiled graph in two around a host sync (about 0.2 ms a layer), and
 # saves time in proportion to the state it passes over: T tokens x the recurrent state
 # (B * Hv * Dv * Dk floats). Measured in a verify forward (scripts/verify_arms.py, kernel
-# against no_gdn_kernel, contended 2-core x86): the demo pair's 64 KB layers lose at T = 1-4,
-# break even at 6 and win at 8; a 256 KB layer's mixer alone wins 0.1 ms at T = 1, 0.6 at 3;
-# the realistic-size pair's 1 MB layers win at every T (w = 3: 1.34x a decode step, not 1.73x).
+# against no_gdn_kernel, contended 2-core x86): the demo pair's 64 KB layers lose at T = 1-4
+# and win at 6 and 8; a 256 KB layer's mixer alone wins 0.1 ms at T = 1, 0.6 at 3; the
+# realistic-size pair's 1 MB layers win at every T (w = 3: 1.33x a decode step, not 1.62x).
 KERNEL_MIN_BYTES = 384 * 1024
 
 
