@@ -3,6 +3,12 @@ to the reference (mlx-lm's ``_gated_delta_step_ops`` T times), how ``gdn_block``
 it pays and its check passes) and its fallbacks; T=0 generation identical to plain decode on a
 checkpoint whose layers use it."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import mlx.core as mx
 import pytest
 from conftest import CODE_PROMPT, reference_greedy
@@ -17,6 +23,9 @@ from mlx_mtp import cpu_blas, native
 from mlx_mtp.model import MTPModel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
 from mlx_mtp.qwen3_5.target import Qwen3_5Target
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
 
 
 def bitwise(a, b):
@@ -125,7 +134,7 @@ def test_bad_shapes_are_a_clear_error():
 
 
 def test_the_rule_of_where_it_pays():
-    layer = gdn_layer(mlx_mtp.__path__[0] + "/demo_pair")  # 8 heads of 32 x 64: 64 KB
+    layer = gdn_layer(DEMO)  # 8 heads of 32 x 64: 64 KB
     assert layer.num_v_heads * layer.head_v_dim * layer.head_k_dim * 4 == 64 * 1024
     assert gdn_block.KERNEL_MIN_BYTES == 384 * 1024
     assert [gdn_block.kernel_pays(layer, mx.zeros((1, T, 1))) for T in (1, 5, 6, 8)] == [
@@ -133,7 +142,7 @@ def test_the_rule_of_where_it_pays():
 
 
 def gdn_layer(path):
-    target = Qwen3_5Target(mlx_load_model(__import__("pathlib").Path(path))[0])
+    target = Qwen3_5Target(mlx_load_model(Path(path))[0])
     return next(l for l in target.layers if l.is_linear).linear_attn
 
 
@@ -160,8 +169,7 @@ def test_kernel_mixer_equals_the_reference_and_is_chosen(kind, request, monkeypa
     through it equals the reference: output, conv input and window, every state."""
     needs_kernel()
     monkeypatch.setattr(gdn_block, "KERNEL_MIN_BYTES", 0)
-    path = mlx_mtp.__path__[0] + "/demo_pair" if kind == "demo" else request.getfixturevalue(
-        f"{kind}_dir")
+    path = DEMO if kind == "demo" else request.getfixturevalue(f"{kind}_dir")
     layer = gdn_layer(path)
     calls = []
     states = gdn_kernel.states
@@ -294,3 +302,48 @@ def test_other_dtypes_are_not_tried(dense_dir, monkeypatch, fresh_kernel):
     args = [x.astype(mx.bfloat16) for x in mixer_inputs(layer, 3, seed=25)[:5]] + [None]
     assert gdn_block.mixer_choice(layer, *args) in (gdn_block.TAPS, gdn_block.CONV, None)
     assert [k[-1] for k in gdn_block._checked] == [False]
+
+
+CHECK = """
+import json, sys, mlx_mtp
+import mlx.core as mx
+from mlx_mtp import cpu_blas
+from mlx_mtp.qwen3_5 import gdn_block
+gdn_block.KERNEL_MIN_BYTES = 0
+model = mlx_mtp.load_model(sys.argv[1], require_head=False)
+out = []
+for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
+    for T in (1, 2, 3):
+        V, H, Dv, Dk = layer.conv_dim, layer.num_v_heads, layer.head_v_dim, layer.head_k_dim
+        mx.random.seed(T)
+        args = (mx.random.normal((1, T, V)), mx.random.normal((1, T, H, Dv)),
+                mx.random.normal((1, T, H)), mx.random.normal((1, T, H)),
+                mx.random.normal((1, layer.conv_kernel_size - 1, V)), mx.zeros((1, H, Dv, Dk)))
+        out.append(gdn_block.mixer_choice(layer, *args))
+print(json.dumps({"blas": cpu_blas.STATE.name, "choices": out}))
+"""
+
+
+def _bindings():
+    found = {name: path for name, path in reversed(cpu_blas.find())}  # the first of each kind
+    return [("bundled", "off")] + sorted(found.items())
+
+
+@pytest.mark.parametrize("name,value", _bindings())
+def test_the_kernel_mixer_is_chosen_with_every_blas_binding(name, value):
+    """On the demo pair's layers (their own weights), in a fresh process per binding: the
+    recurrence does not touch the BLAS, so the kernel's check passes with every binding (its
+    conv as taps where MLX's conv sums them in order)."""
+    needs_kernel()
+    env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
+    env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if sys.platform.startswith("linux"):
+        assert out["blas"] == name
+    assert len(out["choices"]) == 9
+    assert set(out["choices"]) <= {gdn_block.KERNEL_TAPS, gdn_block.KERNEL_CONV}
+    if name in ("BLIS", "bundled"):
+        assert set(out["choices"]) == {gdn_block.KERNEL_TAPS}
