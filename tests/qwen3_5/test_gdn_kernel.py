@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import CODE_PROMPT, reference_greedy
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
@@ -29,7 +30,8 @@ DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
 
 
 def bitwise(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and bytes(memoryview(a)) == bytes(memoryview(b))
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and bytes(memoryview(a)) == bytes(memoryview(b)))
 
 
 def needs_kernel():
@@ -85,6 +87,27 @@ def assert_equal_to_reference(args):
     assert bitwise(y0, y1)
     for t in range(T):
         assert bitwise(s0[t], s1[t]), t
+
+
+def test_the_facts_the_kernel_relies_on():
+    """On the CPU, MLX's sum over a contiguous last axis is sequential in index order from +0.0
+    (a row of -0.0 sums to +0.0), which no lane-split order matches; the kernel sums the same
+    way (and its build has no FMA contraction, which the tests above would see)."""
+    if mx.default_device() != mx.cpu:
+        pytest.skip("the CPU backend's reduction")
+    rng = np.random.default_rng(3)
+    scale = np.exp(rng.uniform(-8, 8, (512, 128)))  # magnitudes that make the order show
+    x = (rng.standard_normal((512, 128)) * scale).astype(np.float32)
+    x[0] = -0.0
+    got = np.asarray(mx.sum(mx.array(x), axis=-1))
+    sequential = np.add.accumulate(np.concatenate([np.zeros((512, 1), np.float32), x], 1),
+                                   axis=1, dtype=np.float32)[:, -1]
+    lanes8 = np.add.accumulate(np.concatenate([np.zeros((512, 1, 8), np.float32),
+                                               x.reshape(512, 16, 8)], 1),
+                               axis=1, dtype=np.float32)[:, -1].sum(axis=-1, dtype=np.float32)
+    assert got.view(np.uint32).tolist() == sequential.view(np.uint32).tolist()
+    assert got[0] == 0.0 and not np.signbit(got[0])
+    assert (got.view(np.uint32) != lanes8.view(np.uint32)).sum() > 100
 
 
 # (Hk, Hv, Dk, Dv): the demo pair's (Hv = 4 Hk), Hv == Hk, Hv = 2 Hk with Dk 64 and 128 (the
