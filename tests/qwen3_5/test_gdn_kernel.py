@@ -111,8 +111,10 @@ def test_the_facts_the_kernel_relies_on():
 
 
 # (Hk, Hv, Dk, Dv): the demo pair's (Hv = 4 Hk), Hv == Hk, Hv = 2 Hk with Dk 64 and 128 (the
-# realistic-size pair's), and odd sizes (rows past the last block of 32, keys past a tile of 8).
-SHAPES = [(2, 8, 64, 32), (4, 4, 64, 64), (2, 4, 128, 128), (8, 16, 128, 128), (3, 3, 36, 40)]
+# realistic-size pair's), and odd sizes (rows past the last block of 32, whole or part of a
+# tile of 8; keys past a tile of 8).
+SHAPES = [(2, 8, 64, 32), (4, 4, 64, 64), (2, 4, 128, 128), (8, 16, 128, 128), (3, 3, 36, 40),
+          (1, 2, 36, 36)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
