@@ -9,6 +9,9 @@ Arms, alternated round by round on the same target, each with its own cache pref
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
   stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
             one token at a time, norms unfused): ``gdn_block``'s reference and fallback
+  no_gdn_kernel  the kernel arm's verify with the GatedDeltaNet recurrence in the compiled graph
+            on every layer, never in the C kernel (``gdn_kernel``): the kernel arm uses the C
+            kernel where ``gdn_block.kernel_pays`` (large recurrent states) and its check passes
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone (issue 12, the demo pair)?
@@ -23,6 +26,9 @@ forward 1.18 / 1.34 / 1.61, the installed exact verify 1.15-1.25 / 1.34-1.37 / 1
 all_kernel 1.68 / 1.86 / 2.38: the kernel does not pay for speed on small layers.
 With the compiled GatedDeltaNet verify graph (``gdn_block``; same machine state, w = 2 / 3 / 4):
 kernel 1.24 / 1.33 / 1.50, stepwise (mlx-lm's ops) 1.26 / 1.55 / 1.75, forward 1.28 / 1.54 / 1.64.
+With the recurrence's C kernel (``gdn_kernel``), on the realistic-size pair (1 MB states; same
+machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kernel 0.98 / 1.38 /
+1.62 / 2.22; on the demo pair (64 KB) the two arms are the same code below w = 6.
 """
 
 from __future__ import annotations
@@ -41,10 +47,10 @@ import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_mtp import cpu_blas, row_exact, row_kernel  # noqa: E402
-from mlx_mtp.qwen3_5 import gdn_block  # noqa: E402
+from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel  # noqa: E402
 
-ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "stepwise", "all_kernel",
-        "all_kernel_body")
+ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "stepwise", "no_gdn_kernel",
+        "all_kernel", "all_kernel_body")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -73,7 +79,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     def setup(arm):
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm in ("kernel", "stepwise") or all_kernel
+            layer.use_kernel = arm in ("kernel", "stepwise", "no_gdn_kernel") or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
@@ -84,11 +90,12 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             return
         setup(arm)
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
+        gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
         with cpu_blas.verify_threads():
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}
-    mixer_choice = gdn_block.mixer_choice
+    mixer_choice, kernel_pays = gdn_block.mixer_choice, gdn_block.kernel_pays
     default_threads = row_exact.kernel_threads
     threads = kernel_threads or default_threads()
     row_exact.kernel_threads = lambda: threads
@@ -99,7 +106,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
-        gdn_block.mixer_choice = mixer_choice
+        gdn_block.mixer_choice, gdn_block.kernel_pays = mixer_choice, kernel_pays
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]
@@ -110,6 +117,8 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
         "row_exact": row_exact.report(model.mlx_model),
         "kernel_layers": len(kernel_layers), "kernel_threads": threads,
+        "gdn_kernel": "available" if gdn_kernel.available() else
+                      f"unavailable ({gdn_kernel.reason()})",
         "all_kernel_extra_layers": len(extra), "all_kernel_head": any(layer is head for layer, _, _ in extra),
         "ms": {arm: round(v, 2) for arm, v in ms.items()},
         "x_decode": {arm: round(v / ms["decode"], 3) for arm, v in ms.items()},

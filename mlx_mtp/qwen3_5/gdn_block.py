@@ -16,6 +16,14 @@ The same float operations in the same order, but fusion and a reduction's shape 
 backend's business, so each signature (T, layer shape, dtypes, device) is checked once against
 the uncompiled reference (``reference_mixer``: mlx-lm's ops, op for op) on seeded random inputs
 with the layer's own weights, every output bitwise; where it differs, it keeps the reference.
+
+On larger layers the recurrence itself dominates (5 passes of MLX's elementwise kernels over the
+state per token: ~1.3 ms a token on a 1 MB state). There ``kernel_mixer`` runs it in a C kernel
+(``gdn_kernel``: each block of state rows stays in L1 over the T tokens) between two compiled
+graphs (before: conv window, conv, silu, q/k norms, g, beta; after: the gated norm). The kernel
+evaluates its inputs, a host sync per layer, so it is tried only where T x the state's bytes is at
+least ``KERNEL_MIN_BYTES`` (``kernel_pays``), and used only where the same per-signature check
+passes; else the compiled graph, else the reference.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normaliz
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
 from ..row_exact import bitwise_equal
+from . import gdn_kernel
 
 _compiled: Dict[object, Callable] = {}
 _checked: Dict[Tuple, Optional[str]] = {}  # signature -> mixer_choice
@@ -171,6 +180,21 @@ def taps_conv(x: mx.array, w: mx.array, T: int) -> mx.array:
     return out
 
 
+def _conv_heads(qkv, conv_state, conv_w, T: int, shape: Tuple, taps: bool):
+    """The conv window, conv (``taps_conv`` or ``mx.conv1d``), silu, head split and q/k norms
+    of the compiled mixers: ``(conv_input, keep, q, k, v)``."""
+    K, key_dim, Hk, Hv, Dk, Dv, eps, stride, padding, dilation, groups = shape
+    conv_input, keep = _window(conv_state, qkv, K)
+    conv_out = (taps_conv(conv_input, conv_w, T) if taps else
+                mx.conv1d(conv_input, conv_w, stride, padding, dilation, groups))
+    q, k, v = _heads(conv_out, qkv.shape[0], T, key_dim, Hk, Hv, Dk, Dv)
+    return conv_input, keep, q, k, v
+
+
+def _gated_norm(y, z, norm_w, eps: float):
+    return precise_swiglu(y, z, mx.fast.rms_norm(y, norm_w, eps))  # Qwen3NextRMSNormGated
+
+
 def _mixer(T: int, shape: Tuple, taps: bool) -> Callable:
     """``reference_mixer`` of T tokens for layers of ``shape``, compiled, weights as inputs:
     ``(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w) -> (out, conv_input,
@@ -180,20 +204,35 @@ def _mixer(T: int, shape: Tuple, taps: bool) -> Callable:
     fn = _compiled.get(key)
     if fn is not None:
         return fn
-    K, key_dim, Hk, Hv, Dk, Dv, eps, stride, padding, dilation, groups = shape
     block = _block(T)
 
     def mixer(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w):
-        conv_input, keep = _window(conv_state, qkv, K)
-        conv_out = (taps_conv(conv_input, conv_w, T) if taps else
-                    mx.conv1d(conv_input, conv_w, stride, padding, dilation, groups))
-        q, k, v = _heads(conv_out, qkv.shape[0], T, key_dim, Hk, Hv, Dk, Dv)
+        conv_input, keep, q, k, v = _conv_heads(qkv, conv_state, conv_w, T, shape, taps)
         y, *states = block(q, k, v, a, b, A_log, dt_bias, state)
-        out = precise_swiglu(y, z, mx.fast.rms_norm(y, norm_w, eps))  # Qwen3NextRMSNormGated
-        return (out, conv_input, keep, *states)
+        return (_gated_norm(y, z, norm_w, shape[6]), conv_input, keep, *states)
 
     fn = _compiled[key] = mx.compile(mixer)
     return fn
+
+
+def _around_kernel(T: int, shape: Tuple, taps: bool) -> Tuple[Callable, Callable]:
+    """The compiled mixer split around the recurrence, for ``kernel_mixer``: ``before``
+    ``(qkv, b, a, conv_state, conv_w, A_log, dt_bias) -> (conv_input, keep, q, k, v, g, beta)``
+    and ``after`` ``(y, z, norm_w) -> out``."""
+    key = ("kernel", T, shape, taps)
+    fns = _compiled.get(key)
+    if fns is not None:
+        return fns
+
+    def before(qkv, b, a, conv_state, conv_w, A_log, dt_bias):
+        conv_input, keep, q, k, v = _conv_heads(qkv, conv_state, conv_w, T, shape, taps)
+        return conv_input, keep, q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b)
+
+    def after(y, z, norm_w):
+        return _gated_norm(y, z, norm_w, shape[6])
+
+    fns = _compiled[key] = (mx.compile(before), mx.compile(after))
+    return fns
 
 
 def compiled_mixer(layer, qkv, z, b, a, conv_state, state, taps: bool = False) -> Mixed:
@@ -202,6 +241,17 @@ def compiled_mixer(layer, qkv, z, b, a, conv_state, state, taps: bool = False) -
         qkv, z, b, a, conv_state, _state_or_zeros(layer, qkv, state), layer.conv1d.weight,
         layer.A_log, layer.dt_bias, layer.norm.weight)
     return out, conv_input, keep, states
+
+
+def kernel_mixer(layer, qkv, z, b, a, conv_state, state, taps: bool = False) -> Mixed:
+    """``reference_mixer`` with the recurrence in the C kernel (``gdn_kernel``) between two
+    compiled graphs (unchecked: see ``capture_mixer``). The kernel evaluates its inputs: one
+    host sync per layer."""
+    before, after = _around_kernel(qkv.shape[1], _shape_of(layer), taps)
+    conv_input, keep, q, k, v, g, beta = before(qkv, b, a, conv_state, layer.conv1d.weight,
+                                                layer.A_log, layer.dt_bias)
+    y, states = gdn_kernel.states(q, k, v, g, beta, _state_or_zeros(layer, qkv, state))
+    return after(y, z, layer.norm.weight), conv_input, keep, states
 
 
 def _state_or_zeros(layer, qkv, state):
@@ -218,25 +268,53 @@ def _signature(layer, args) -> Tuple:
             tuple((x.shape, x.dtype) for x in arrays))
 
 
-TAPS, CONV = "taps", "conv"
+TAPS, CONV = "taps", "conv"  # the compiled mixer, its conv as taps_conv or mx.conv1d
+KERNEL_TAPS, KERNEL_CONV = "kernel+taps", "kernel+conv"  # kernel_mixer, its conv likewise
+# The kernel splits the compiled graph in two around a host sync (about 0.2 ms a layer), and
+# saves time in proportion to the state it passes over: T tokens x the recurrent state
+# (B * Hv * Dv * Dk floats). Measured in a verify forward (scripts/verify_arms.py, kernel
+# against no_gdn_kernel, contended 2-core x86): the demo pair's 64 KB layers lose at T = 1-4
+# and win at 6 and 8; a 256 KB layer's mixer alone wins 0.1 ms at T = 1, 0.6 at 3; the
+# realistic-size pair's 1 MB layers win at every T (w = 3: 1.33x a decode step, not 1.62x).
+KERNEL_MIN_BYTES = 384 * 1024
+
+
+def kernel_pays(layer, qkv) -> bool:
+    """Whether a verify of these T tokens through this layer is faster with the recurrence in
+    the C kernel: T x the recurrent state's bytes at least ``KERNEL_MIN_BYTES``."""
+    B, T, _ = qkv.shape
+    return 4 * B * T * layer.num_v_heads * layer.head_v_dim * layer.head_k_dim >= KERNEL_MIN_BYTES
 
 
 def mixer_choice(layer, qkv, z, b, a, conv_state, state) -> Optional[str]:
-    """Which compiled mixer equals ``reference_mixer`` for these shapes and dtypes on the default
-    device, every output bitwise, on seeded inputs with the layer's own weights: ``TAPS`` (the
-    conv as ``taps_conv``, where it applies), else ``CONV`` (``mx.conv1d``), else None (the
-    reference). Measured once per signature."""
+    """The first of ``KERNEL_TAPS``, ``KERNEL_CONV`` (on the CPU, where the kernel is available
+    and pays, ``kernel_pays``), ``TAPS`` (where ``taps_conv`` applies), ``CONV`` (T > 1 only: at one
+    token the compiled graph saves nothing) whose mixer equals ``reference_mixer`` for these
+    shapes and dtypes on the default device, every output bitwise, on seeded inputs with the
+    layer's own weights; else None (the reference). Measured once per signature."""
     if _shape_of(layer) is None:
         return None
-    key = _signature(layer, (qkv, z, b, a, conv_state, state))
+    # A float32 CPU kernel: on a GPU its host copies would cost more than the GPU's own
+    # recurrence; in another dtype mlx-lm's ops round where the kernel does not.
+    floats = [x for x in (qkv, z, b, a, conv_state, state, layer.A_log, layer.dt_bias)
+              if x is not None]
+    kernel = (mx.default_device() == mx.cpu and all(x.dtype == mx.float32 for x in floats)
+              and kernel_pays(layer, qkv) and gdn_kernel.available())
+    key = _signature(layer, (qkv, z, b, a, conv_state, state)) + (kernel,)
     if key not in _checked:
         args = (layer, qkv, z, b, a, conv_state, state)
-        _checked[key] = (TAPS if _taps_apply(layer) and _equal_on_random(*args, taps=True)
-                         else CONV if _equal_on_random(*args, taps=False) else None)
+        taps = _taps_apply(layer)
+        _checked[key] = (
+            KERNEL_TAPS if kernel and taps and _equal_on_random(*args, taps=True, kernel=True)
+            else KERNEL_CONV if kernel and _equal_on_random(*args, taps=False, kernel=True)
+            else None if qkv.shape[1] == 1
+            else TAPS if taps and _equal_on_random(*args, taps=True)
+            else CONV if _equal_on_random(*args, taps=False) else None)
     return _checked[key]
 
 
-def _equal_on_random(layer, qkv, z, b, a, conv_state, state, taps: bool) -> bool:
+def _equal_on_random(layer, qkv, z, b, a, conv_state, state, taps: bool,
+                     kernel: bool = False) -> bool:
     keys = mx.random.split(mx.random.key(1357), 6)
 
     def like(x, key, scale=1.0):
@@ -245,19 +323,24 @@ def _equal_on_random(layer, qkv, z, b, a, conv_state, state, taps: bool) -> bool
     qkv_r, conv_r = like(qkv, keys[0]), like(conv_state, keys[4])
     qkv_r[..., :4] = -0.0  # channels with a window of -0.0 (see taps_conv)
     conv_r[..., :4] = -0.0
-    args = (qkv_r, like(z, keys[1]), like(b, keys[2]), like(a, keys[3]), conv_r,
-            like(state, keys[5], 0.1))
+    state_r = like(state, keys[5], 0.1)
+    if state_r is not None:  # rows of -0.0 (the sums' start, +0.0, shows) and large values
+        state_r[..., :2, :] = -0.0
+        state_r[..., 2, :] = 1e3 * state_r[..., 2, :]
+    args = (qkv_r, like(z, keys[1]), like(b, keys[2]), like(a, keys[3]), conv_r, state_r)
     ref = reference_mixer(layer, *args)
-    new = compiled_mixer(layer, *args, taps=taps)
+    new = (kernel_mixer if kernel else compiled_mixer)(layer, *args, taps=taps)
     mx.eval(ref, new)
     return (len(ref[3]) == len(new[3])
             and all(bitwise_equal(x, y) for x, y in zip([*ref[:3], *ref[3]], [*new[:3], *new[3]])))
 
 
 def capture_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
-    """``reference_mixer``'s outputs: compiled where ``mixer_choice`` found a compiled mixer
-    equal to the reference here (T > 1), else the reference."""
-    choice = mixer_choice(layer, qkv, z, b, a, conv_state, state) if qkv.shape[1] > 1 else None
+    """``reference_mixer``'s outputs: through the kernel or the compiled graph where
+    ``mixer_choice`` found one equal to the reference here, else the reference."""
+    choice = mixer_choice(layer, qkv, z, b, a, conv_state, state)
     if choice is None:
         return reference_mixer(layer, qkv, z, b, a, conv_state, state)
+    if choice in (KERNEL_TAPS, KERNEL_CONV):
+        return kernel_mixer(layer, qkv, z, b, a, conv_state, state, taps=choice == KERNEL_TAPS)
     return compiled_mixer(layer, qkv, z, b, a, conv_state, state, taps=choice == TAPS)

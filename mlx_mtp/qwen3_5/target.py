@@ -3,7 +3,8 @@ Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the 
 GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
 token of the block, so a partial accept is rolled back by selecting the state at the accepted
 length (no recompute). Between its projections, the layer's verify is one compiled graph per
-width where a check says it equals mlx-lm's ops bitwise (``gdn_block``). Where mlx-lm would run
+width, on large states with the recurrence in a C kernel, where a check says it equals mlx-lm's
+ops bitwise (``gdn_block``). Where mlx-lm would run
 its Metal kernel instead of the ops recurrence, the inputs are stashed and the kept tokens
 replayed (spec §3.2, option A).
 
