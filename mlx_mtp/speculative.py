@@ -25,7 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import cpu_blas, draft_profile, env, gate, keyed_sampling, sampling
+from . import cpu_blas, cpu_pin, draft_profile, env, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
@@ -250,6 +250,11 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     settle = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
+    # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``): its
+    # eager kernels sync with MLX's stream thread ~60 times. Not across split ranks (two ranks
+    # could pin to the same core) nor with more than one verify thread (they would share it).
+    pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and split is None
+           and cpu_blas.verify_thread_count() == 1)
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
@@ -373,7 +378,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                     settle(drafts, q if q is not None else [])  # the block's one evaluation
                     stats.draft_syncs += 1 + drafter.syncs - syncs
             t_verify = time.perf_counter()
-            with stats.phase("verify"):
+            with stats.phase("verify"), (cpu_pin.one_core() if pin and k > 0
+                                         else contextlib.nullcontext()):
                 block = bonus if drafts is None else mx.concatenate([bonus, drafts])
                 # One token (no drafts) needs no rollback: a plain step.
                 h = target.verify(block[None], cache) if k > 0 else target.hidden(block[None], cache)
