@@ -250,11 +250,6 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     settle = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
-    # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``): its
-    # eager kernels sync with MLX's stream thread ~60 times. Not across split ranks (two ranks
-    # could pin to the same core) nor with more than one verify thread (they would share it).
-    pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and split is None
-           and cpu_blas.verify_thread_count() == 1)
     K = block_size - 1
     L = prompt.size
     mx.reset_peak_memory()
@@ -271,6 +266,12 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
         target.prepare(block_size, exact=False)
     else:
         target.prepare(block_size)
+    # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``) from
+    # its first eager C kernel call on: each kernel syncs with MLX's stream thread (~60 times a
+    # verify of the realistic-size pair). Not across split ranks (two could pin to one core),
+    # nor with more than one verify thread (they would share the core).
+    pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and split is None
+           and cpu_blas.verify_thread_count() == 1)
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()
@@ -378,7 +379,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                     settle(drafts, q if q is not None else [])  # the block's one evaluation
                     stats.draft_syncs += 1 + drafter.syncs - syncs
             t_verify = time.perf_counter()
-            with stats.phase("verify"), (cpu_pin.one_core() if pin and k > 0
+            with stats.phase("verify"), (cpu_pin.on_first_sync() if pin and k > 0
                                          else contextlib.nullcontext()):
                 block = bonus if drafts is None else mx.concatenate([bonus, drafts])
                 # One token (no drafts) needs no rollback: a plain step.
