@@ -19,7 +19,10 @@ factor exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``)
 
 The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
 ``verify_ms_by_width`` of an arm (``--verify-arm``; ``fixed`` takes each width from the fixed
-arm that verified it most, else auto's), the round split of the fixed arms, the drafter step
+arm that verified it most, else auto's; ``own`` gives each arm its own: the fixed blocks the
+fixed arms', auto its own rounds', for a record where auto's verifies ran dearer than the fixed
+arms' at the same width: 25.6 ms against 23.7 at width 3 in the auto record), the round split of the
+fixed arms, the plain step (block 1's, else the record's mlx-lm step), the drafter step
 (measured per step where the record waited for each phase; else the draft phase's ms per step,
 the device work of queued drafts being inside the verify it overlaps).
 
@@ -29,7 +32,7 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
 --max-tokens 96``.
 
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
-        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed] [--offsets 20] \
+        [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed|own] [--offsets 20] \
         [--verify-steps 1,1.25,1.25,1.25,1.35,1.45]
 
 ``--verify-steps`` replaces the record's verify costs by multiples of its plain step, width 1 up
@@ -101,7 +104,8 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
                  accept_base=y0 - slope * x0, accept_per_pair=slope,
                  finalize=statistics.median(r["round_ms"]["finalize"] for r in fixed),
                  residual=statistics.median(r["round_ms"]["residual"] for r in fixed),
-                 plain_step=rows["1"]["round_ms"]["residual"])
+                 plain_step=(rows["1"]["round_ms"]["residual"] if "1" in rows
+                             else json.loads(path.read_text())["classic_step_ms"]))
 
 
 def synthetic_traces(acceptance: List[float], max_tokens: int, prompts: int = 4,
@@ -180,14 +184,15 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
 
 def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=BlockChooser,
              max_block_size: int = 6, spike_every: int = 0, spike: float = 1.0,
-             offsets: int = 1) -> dict:
+             offsets: int = 1, auto_costs: Optional[Costs] = None) -> dict:
     """Per prompt: mean tok/s over seeds of every fixed block size and of auto; auto's ratio to
     the best fixed block (by mean), its worst seed, and the widths it chose (summed).
 
     At T=0 a trace's rejections sit at fixed positions, so which rounds land on them (the
     alignment) moves a run's tok/s by several percent whatever the policy. ``offsets`` > 1
     averages that luck out: seed s replays the trace from position s % offsets (every arm the
-    same, the run that many tokens shorter)."""
+    same, the run that many tokens shorter). ``auto_costs``: auto's rounds cost these instead
+    of ``costs`` (``--verify-arm own``)."""
     out = {}
     for name, tr in traces["prompts"].items():
         fixed = {b: [] for b in range(1, max_block_size + 1)}
@@ -198,7 +203,7 @@ def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=
             for b in fixed:
                 fixed[b].append(replay(L, n, costs, Noise(1000 * s + b, sigma, spike_every,
                                                           spike), fixed=b)["tps"])
-            r = replay(L, n, costs, Noise(1000 * s + 99, sigma, spike_every, spike),
+            r = replay(L, n, auto_costs or costs, Noise(1000 * s + 99, sigma, spike_every, spike),
                        chooser=make_chooser(max_block_size - 1), max_drafts=max_block_size - 1)
             auto.append(r["tps"])
             for w, c in r["widths"].items():
@@ -233,7 +238,11 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=128,
                     help="tokens per run of the --acceptance traces (default 128)")
     ap.add_argument("--record", default=str(RECORD))
-    ap.add_argument("--verify-arm", choices=("auto", "fixed"), default="auto")
+    ap.add_argument("--verify-arm", choices=("auto", "fixed", "own"), default="auto",
+                    help="verify cost per width: the record's auto arm's, the fixed arms' (each "
+                         "width from the arm that verified it most), or each arm its own (fixed "
+                         "blocks the fixed arms', auto its own rounds': a record where auto's "
+                         "verifies ran dearer than the fixed arms' at the same width)")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--sigma", type=float, default=0.15)
     ap.add_argument("--spike-every", type=int, default=0, help="a stall every N rounds on average")
@@ -261,7 +270,12 @@ def main(argv=None):
     if not 1 <= args.offsets < traces["max_tokens"]:
         ap.error(f"--offsets: expected 1 to {traces['max_tokens'] - 1} (the traces' tokens "
                  f"less one), got {args.offsets}")
-    costs = costs_from_record(Path(args.record), args.verify_arm)
+    own = args.verify_arm == "own"
+    costs = costs_from_record(Path(args.record), "fixed" if own else args.verify_arm)
+    auto_costs = costs_from_record(Path(args.record), "auto") if own else None
+    if args.verify_steps and own:
+        ap.error("--verify-steps: not with --verify-arm own (it sets one verify cost table for "
+                 "every arm)")
     if args.verify_steps:
         try:
             steps = [float(x) for x in args.verify_steps.split(",")]
@@ -272,8 +286,11 @@ def main(argv=None):
                      f"(width 1 up), got {args.verify_steps!r}")
         costs = replace(costs, verify={w: x * costs.plain_step for w, x in enumerate(steps, 1)})
     print(f"costs (ms): {costs}")
+    if auto_costs is not None:
+        print(f"auto's costs (ms): {auto_costs}")
     result = simulate(traces, costs, args.seeds, args.sigma, max_block_size=args.max_block_size,
-                      spike_every=args.spike_every, spike=args.spike, offsets=args.offsets)
+                      spike_every=args.spike_every, spike=args.spike, offsets=args.offsets,
+                      auto_costs=auto_costs)
     print(table(result, args.max_block_size))
 
 

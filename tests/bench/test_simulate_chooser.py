@@ -233,3 +233,37 @@ def test_verify_steps_replace_the_records_verify_costs(capsys):
     want = {w: x * c.plain_step for w, x in enumerate([1, 1.25, 1.25, 1.25, 1.35, 1.45], 1)}
     assert f"costs (ms): {replace(c, verify=want)}" in out
     assert "| random |" in out
+
+
+AUTO_RECORD = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-vm-2026-12-01.json"
+
+
+def test_a_record_without_block_1_takes_the_plain_step_from_mlx_lm_and_own_costs_split_arms():
+    """The auto record ran blocks 3-6 and auto, no block 1: the plain step is its measured mlx-lm
+    step. ``auto_costs`` (``--verify-arm own``): the fixed arms replay on the fixed arms' verify
+    costs, auto on its own rounds' (dearer at widths 3 and 6 in that record)."""
+    record = json.loads(AUTO_RECORD.read_text())
+    fixed = sim.costs_from_record(AUTO_RECORD, "fixed")
+    auto = sim.costs_from_record(AUTO_RECORD, "auto")
+    assert fixed.plain_step == auto.plain_step == record["classic_step_ms"]
+    rows = {str(r["block_size"]): r for r in record["rows"]}
+    assert auto.verify[3] == rows["auto"]["verify_ms_by_width"]["3"]
+    assert fixed.verify[3] == rows["3"]["verify_ms_by_width"]["3"]
+    traces = json.loads(sim.TRACES.read_text())
+    traces["prompts"] = {"code": traces["prompts"]["code"]}
+    got = sim.simulate(traces, fixed, seeds=1, sigma=0.0, auto_costs=auto)["code"]
+    L = traces["prompts"]["code"]["L"]
+    assert got["auto"] == sim.replay(L, 128, auto, sim.Noise(0, 0.0), chooser=BlockChooser(5))["tps"]
+    assert got["fixed"][4] == sim.replay(L, 128, fixed, sim.Noise(0, 0.0), fixed=4)["tps"]
+
+
+def test_own_costs_from_the_command_line(capsys):
+    sim.main(["--seeds", "1", "--record", str(AUTO_RECORD), "--verify-arm", "own"])
+    out = capsys.readouterr().out
+    assert f"costs (ms): {sim.costs_from_record(AUTO_RECORD, 'fixed')}" in out
+    assert f"auto's costs (ms): {sim.costs_from_record(AUTO_RECORD, 'auto')}" in out
+    with pytest.raises(SystemExit) as e:
+        sim.main(["--verify-arm", "own", "--verify-steps", "1,1,1,1,1,1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--verify-steps: not with --verify-arm own (it sets one verify cost table for every arm)")

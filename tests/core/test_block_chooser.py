@@ -189,18 +189,23 @@ def test_undraftable_text_drafts_rarely():
     # The start: width 1, then width 2 (at width 1's cost; rejected, a_1 = 2.1 / 4 = 0.525). The
     # line through widths 1 and 2 (5 ms a width) and deeper drafts valued at a_1 + 0.4 / sqrt(1)
     # = 0.925: E(1) / 0.015 = 101.7 a second beats E(2) / 0.020 = 2.011 / 0.020 = 100.5 and no
-    # drafts' 100: width 2 again. Rejected: a_1 = 2.1 / 4.9 = 0.429, E(1) / 0.015 = 95.2.
-    assert choices[:4] == [0, 1, 1, 0]
+    # drafts' 100: width 2 again. Rejected: a_1 = 2.1 / 4.9 = 0.429, E(1) / 0.015 = 95.2: the
+    # arithmetic says no drafts, but two drafting rounds are too little evidence (min_evidence
+    # 3): the best drafting choice, width 2 once more. Rejected: a_1 = 0.368, no drafts.
+    assert choices[:5] == [0, 1, 1, 1, 0]
     # Afterwards no block can pay: no drafts, except one probe of one draft after 4, 8, 16, then
     # every 32 rounds without (each probe that does not bring drafting back doubles the wait).
     drafting = [i for i, k in enumerate(choices) if k]
-    assert drafting == [1, 2, 7, 16, 33] + list(range(66, 400, 33))
+    assert drafting == [1, 2, 3, 8, 17, 34] + list(range(67, 400, 33))
     assert all(choices[i] == 1 for i in drafting)
 
 
-def test_an_early_rejection_is_rechecked_soon():
-    """The first draft of a run is rejected and width 2 costs 1.6x width 1: no drafts pay, but
-    the probe after 4 rounds is kept, and the block goes straight to the widest."""
+def test_an_early_rejection_does_not_stop_drafting():
+    """The first draft of a run is rejected and width 2 costs 1.6x width 1: by the arithmetic no
+    drafts pay (a_1 = 2.1 / 4 = 0.525, the line through widths 1 and 2 (6 ms a width): E(1) /
+    0.016 = 95.3 and E(5) / 0.040 = 81.5 a second against no drafts' 100), but one drafting
+    round is too little evidence to stop on (``min_evidence``): the best drafting choice, one
+    draft, is kept, and the block goes straight to the widest."""
     cost = [0.010, 0.016, 0.018, 0.020, 0.022, 0.024]
     c, choices, drafted = BlockChooser(5), [], 0
     for _ in range(40):
@@ -208,10 +213,78 @@ def test_an_early_rejection_is_rechecked_soon():
         c.observe(k, 0 if (k and not drafted) else k, cost[k])
         drafted += k > 0
         choices.append(k)
-    # after the kept probe a_1 = (1 + 2.1) / (1.9 + 3) = 0.633 and deeper drafts, never judged,
+    # after the kept draft a_1 = (1 + 2.1) / (1.9 + 3) = 0.633 and deeper drafts, never judged,
     # are valued at 1: E(5) / 0.040 (the line through widths 1 and 2) = 4.16 / 0.040 = 104.1 a
     # second beats E(1) / 0.016 = 102.0 and no drafts' 100
+    assert choices == [0, 1, 1] + [5] * 37
+    # without the evidence rule, no drafts until the probe after 4 rounds brings drafting back
+    c, choices, drafted = BlockChooser(5, min_evidence=0), [], 0
+    for _ in range(40):
+        k = c.choose()
+        c.observe(k, 0 if (k and not drafted) else k, cost[k])
+        drafted += k > 0
+        choices.append(k)
     assert choices == [0, 1, 0, 0, 0, 0, 1] + [5] * 33
+
+
+def test_one_stalled_round_does_not_stop_drafting():
+    """Width 2's first round stalls (40 ms against 12): the line through widths 1 and 2 prices
+    every drafting width out. Until ``min_evidence`` (3) drafting rounds are timed the choice
+    drafts anyway (the best drafting choice: one draft), and the median of three samples (12 ms)
+    outvotes the stall: the widest block. Without the rule the stall stops drafting for a
+    stretch of 4 rounds, and the probe after it still sees the stall in a median of two."""
+    cost = [0.010, 0.012, 0.014, 0.016, 0.018, 0.020]
+
+    def run(chooser):
+        stalled = []
+
+        def cost_of(r, w):
+            if w == 2 and not stalled:
+                stalled.append(r)
+                return 0.040
+            return cost[w - 1]
+        return simulate(chooser, [1, 1, 0, 0, 0], cost, 20, cost_of)
+
+    assert run(BlockChooser(5)) == [0, 1, 1, 1, 5, 5, 5, 4, 3, 2, 2, 2, 2, 3, 2, 2, 3, 2, 2, 2]
+    assert run(BlockChooser(5, min_evidence=0)) == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                    1, 5, 5, 5, 4]
+
+
+def test_a_context_judged_once_does_not_stop_drafting():
+    """A rejection in context 0 (the last round kept nothing) drops that context's estimate of
+    draft 1 below what drafting needs; while that context's own counts judged draft 1 fewer than
+    ``min_evidence`` times, the choice between drafting and not values draft 1 at least at the
+    pooled estimate."""
+    def session(**kw):
+        c = BlockChooser(1, **kw)
+        c.observe(0, 0, 0.010)
+        for _ in range(4):
+            c.observe(1, 1, 0.015)  # kept (contexts: none, then 1)
+        c.observe(1, 0, 0.015)  # chosen in context 1: rejected
+        c.observe(1, 0, 0.015)  # chosen in context 0: rejected
+        return c
+
+    c = session()
+    assert c.context == 0 and c.context_tests[0] == [1.0]
+    # pooled: hits 2.78559 of 4.68559 decayed tests, a_1 = (2.78559 + 3 x 0.7) / 7.68559 =
+    # 0.6357; context 0: (0 + 2 x 0.6357) / (1 + 2) = 0.4238
+    assert c.acceptance() == pytest.approx([0.63568184])
+    assert c.context_acceptance() == pytest.approx([0.42378789])
+    # in context: 1.4238 / 0.015 = 94.9 a second, below no drafts' 100; pooled: 1.6357 / 0.015
+    # = 109.0: one draft
+    assert c.choose() == 1
+    assert session(min_evidence=0).choose() == 0  # the context's estimate alone: no drafts
+    # judged there 4 times (decayed: 3.439, the last a kept draft), the context's own estimate
+    # decides
+    c = session()
+    c.observe(1, 0, 0.015)  # context 0 again: rejected
+    c.observe(1, 0, 0.015)  # context 0 again: rejected
+    c.observe(1, 1, 0.015)  # context 0: kept, next context 1
+    c.observe(1, 0, 0.015)  # context 1: rejected, back in context 0
+    assert c.context_tests[0] == [pytest.approx(3.439)]
+    a = c.context_acceptance()[0]
+    assert (1 + a) / 0.015 < 1 / 0.010 < (1 + c.acceptance()[0]) / 0.015
+    assert c.choose() == 0
 
 
 def test_a_kept_probe_that_does_not_bring_drafting_back_backs_off():
@@ -220,7 +293,8 @@ def test_a_kept_probe_that_does_not_bring_drafting_back_backs_off():
     cost = [0.010 + 0.010 * w for w in range(6)]
     choices = simulate(BlockChooser(5, prior=0.5), [1, 0, 0, 0, 0], cost, 200)
     drafting = [i for i, k in enumerate(choices) if k]
-    assert drafting == [1, 6, 15, 32, 65, 98, 131, 164, 197]
+    # (drafting stops on the third drafting round's evidence, min_evidence)
+    assert drafting == [1, 2, 3, 8, 17, 34, 67, 100, 133, 166, 199]
     assert all(choices[i] == 1 for i in drafting)
 
 
@@ -264,6 +338,7 @@ def test_width_one_is_remeasured_when_stale():
     ({"max_drafts": 2, "pooling": -1.0}, "BlockChooser needs optimism >= 0, pooling >= 0"),
     ({"max_drafts": 2, "context_weight": 0.0}, "BlockChooser needs context_weight > 0 or None, "
                                                "got 0.0"),
+    ({"max_drafts": 2, "min_evidence": -1}, "BlockChooser needs min_evidence >= 0, got -1"),
 ])
 def test_bad_settings(kw, msg):
     with pytest.raises(MTPError) as e:
