@@ -24,7 +24,7 @@ import ctypes
 import mlx.core as mx
 import numpy as np
 
-from . import native
+from . import cpu_pin, native
 CACHE_ENV = native.CACHE_ENV  # the kernels share one cache folder
 ENV = native.ALL_ENV
 FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -83,6 +83,7 @@ def products(x: mx.array, w: np.ndarray, columns: int, threads: int = 1) -> mx.a
     *lead, T, K = x.shape
     if columns % COLUMN_GROUP or columns > w.shape[0] or w.shape[1] != K:
         raise ValueError(f"row kernel: {columns} columns of a {w.shape} weight for width {K}")
+    cpu_pin.hold()  # inside a verify: the threads onto one core before the syncs (cpu_pin)
     mx.eval(x)  # the host sync: the kernel runs on the evaluated input
     xv = np.asarray(memoryview(x)).reshape(-1, K)  # zero-copy unless x is a strided view
     if not xv.flags.c_contiguous or xv.dtype != np.float32:

@@ -25,7 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.sample_utils import greedy_sampler
 
-from . import cpu_blas, draft_profile, env, gate, keyed_sampling, sampling
+from . import cpu_blas, cpu_pin, draft_profile, env, gate, keyed_sampling, sampling
 from .block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from .diagnostics import RunStats
 from .errors import MTPError
@@ -266,6 +266,12 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
         target.prepare(block_size, exact=False)
     else:
         target.prepare(block_size)
+    # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``) from
+    # its first eager C kernel call on: each kernel syncs with MLX's stream thread (~60 times a
+    # verify of the realistic-size pair). Not across split ranks (two could pin to one core),
+    # nor with more than one verify thread (they would share the core).
+    pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and split is None
+           and cpu_blas.verify_thread_count() == 1)
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()
@@ -373,7 +379,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                     settle(drafts, q if q is not None else [])  # the block's one evaluation
                     stats.draft_syncs += 1 + drafter.syncs - syncs
             t_verify = time.perf_counter()
-            with stats.phase("verify"):
+            with stats.phase("verify"), (cpu_pin.on_first_sync() if pin and k > 0
+                                         else contextlib.nullcontext()):
                 block = bonus if drafts is None else mx.concatenate([bonus, drafts])
                 # One token (no drafts) needs no rollback: a plain step.
                 h = target.verify(block[None], cache) if k > 0 else target.hidden(block[None], cache)

@@ -5,6 +5,9 @@ Arms, alternated round by round on the same target, each with its own cache pref
   forward   mlx-lm's own forward of W tokens (+ the LM head): what a W-token pass costs before
             mlx_mtp adds anything (no stashed states, no row-exact layers)
   kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.row_kernel)
+            (every verify arm, as the round loop, with all threads on one core from the first
+            eager kernel call on: ``mlx_mtp.cpu_pin``, with one kernel thread)
+  unpinned  the kernel arm with the threads free to run on any core (MLX_MTP_PIN_VERIFY=0)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
   stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
@@ -37,6 +40,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,11 +50,11 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlx_mtp import cpu_blas, row_exact, row_kernel  # noqa: E402
+from mlx_mtp import cpu_blas, cpu_pin, row_exact, row_kernel  # noqa: E402
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel  # noqa: E402
 
-ARMS = ("decode", "forward", "kernel", "blocked", "inexact", "stepwise", "no_gdn_kernel",
-        "all_kernel", "all_kernel_body")
+ARMS = ("decode", "forward", "kernel", "unpinned", "blocked", "inexact", "stepwise",
+        "no_gdn_kernel", "all_kernel", "all_kernel_body")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -79,7 +83,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     def setup(arm):
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm in ("kernel", "stepwise", "no_gdn_kernel") or all_kernel
+            layer.use_kernel = arm in ("kernel", "unpinned", "stepwise", "no_gdn_kernel") or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
@@ -91,7 +95,8 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         setup(arm)
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
-        with cpu_blas.verify_threads():
+        pin = cpu_pin.on_first_sync() if arm != "unpinned" and threads == 1 else nullcontext()
+        with cpu_blas.verify_threads(), pin:
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in ARMS}

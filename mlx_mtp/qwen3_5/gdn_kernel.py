@@ -22,7 +22,7 @@ from typing import List, Tuple
 import mlx.core as mx
 import numpy as np
 
-from .. import native
+from .. import cpu_pin, native
 
 ENV = "MLX_MTP_GDN_KERNEL"
 FLAGS = ("-O3", "-mavx2", "-ffp-contract=off", "-fPIC", "-shared")
@@ -69,6 +69,7 @@ def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
             or beta.shape != (B, T, Hv) or state.shape != (B, Hv, Dv, Dk) or Hv % Hk):
         raise ValueError(f"gdn kernel: shapes q {q.shape} k {k.shape} v {v.shape} g {g.shape} "
                          f"beta {beta.shape} state {state.shape} do not fit")
+    cpu_pin.hold()  # inside a verify: the threads onto one core before the sync (cpu_pin)
     mx.eval(q, k, v, g, beta, state)
     inputs = [_host(x) for x in (q, k, v, g, beta, state)]
     y = np.empty((B, T, Hv, Dv), np.float32)

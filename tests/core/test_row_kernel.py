@@ -251,3 +251,32 @@ def test_a_strided_weight_is_declined_not_a_crash():
     if row_exact.install(layer, 3):
         assert row_exact.method(layer) != "kernel"
         assert verify_equals_rows(layer, 3, 1024, seed=42)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 6])
+def test_weights_that_end_at_an_unmapped_page_are_read_without_a_fault(T):
+    """The kernel's multi-row calls prefetch the next columns' weights, past the last column at
+    the end: a prefetch must never fault (the weights end where an inaccessible page begins),
+    and the products equal the same kernel's on an ordinary copy, byte for byte."""
+    import ctypes
+    import mmap
+
+    needs_kernel()
+    N, K = 16, 1024  # 64 KiB: whole pages, so the weights end exactly at the guard page
+    size = N * K * 4
+    buf = mmap.mmap(-1, size + mmap.PAGESIZE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + size, mmap.PAGESIZE, 0) == 0  # PROT_NONE
+    try:
+        w = np.frombuffer(buf, np.float32, N * K).reshape(N, K)
+        w[:] = np.random.default_rng(5).standard_normal((N, K), dtype=np.float32)
+        x = mx.random.normal((1, T, K), key=mx.random.key(T))
+        got = row_kernel.products(x, w, N)
+        want = row_kernel.products(x, np.array(w), N)
+        mx.eval(got, want)
+        assert bitwise(got, want)
+        del w
+    finally:
+        libc.mprotect(base + size, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE)
