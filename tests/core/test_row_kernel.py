@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mlx_mtp import MTPError, cpu_blas, row_exact, row_kernel
+from native_support import require_kernel
 
 BLIS = cpu_blas.STATE.name == "BLIS"
 
@@ -38,11 +39,7 @@ def fresh(monkeypatch, tmp_path):
 
 
 def needs_kernel():
-    problem = row_kernel._cpu_problem()
-    if problem:  # not x86-64 Linux with AVX2 + FMA: the kernel cannot exist here
-        pytest.skip(problem)
-    if not row_kernel.available():
-        pytest.fail(f"row kernel unavailable on this x86-64 CI box: {row_kernel.reason()}")
+    require_kernel(row_kernel._cpu_problem(), row_kernel.available, row_kernel.reason, "row kernel")
 
 
 def test_the_kernel_builds_here_into_the_cache_folder(fresh):

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
+from native_support import blas_bindings
 
 import mlx_mtp
 from mlx_mtp import cpu_blas
@@ -233,12 +234,7 @@ print(json.dumps({"blas": cpu_blas.STATE.name, "checks": out}))
 """
 
 
-def _bindings():
-    found = {name: path for name, path in reversed(cpu_blas.find())}  # the first of each kind
-    return [("bundled", "off")] + sorted(found.items())
-
-
-@pytest.mark.parametrize("name,value", _bindings())
+@pytest.mark.parametrize("name,value", blas_bindings())
 def test_the_compiled_mixer_equals_the_reference_with_every_blas_binding(name, value):
     """On the demo pair's layers (their own weights), in a fresh process per binding."""
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}

@@ -20,6 +20,7 @@ from oracle import OracleDrafter
 
 import mlx_mtp
 import tiny_checkpoints as tc
+from native_support import blas_bindings, require_kernel
 from mlx_mtp import cpu_blas, native
 from mlx_mtp.model import MTPModel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
@@ -35,11 +36,7 @@ def bitwise(a, b):
 
 
 def needs_kernel():
-    problem = native.cpu_problem()
-    if problem:  # not x86-64 Linux with AVX2 + FMA: the kernel cannot exist here
-        pytest.skip(problem)
-    if not gdn_kernel.available():
-        pytest.fail(f"gdn kernel unavailable on this x86-64 box: {gdn_kernel.reason()}")
+    require_kernel(native.cpu_problem(), gdn_kernel.available, gdn_kernel.reason, "gdn kernel")
 
 
 @pytest.fixture
@@ -349,12 +346,7 @@ print(json.dumps({"blas": cpu_blas.STATE.name, "choices": out}))
 """
 
 
-def _bindings():
-    found = {name: path for name, path in reversed(cpu_blas.find())}  # the first of each kind
-    return [("bundled", "off")] + sorted(found.items())
-
-
-@pytest.mark.parametrize("name,value", _bindings())
+@pytest.mark.parametrize("name,value", blas_bindings())
 def test_the_kernel_mixer_is_chosen_with_every_blas_binding(name, value):
     """On the demo pair's layers (their own weights), in a fresh process per binding: the
     recurrence does not touch the BLAS, so the kernel's check passes with every binding (its
