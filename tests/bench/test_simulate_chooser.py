@@ -2,6 +2,7 @@
 round for round, its cost model is the record's, and it replays the chooser."""
 
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,9 +44,15 @@ def test_cost_model_is_the_records():
     ends = (min(fixed_blocks, key=lambda b: record[b]["tokens_per_round"]),
             max(fixed_blocks, key=lambda b: record[b]["tokens_per_round"]))
     assert ends == ("2", "6")
-    for b in ends:
-        assert c.accept(record[b]["tokens_per_round"]) == pytest.approx(
-            record[b]["round_ms"]["accept"])
+    (x0, y0), (x1, y1) = ((record[b]["tokens_per_round"], record[b]["round_ms"]["accept"])
+                          for b in ends)
+    if y1 >= y0:
+        for b in ends:
+            assert c.accept(record[b]["tokens_per_round"]) == pytest.approx(
+                record[b]["round_ms"]["accept"])
+    else:  # the ends say more pairs cost less (noise): the rule makes the line flat, at the median
+        flat = statistics.median(record[b]["round_ms"]["accept"] for b in fixed_blocks)
+        assert (c.accept(x0), c.accept(x1)) == (pytest.approx(flat), pytest.approx(flat))
     fixed = sim.costs_from_record(sim.RECORD, "fixed")
     assert fixed.verify[3] == record["3"]["verify_ms_by_width"]["3"]
     # a round of 2 drafts keeping 1: verify(3) + one drafter step + accept(2 pairs) + the rest
