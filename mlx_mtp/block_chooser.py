@@ -102,14 +102,15 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     return total
 
 
-def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]]) -> int:
-    """The k in 0..min(len(acceptance), len(costs) - 1) maximising E(k) / costs[k]; ``costs[k]``
-    is the cost of a round of width k + 1 (None: not a candidate). Ties go to the fewer drafts.
-    Pure."""
+def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]],
+                least: int = 0) -> int:
+    """The k in least..min(len(acceptance), len(costs) - 1) maximising E(k) / costs[k];
+    ``costs[k]`` is the cost of a round of width k + 1 (None: not a candidate). Ties go to the
+    fewer drafts; 0 when no k from ``least`` on is a candidate. Pure."""
     if not costs or costs[0] is None:
         raise ValueError("costs must hold at least the cost of width 1")
     best, best_rate = 0, None
-    for k in range(min(len(acceptance), len(costs) - 1) + 1):
+    for k in range(least, min(len(acceptance), len(costs) - 1) + 1):
         if costs[k] is None:
             continue
         rate = expected_tokens(acceptance, k) / costs[k]
@@ -298,9 +299,7 @@ class BlockChooser:
                 return k
         if sum(len(self.samples[w]) for w in range(2, self.max_drafts + 2)) >= self.min_evidence:
             return 0
-        rates = [(expected_tokens(acceptance, k) / c, -k) for k, c in enumerate(costs)
-                 if k and c is not None]
-        return -max(rates)[1] if rates else 0
+        return best_drafts(acceptance, costs, least=1)
 
     def _neighbours(self, k: int, limit: int) -> List[int]:
         """Widths next to the choice (width k + 1) to value optimistically (hill-climbing): a

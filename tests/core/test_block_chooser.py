@@ -36,6 +36,14 @@ def test_best_drafts_is_the_arithmetic(acceptance, costs, want):
     assert best_drafts(acceptance, costs) == want
 
 
+def test_best_drafts_from_least_drafts():
+    # acceptance 0.2: E(1) = 1.2, E(2) = 1.24; rates 1/1.0, 1.2/1.3, 1.24/1.5
+    assert best_drafts([0.2, 0.2], [1.0, 1.3, 1.5]) == 0
+    assert best_drafts([0.2, 0.2], [1.0, 1.3, 1.5], least=1) == 1
+    assert best_drafts([0.2, 0.2], [1.0, 1.3, 1.3], least=1) == 2
+    assert best_drafts([0.2, 0.2], [1.0, None, None], least=1) == 0  # no drafting candidate
+
+
 def test_acceptance_estimate_decays_and_shrinks_to_the_previous_position():
     c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.95)
     assert c.acceptance() == [0.5, 0.5, 0.5]
