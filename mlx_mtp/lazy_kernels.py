@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from . import env, native
 
@@ -187,3 +188,15 @@ def reason() -> str:
 def mode() -> str:
     """How the kernels run: ``lazy`` or ``eager (<why not lazy>)``, for reports."""
     return "lazy" if available() else f"eager ({reason()})"
+
+
+@contextmanager
+def eager():
+    """The kernels run eagerly in the body, as with ``MLX_MTP_LAZY_KERNELS=0`` (comparisons of
+    the two paths in one process: tests, ``scripts/verify_arms.py``)."""
+    saved = (_STATE.module, _STATE.why, _STATE.tried)
+    _STATE.module, _STATE.why, _STATE.tried = None, f"{ENV}=0", True
+    try:
+        yield
+    finally:
+        _STATE.module, _STATE.why, _STATE.tried = saved
