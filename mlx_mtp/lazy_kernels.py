@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from . import env, native
 
+logger = logging.getLogger("mlx_mtp")
 ENV = "MLX_MTP_LAZY_KERNELS"  # 0: the eager (ctypes) kernels even where the extension builds
 ABI = 1  # the extension's abi()
 MODULE = "_mlx_mtp_lazy"  # NB_MODULE name in lazy_ops.cpp
@@ -105,6 +107,7 @@ def _build(environ) -> Path:
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
+    logger.info("building the C kernels' MLX extension into %s (once; about a minute)", path)
     with tempfile.TemporaryDirectory(prefix=".lazy_ops-", dir=folder) as tmp:
         build = Path(tmp) / "build"
         import mlx

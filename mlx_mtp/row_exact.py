@@ -343,12 +343,15 @@ def method(layer) -> str:
 
 def report(model: nn.Module) -> Dict[str, object]:
     """The switched layers of ``model`` counted by ``method``, and whether the kernel is
-    available (why not, when it is not) and runs lazily or eagerly (``lazy_kernels.mode``):
-    for the run's stats."""
+    available (why not, when it is not) and, where a layer uses it, whether it runs lazily or
+    eagerly (``lazy_kernels.mode``): for the run's stats."""
     counts: Dict[str, int] = {}
     for _, layer in model.named_modules():
         m = method(layer)
         if m != "multi-row":
             counts[m] = counts.get(m, 0) + 1
-    return {"layers": counts, "kernel": f"available, {lazy_kernels.mode()}"
-            if row_kernel.available() else f"unavailable ({row_kernel.reason()})"}
+    if not row_kernel.available():
+        return {"layers": counts, "kernel": f"unavailable ({row_kernel.reason()})"}
+    # How it runs, where a layer uses it (asking builds the extension, which no other layer needs)
+    return {"layers": counts,
+            "kernel": f"available, {lazy_kernels.mode()}" if counts.get("kernel") else "available"}

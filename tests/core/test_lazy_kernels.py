@@ -8,7 +8,6 @@ import shutil
 import sys
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
