@@ -9,10 +9,10 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from conftest import reference_greedy
-from native_support import require_kernel
+from native_support import require_lazy
 
 import mlx_mtp
-from mlx_mtp import MTPError, cpu_blas, cpu_pin, lazy_kernels, native, row_exact
+from mlx_mtp import MTPError, cpu_blas, cpu_pin, lazy_kernels, row_exact
 
 PROMPT = [5, 17, 3, 99, 42, 7]
 N = 20
@@ -155,8 +155,7 @@ def test_a_verify_through_the_lazy_kernel_is_not_pinned(wide_dir, block_size):
     """The row kernel as a lazy MLX op: the verify makes no eager kernel call, so nothing is
     pinned, and the output and committed caches are those of the eager, pinned run."""
     needs_two_cores()
-    require_kernel(native.cpu_problem(), lazy_kernels.available, lazy_kernels.reason,
-                   "lazy kernels")
+    require_lazy()
     model = mlx_mtp.load_model(wide_dir)
     want = reference_greedy(wide_dir, PROMPT, N)
     full = len(os.sched_getaffinity(0))

@@ -13,7 +13,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from mlx_mtp import MTPError, cpu_blas, lazy_kernels, native, row_kernel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
-from native_support import require_kernel
+from native_support import require_lazy
 
 BLIS = cpu_blas.STATE.name == "BLIS"
 
@@ -23,15 +23,12 @@ def bitwise(a, b):
             and bytes(memoryview(a)) == bytes(memoryview(b)))
 
 
-def needs_lazy():
-    require_kernel(native.cpu_problem(), lazy_kernels.available, lazy_kernels.reason,
-                   "lazy kernels")
-
-
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """The extension's state forgotten and its cache an empty folder; restored afterwards."""
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(lazy_kernels.ENV, raising=False)
+    monkeypatch.delenv(native.ALL_ENV, raising=False)
     lazy_kernels.reset()
     yield tmp_path / "cache"
     lazy_kernels.reset()
@@ -63,14 +60,14 @@ def gdn_inputs(T, Hk, Hv, Dk, Dv, seed):
 def test_it_builds_here_and_is_used():
     """CI and this machine (x86-64 Linux, cmake, a C++ compiler, nanobind 3.x) build it: the
     kernels run lazily and the reports say so."""
-    needs_lazy()
+    require_lazy()
     assert lazy_kernels.mode() == "lazy" and lazy_kernels.reason() == ""
 
 
 @pytest.mark.parametrize("K", [520, 1024, 1027])
 @pytest.mark.parametrize("N", [8, 1000])
 def test_row_products_lazy_equal_eager_and_one_row_products(K, N):
-    needs_lazy()
+    require_lazy()
     W = mx.random.normal((N, K), key=mx.random.key(K + N))
     x = mx.random.normal((1, 6, K), key=mx.random.key(N))
     view = row_kernel.weight_view(W)
@@ -88,7 +85,7 @@ def test_row_products_lazy_equal_eager_and_one_row_products(K, N):
 def test_row_products_of_a_strided_input_and_with_threads():
     """A transposed (non-contiguous) input is made contiguous in the graph; threads split the
     columns and change no byte."""
-    needs_lazy()
+    require_lazy()
     W = mx.random.normal((4096, 1024), key=mx.random.key(1))
     xt = mx.random.normal((1024, 3), key=mx.random.key(2))
     view = row_kernel.weight_view(W)
@@ -104,7 +101,7 @@ def test_row_products_of_a_strided_input_and_with_threads():
 @pytest.mark.parametrize("T", [1, 2, 3, 5])
 def test_gdn_steps_lazy_equal_eager_and_the_reference(T, shape):
     """y and every step's state: lazy, eager (the ctypes path) and mlx-lm's per-token ops."""
-    needs_lazy()
+    require_lazy()
     args = gdn_reference_inputs(T, *shape, seed=T)
     q, k, v, a, b, A_log, dt_bias, state = args
     g, beta = compute_g(A_log, a, dt_bias), mx.sigmoid(b)
@@ -122,7 +119,7 @@ def test_gdn_steps_lazy_equal_eager_and_the_reference(T, shape):
 def test_a_verify_graph_makes_no_host_sync_and_compiles(monkeypatch):
     """Building the ops evaluates nothing (mx.eval is not called), and they run inside an
     mx.compile'd function with the same bytes."""
-    needs_lazy()
+    require_lazy()
     W = mx.random.normal((64, 1024), key=mx.random.key(3))
     x = mx.random.normal((1, 3, 1024), key=mx.random.key(4))
     q, k, v, g, beta, state = gdn_inputs(3, 2, 4, 64, 32, seed=9)
@@ -149,7 +146,7 @@ def test_a_verify_graph_makes_no_host_sync_and_compiles(monkeypatch):
 
 
 def test_bad_inputs_are_clear_errors():
-    needs_lazy()
+    require_lazy()
     q, k, v, g, beta, state = gdn_inputs(2, 2, 4, 64, 32, seed=1)
     with pytest.raises(ValueError, match=r"^gdn kernel: needs float32 inputs, got "
                                          r"mlx.core.float16$"):
@@ -246,7 +243,7 @@ def test_a_module_of_another_abi_is_refused():
 
 
 def test_a_cached_module_is_loaded_without_building(monkeypatch):
-    needs_lazy()
+    require_lazy()
     lazy_kernels.reset()
     import subprocess
 

@@ -20,7 +20,7 @@ from oracle import OracleDrafter
 
 import mlx_mtp
 import tiny_checkpoints as tc
-from native_support import blas_bindings, require_kernel
+from native_support import blas_bindings, require_kernel, require_lazy
 from mlx_mtp import cpu_blas, lazy_kernels, native
 from mlx_mtp.model import MTPModel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
@@ -304,8 +304,7 @@ def test_generation_with_the_kernel_is_identical_to_plain_decode(ckpt, path, req
     where only the lazy op pays (``gdn_block.LAZY_KERNEL_MIN_BYTES``)."""
     needs_kernel()
     if path == "lazy":
-        require_kernel(native.cpu_problem(), lazy_kernels.available, lazy_kernels.reason,
-                       "lazy kernels")
+        require_lazy()
     else:
         monkeypatch.setattr(lazy_kernels, "load", lambda environ=None: None)
     ckpt_dir = DEMO if ckpt == "demo" else request.getfixturevalue("big_state_dir")
