@@ -95,9 +95,11 @@ def test_every_piece_equals_the_ops_bitwise(kind, request):
                             for inside in (False, True)[: 1 + o_plain]:
                                 assert all_bitwise(
                                     post, layer_block.compiled_post(attn, outs, gate, inside))
-    # A dense MLP's products are plain outside a verify (whole); a mixture of experts is split.
-    dense = any(type(l.mlp) is Qwen3NextMLP for l in target.layers)
-    assert layer_block.SPLIT in seen and (layer_block.WHOLE in seen) == dense
+    # A float dense MLP's products are plain outside a verify (whole); a mixture of experts
+    # (moe, next) and 4-bit products (q4) are split.
+    assert all(type(l.mlp) is Qwen3NextMLP for l in target.layers) == (kind not in ("moe", "next"))
+    assert layer_block.SPLIT in seen
+    assert (layer_block.WHOLE in seen) == (kind not in ("moe", "next", "q4"))
 
 
 @pytest.mark.parametrize("kind", ["demo", "wide", "moe"])
