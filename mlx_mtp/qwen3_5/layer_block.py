@@ -14,9 +14,10 @@ shape and dtype, weights passed in:
   plain products at this width, else (``SPLIT``) the residual + norm as one graph and the
   ``silu(gate) * up`` as another around the projections (row-exact layers compute some of them
   with eager C calls that cannot sit inside ``mx.compile``).
-- ``attn_pre`` / ``attn_post``: the gated attention's parts before the rope and KV-cache update
-  (head split, q/k norms, transposes; the q/k/v products inside where plain) and after the
-  attention (merge, sigmoid gate; the output product inside where plain).
+- ``attn_pre`` / ``attn_post``: the gated attention's parts before its KV-cache update (head
+  split, q/k norms, transposes, the rope with its offset as an input; the q/k/v products inside
+  where plain) and after the attention (merge, sigmoid gate; the output product inside where
+  plain). The SDPA stays outside: its key length changes every round.
 
 The same float operations in the same order, but fusion is the backend's business, so each
 signature is checked once against the uncompiled ops (mlx-lm's, op for op) on seeded random
@@ -104,7 +105,7 @@ def _memo(module, key: Tuple, choose: Callable[[], object]):
     """``choose()`` once per ``key`` on this module: the signature checks below build their keys
     from every weight's shape, too slow to do on every call (a verify makes ~50 of these calls)."""
     memo = module.__dict__.setdefault("_layer_block_memo", {})  # a plain attribute, no parameter
-    key = key + (str(mx.default_device()), row_exact.active())
+    key = key + (mx.default_device() == mx.cpu, row_exact.active())
     if key not in memo:
         memo[key] = choose()
     return memo[key]
@@ -280,28 +281,58 @@ def _attn_shape(layer) -> Tuple:
             layer.k_norm.eps)
 
 
-def reference_pre(layer, x: mx.array):
-    """``(queries, gate, keys, values)`` before the rope, as mlx-lm computes them."""
-    return _heads(layer.q_proj(x), layer.k_proj(x), layer.v_proj(x), layer.q_norm["weight"],
-                  layer.k_norm["weight"], _attn_shape(layer))
+def rope_inside(layer) -> bool:
+    """Whether the layer's rope is ``nn.RoPE`` (``mx.fast.rope``), which the compiled part can
+    run with the offset as an input array: MLX's rope turns an int offset into an array itself,
+    and computes the same ops (``test_layer_block`` checks offsets 0..4099 and beyond)."""
+    return type(layer.rope) is nn.RoPE
+
+
+def _rope(rope: Tuple, x, offset):
+    dims, traditional, base, scale = rope
+    return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
+
+
+def reference_pre(layer, x: mx.array, offset: int):
+    """``(queries, gate, keys, values)`` as mlx-lm computes them before the cache update (the
+    rope at ``offset``)."""
+    queries, gate, keys, values = _heads(layer.q_proj(x), layer.k_proj(x), layer.v_proj(x),
+                                         layer.q_norm["weight"], layer.k_norm["weight"],
+                                         _attn_shape(layer))
+    return layer.rope(queries, offset=offset), gate, layer.rope(keys, offset=offset), values
 
 
 def _attn_plain(layer, T: int, projections) -> bool:
     return all(plain_product(getattr(layer, p), T) for p in projections)
 
 
-def compiled_pre(layer, x: mx.array, inside: bool):
-    """``reference_pre`` compiled; ``inside``: with the q/k/v products in the graph."""
+def compiled_pre(layer, x: mx.array, inside: bool, offset: int):
+    """``reference_pre`` compiled; ``inside``: with the q/k/v products in the graph; the rope
+    too where ``rope_inside`` (else after the graph, as mlx-lm's ops)."""
     shape = _attn_shape(layer)
+    rope = ((layer.rope.dims, layer.rope.traditional, layer.rope.base, layer.rope.scale)
+            if rope_inside(layer) else None)
+
+    def heads(qp, kp, vp, qn, kn, offset):
+        queries, gate, keys, values = _heads(qp, kp, vp, qn, kn, shape)
+        if rope is not None:
+            queries, keys = _rope(rope, queries, offset), _rope(rope, keys, offset)
+        return queries, gate, keys, values
+
     q_w, k_w = layer.q_norm["weight"], layer.k_norm["weight"]
+    at = mx.array(offset, dtype=mx.int32)
     if inside:
-        fn = _compile(("attn_pre", True, shape), lambda: lambda x, wq, wk, wv, qn, kn: _heads(
-            x @ wq.T, x @ wk.T, x @ wv.T, qn, kn, shape))
-        return fn(x, layer.q_proj["weight"], layer.k_proj["weight"], layer.v_proj["weight"],
-                  q_w, k_w)
-    fn = _compile(("attn_pre", False, shape),
-                  lambda: lambda qp, kp, vp, qn, kn: _heads(qp, kp, vp, qn, kn, shape))
-    return fn(layer.q_proj(x), layer.k_proj(x), layer.v_proj(x), q_w, k_w)
+        fn = _compile(("attn_pre", True, shape, rope), lambda: lambda x, wq, wk, wv, qn, kn, o:
+                      heads(x @ wq.T, x @ wk.T, x @ wv.T, qn, kn, o))
+        out = fn(x, layer.q_proj["weight"], layer.k_proj["weight"], layer.v_proj["weight"],
+                 q_w, k_w, at)
+    else:
+        fn = _compile(("attn_pre", False, shape, rope), lambda: heads)
+        out = fn(layer.q_proj(x), layer.k_proj(x), layer.v_proj(x), q_w, k_w, at)
+    if rope is not None:
+        return out
+    queries, gate, keys, values = out
+    return layer.rope(queries, offset=offset), gate, layer.rope(keys, offset=offset), values
 
 
 def _merge(rows, gate):
@@ -337,9 +368,11 @@ def attention_choice(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Opt
            *("bias" in layer[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))) + _sig(x, *weights)
     if key not in _checked:
         (xr,) = _random_like([x], 3167)
+        offsets = (0, 4103)  # the rope at two positions (one past float16's exact integers)
         with _ops():
-            ref = reference_pre(layer, xr)
-        pre = _first_equal(ref, lambda inside: compiled_pre(layer, xr, inside),
+            ref = [y for o in offsets for y in reference_pre(layer, xr, o)]
+        pre = _first_equal(ref, lambda inside: [y for o in offsets
+                                                for y in compiled_pre(layer, xr, inside, o)],
                            _attn_plain(layer, L, ("q_proj", "k_proj", "v_proj")))
         q, gate = ref[0], ref[1]
         H, D = q.shape[1], q.shape[-1]  # the SDPA's output has the queries' shape

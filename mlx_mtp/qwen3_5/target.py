@@ -144,11 +144,9 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         # parts before and after the cache update (compiled, where layer_block's check passed).
         pre, post = (layer_block.attention_choices(self, x, L if by_rows else 1) if compiled
                      else (None, None))
-        queries, gate, keys, values = (layer_block.reference_pre(self, x) if pre is None
-                                       else layer_block.compiled_pre(self, x, pre))
         start = cache.offset
-        queries = self.rope(queries, offset=start)
-        keys = self.rope(keys, offset=start)
+        queries, gate, keys, values = (layer_block.reference_pre(self, x, start) if pre is None
+                                       else layer_block.compiled_pre(self, x, pre, start))
         keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
         if by_rows:
             rows = [

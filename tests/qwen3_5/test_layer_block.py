@@ -81,10 +81,12 @@ def test_every_piece_equals_the_ops_bitwise(kind, request):
                         seen.add(choice)
                     if not layer.is_linear:
                         attn = layer.self_attn
-                        pre = layer_block.reference_pre(attn, x)
                         qkv_plain = layer_block._attn_plain(attn, T, ("q_proj", "k_proj", "v_proj"))
-                        for inside in (False, True)[: 1 + qkv_plain]:
-                            assert all_bitwise(pre, layer_block.compiled_pre(attn, x, inside))
+                        for offset in (0, 17 * T, 40001):
+                            pre = layer_block.reference_pre(attn, x, offset)
+                            for inside in (False, True)[: 1 + qkv_plain]:
+                                assert all_bitwise(
+                                    pre, layer_block.compiled_pre(attn, x, inside, offset))
                         gate = pre[1]
                         D = pre[0].shape[-1]
                         for rows in (1, T):
@@ -117,6 +119,18 @@ def test_the_checks_choose_a_compiled_piece(kind, request):
     assert pre is (kind != "wide")
     assert post is True
     assert layer_block.norm_equal(x, layer.input_layernorm["weight"], layer.input_layernorm.eps)
+
+
+def test_the_compiled_rope_equals_the_ops_at_every_offset():
+    """The rope runs inside the compiled part with its offset as an input array: equal to
+    mlx-lm's rope (an int offset) at every position tried, 0..4099 and some far ones."""
+    target = target_of(DEMO)
+    attn = next(l for l in target.layers if not l.is_linear).self_attn
+    assert layer_block.rope_inside(attn)
+    x = normal((1, 3, target.hidden_size), 21)
+    for offset in list(range(4100)) + [65535, 65536, 131071, 1 << 20, (1 << 24) + 1]:
+        assert all_bitwise(layer_block.reference_pre(attn, x, offset),
+                           layer_block.compiled_pre(attn, x, True, offset)), offset
 
 
 def bump(x):
