@@ -4,7 +4,8 @@ GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurren
 token of the block, so a partial accept is rolled back by selecting the state at the accepted
 length (no recompute). Between its projections, the layer's verify is one compiled graph per
 width, on large states with the recurrence in a C kernel, where a check says it equals mlx-lm's
-ops bitwise (``gdn_block``). Where mlx-lm would run
+ops bitwise (``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``:
+norms, residual adds, MLP, the attention's parts around its cache update). Where mlx-lm would run
 its Metal kernel instead of the ops recurrence, the inputs are stashed and the kept tokens
 replayed (spec §3.2, option A).
 
@@ -132,7 +133,9 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
     """mlx-lm's gated full attention (both families use this class). Inside a verify it computes
     the attention of each query row separately, against the keys a decode step at that position
     would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (measured
-    with BLIS on CPU: the score matmul's width is the context length)."""
+    with BLIS on CPU: the score matmul's width is the context length). Its parts before the
+    cache update and after the attention are compiled graphs where ``layer_block``'s check
+    passed."""
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         B, L, D = x.shape
