@@ -207,7 +207,7 @@ def test_outside_a_verify_the_layers_are_mlx_lms(monkeypatch):
     """Prefill and plain decode (``hidden``) never reach a compiled piece or a check."""
     target = target_of(DEMO)
     for name in ("tail", "attention_choices", "norm_equal"):
-        monkeypatch.setattr(layer_block, name, lambda *a: pytest.fail(f"{name} ran"))
+        monkeypatch.setattr(layer_block, name, lambda *a, name=name: pytest.fail(f"{name} ran"))
     cache = target.make_cache()
     mx.eval(target.hidden(mx.array([[5, 6, 7, 8]]), cache))
     mx.eval(target.hidden(mx.array([[9]]), cache))
