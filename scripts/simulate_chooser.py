@@ -33,8 +33,10 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
 
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
         [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed|own] [--offsets 20] \
-        [--verify-steps 1,1.25,1.25,1.25,1.35,1.45]
+        [--verify-steps 1,1.25,1.25,1.25,1.35,1.45] [--chooser decay=0.8,context_weight=none]
 
+``--chooser`` replays auto with other ``BlockChooser`` settings (its keyword arguments; ``none``
+for ``context_weight=None``), to compare a setting against the defaults on the same seeds.
 ``--verify-steps`` replaces the record's verify costs by multiples of its plain step, width 1 up
 (what-if: a verify as cheap as a target asks).
 """
@@ -42,6 +44,8 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import math
 import random
@@ -53,6 +57,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlx_mtp.block_chooser import BlockChooser  # noqa: E402  (pure Python: no MLX op runs)
+from mlx_mtp.errors import MTPError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "benchmark_results" / "demo-pair-blis-vm-2026-12-01.json"
@@ -230,6 +235,35 @@ def table(result: dict, max_block_size: int = 6) -> str:
     return "\n".join(lines)
 
 
+def chooser_settings(text: str) -> dict:
+    """``KEY=VALUE,...`` -> keyword arguments of ``BlockChooser``: each value as the type of the
+    setting's default (int or float), ``none`` for None where the setting takes None. Raises
+    ValueError with the reason."""
+    params = {n: p for n, p in inspect.signature(BlockChooser).parameters.items()
+              if p.kind is p.KEYWORD_ONLY}
+    out = {}
+    for item in text.split(","):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or key not in params:
+            raise ValueError(f"expected KEY=VALUE pairs, KEY one of {', '.join(params)}; "
+                             f"got {item!r}")
+        whole = isinstance(params[key].default, int)
+        optional = "Optional" in str(params[key].annotation)
+        try:
+            if optional and value.lower() == "none":
+                out[key] = None
+            else:
+                out[key] = int(value) if whole else float(value)
+        except ValueError:
+            kind = ("an integer" if whole else "a number") + (" or none" if optional else "")
+            raise ValueError(f"{key} expects {kind}, got {value!r}") from None
+    try:
+        BlockChooser(1, **out)
+    except MTPError as e:
+        raise ValueError(str(e)) from None
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(TRACES))
@@ -253,7 +287,15 @@ def main(argv=None):
     ap.add_argument("--offsets", type=int, default=1,
                     help="seed s replays the traces from position s %% OFFSETS (averages out "
                          "where the rejections fall against the rounds; 1: from the start)")
+    ap.add_argument("--chooser", help="auto's BlockChooser settings, KEY=VALUE comma-separated "
+                    "(e.g. decay=0.8,context_weight=none; default: its defaults)")
     args = ap.parse_args(argv)
+    make_chooser = BlockChooser
+    if args.chooser:
+        try:
+            make_chooser = functools.partial(BlockChooser, **chooser_settings(args.chooser))
+        except ValueError as e:
+            ap.error(f"--chooser: {e}")
     if args.acceptance:
         try:
             acceptance = [float(x) for x in args.acceptance.split(",")]
@@ -288,7 +330,8 @@ def main(argv=None):
     print(f"costs (ms): {costs}")
     if auto_costs is not None:
         print(f"auto's costs (ms): {auto_costs}")
-    result = simulate(traces, costs, args.seeds, args.sigma, max_block_size=args.max_block_size,
+    result = simulate(traces, costs, args.seeds, args.sigma, make_chooser=make_chooser,
+                      max_block_size=args.max_block_size,
                       spike_every=args.spike_every, spike=args.spike, offsets=args.offsets,
                       auto_costs=auto_costs)
     print(table(result, args.max_block_size))
