@@ -48,6 +48,7 @@ import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core load
 
 import bench_mtp  # noqa: E402
 import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
+from mlx_mtp.diagnostics import PHASES as ROUND_PHASES  # noqa: E402
 from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
@@ -238,7 +239,7 @@ def summarize(args, base, arms, raw, bw, vocab_meta) -> dict:
         st = [r["stats"] for r in runs]
         rounds = sum(s["rounds"] for s in st)
         split = {p: sum(s["phase_ms"][p] for s in st) / max(rounds, 1)
-                 for p in ("verify", "draft", "accept", "finalize", "residual")}
+                 for p in ROUND_PHASES}
         profs = [s["draft_profile"] for s in st]
         drafted = sum(s["drafted"] for s in st)
         row = {
@@ -395,7 +396,7 @@ def render(r: dict) -> str:
         rm = row["round_ms"]
         tot = sum(rm.values()) or 1.0
         cells = " | ".join(f"{rm[p]:.2f} ({100 * rm[p] / tot:.0f}%)"
-                           for p in ("verify", "draft", "accept", "finalize", "residual"))
+                           for p in ROUND_PHASES)
         lines.append(f"| {row['arm']} | {cells} |")
     lines += ["", "## Attribution (MLX_MTP_DRAFT_PROFILE=1; forced syncs, so the profiled step "
               "is slower than the real one)", "",

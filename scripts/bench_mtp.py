@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import string
@@ -43,9 +44,10 @@ import mlx.nn as nn  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 import bench_common  # noqa: E402  (scripts/: flags, idle check, setup, writing the record)
-from mlx_mtp.diagnostics import RunStats  # noqa: E402
+from mlx_mtp.diagnostics import PHASES, RunStats  # noqa: E402
 from mlx_mtp.stream import encode_prompt  # noqa: E402
 from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
+from mlx_mtp.speculative import SYNC_PHASES_ENV  # noqa: E402
 
 DEFAULT_PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
@@ -178,11 +180,45 @@ def run(args) -> dict:
                                                                    if k != "tokens"}})
             print(f"pair {pair} {name}: " + ", ".join(
                 f"{a} {results[a]['tps']:.1f}" for a, _ in arms), flush=True)
+    synced = synced_pass(args, model, prompts, sampler)
     bw = bandwidth_gbs()
-    return summarize(args, model, raw, exact, bw)
+    return summarize(args, model, raw, exact, bw, synced)
 
 
-def summarize(args, model, raw, exact, bw) -> dict:
+def synced_pass(args, model, prompts: dict, sampler) -> list:
+    """After the pairs, ``--synced-runs`` runs per prompt of the plain arm and of each MTP arm
+    with ``MLX_MTP_SYNC_PHASES=1``: each phase then waits for its own device work, so the split
+    says what the verify alone costs and what the draft and accept hook cost, which the queued
+    (default) runs fold into the verify. These runs are not in the tok/s above (the syncs cost
+    time); their plain runs give the step the verify is divided by."""
+    out = []
+    before = os.environ.get(SYNC_PHASES_ENV)
+    os.environ[SYNC_PHASES_ENV] = "1"
+    try:
+        for rep in range(args.synced_runs):
+            for name, prompt in prompts.items():
+                toks, _, gs = plain_decode(model.mlx_model, prompt, args.max_tokens, sampler)
+                out.append({"arm": "classic", "prompt": name, "tps": (len(toks) - 1) / gs})
+                for bs in args.block_sizes:
+                    t, _, g, st = mtp_decode(model, prompt, args.max_tokens, bs, sampler,
+                                             args.acceptance, args.seed + rep, args.max_block_size)
+                    out.append({"arm": _arm(bs), "prompt": name, "tps": (len(t) - 1) / g,
+                                "identical": t == toks, "stats": st.to_dict()})
+    finally:
+        if before is None:
+            del os.environ[SYNC_PHASES_ENV]
+        else:
+            os.environ[SYNC_PHASES_ENV] = before
+    return out
+
+
+def round_split(stats: list) -> dict:
+    """Mean ms per round of each phase over runs' ``RunStats.to_dict()``."""
+    rounds = sum(s["rounds"] for s in stats)
+    return {p: sum(s["phase_ms"][p] for s in stats) / max(rounds, 1) for p in PHASES}
+
+
+def summarize(args, model, raw, exact, bw, synced=()) -> dict:
     classic = raw["classic"]
     by_key = {(r["pair"], r["prompt"]): r for r in classic}
     rows = []
@@ -193,8 +229,7 @@ def summarize(args, model, raw, exact, bw) -> dict:
         ratios = [r["tps"] / by_key[(r["pair"], r["prompt"])]["tps"] for r in arm]
         st = [r["stats"] for r in arm]
         rounds = sum(s["rounds"] for s in st)
-        phase = {p: sum(s["phase_ms"][p] for s in st) / max(rounds, 1)
-                 for p in ("verify", "draft", "accept", "finalize", "residual")}
+        phase = round_split(st)
         drafted = sum(s["drafted"] for s in st)
         n_pos = max((len(s["per_position_acceptance"]) for s in st), default=0)
         per_pos = []
@@ -235,6 +270,7 @@ def summarize(args, model, raw, exact, bw) -> dict:
             "exactness": st[0]["exactness"] if st else {},
             # rounds per verify width, summed over the arm's runs
             "block_sizes": _sum_widths(s.get("block_sizes", {}) for s in st),
+            **synced_summary(synced, bs, args.temp),
         })
     result = {
         **bench_common.record_setup(args.topic),
@@ -248,9 +284,31 @@ def summarize(args, model, raw, exact, bw) -> dict:
         "drafter_step_floor_ms": (floors["drafter_step_bytes"] / bw / 1e6
                                   if "drafter_step_bytes" in floors else None),
         "max_block_size": args.max_block_size if AUTO in args.block_sizes else None,
-        "rows": rows, "per_prompt": per_prompt(args, raw), "raw": raw,
+        "synced_runs": args.synced_runs,
+        "rows": rows, "per_prompt": per_prompt(args, raw), "raw": raw, "synced": list(synced),
     }
     return result
+
+
+def synced_summary(synced: list, bs, temp: float) -> dict:
+    """The synced pass's split for one arm: ms per round of each phase, the non-verify share,
+    and the verify alone per width over the plain step of the same pass."""
+    st = [r["stats"] for r in synced if r["arm"] == _arm(bs)]
+    if not st:
+        return {}
+    step_ms = statistics.median(1e3 / r["tps"] for r in synced if r["arm"] == "classic")
+    split = round_split(st)
+    verify = verify_ms_by_width(st)
+    return {
+        "synced_runs": len(st),
+        "synced_round_ms": split,
+        "synced_non_verify_share": 1 - split["verify"] / (sum(split.values()) or 1.0),
+        "synced_step_ms": step_ms,
+        "synced_verify_ms_by_width": verify,
+        "synced_verify_over_step_by_width": {w: ms / step_ms for w, ms in verify.items()},
+        "synced_identical": (all(r["identical"] for r in synced if r["arm"] == _arm(bs))
+                             if temp == 0 else None),
+    }
 
 
 def verify_ms_by_width(stats: list) -> dict:
@@ -370,7 +428,7 @@ def render(r: dict) -> str:
     for row in r["rows"]:
         tot = sum(row["round_ms"].values()) or 1.0
         cells = " | ".join(f"{row['round_ms'][p]:.2f} ({100 * row['round_ms'][p] / tot:.0f}%)"
-                           for p in ("verify", "draft", "accept", "finalize", "residual"))
+                           for p in PHASES)
         lines.append(f"| {row['block_size']} | {cells} |")
     widest = max([int(w) for row in r["rows"] for w in row.get("verify_ms_by_width", {})] + [1])
     lines += ["", "## Verify cost per width (verify-phase ms per round / plain decode step ms)", "",
@@ -383,6 +441,7 @@ def render(r: dict) -> str:
         cells = [f"{ms[w]:.2f} ms ({by_w[w]:.2f}x)" if w in by_w else "-"
                  for w in range(1, widest + 1)]
         lines.append(f"| {row['block_size']} | " + " | ".join(cells) + " |")
+    lines += _synced_lines(r)
     lines += ["", "## The floor", "",
               f"- Measured streaming-read bandwidth: {r['bandwidth_gbs']:.1f} GB/s",
               f"- Target step reads {r['target_step_bytes'] / 1e6:.1f} MB: floor "
@@ -397,6 +456,34 @@ def render(r: dict) -> str:
                      f"{r['drafter_step_floor_ms']:.2f} ms{meas}")
     lines += bench_common.what_it_says(r)
     return "\n".join(lines)
+
+
+def _synced_lines(r: dict) -> list:
+    """The synced pass: each phase's own cost, and the verify alone per width."""
+    rows = [row for row in r["rows"] if row.get("synced_runs")]
+    if not rows:
+        return []
+    widest = max([int(w) for row in rows for w in row["synced_verify_ms_by_width"]] + [1])
+    lines = ["", "## Each phase on its own (`MLX_MTP_SYNC_PHASES=1`)", "",
+             f"{r['synced_runs']} run(s) per prompt of every arm after "
+             "the pairs (not in the tok/s above: the syncs cost time), each phase waiting for its "
+             "own device work; the verify divided by the plain step of the same pass "
+             f"({rows[0]['synced_step_ms']:.2f} ms). Non-verify = draft + accept hook + finalize "
+             "+ residual.", "",
+             "| block | verify | draft | accept hook | finalize | residual | non-verify share | "
+             + " | ".join(f"verify w={w}" for w in range(1, widest + 1)) + " | identical |",
+             "|---|" + "---|" * (6 + widest + 1)]
+    for row in rows:
+        split = row["synced_round_ms"]
+        by_w = {int(w): v for w, v in row["synced_verify_over_step_by_width"].items()}
+        ms = {int(w): v for w, v in row["synced_verify_ms_by_width"].items()}
+        cells = [f"{split[p]:.2f}" for p in PHASES]
+        cells.append(f"{100 * row['synced_non_verify_share']:.0f}%")
+        cells += [f"{ms[w]:.2f} ms ({by_w[w]:.2f}x)" if w in by_w else "-"
+                  for w in range(1, widest + 1)]
+        cells.append(_identical_text(row.get("synced_identical")))
+        lines.append(f"| {row['block_size']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def result_cells(row: dict) -> str:
@@ -505,6 +592,9 @@ def main(argv=None):
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="base seed; run i uses seed + i")
+    p.add_argument("--synced-runs", type=int, default=1,
+                   help="runs per prompt of every arm with each phase synced, after the pairs "
+                        "(the round split's own costs; 0: none)")
     p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
                    help="acceptance rule at temperature > 0")
     p.add_argument("--render", type=Path, metavar="RECORD.json",
@@ -522,10 +612,10 @@ def main(argv=None):
         p.error(f"--block-sizes: expected comma-separated block sizes or auto, got "
                 f"{args.block_sizes!r}")
     args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
-    if (args.pairs < 1 or args.max_tokens < 2 or args.max_block_size < 1
+    if (args.pairs < 1 or args.max_tokens < 2 or args.max_block_size < 1 or args.synced_runs < 0
             or any(b != AUTO and b < 1 for b in args.block_sizes)):
-        p.error("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1 and block sizes >= 1 "
-                "are required")
+        p.error("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1, --synced-runs >= 0 "
+                "and block sizes >= 1 are required")
     watch = bench_common.watch(args)
     return bench_common.finish(args, run(args), watch, render, "mtp")
 

@@ -45,6 +45,26 @@ def test_bench_writes_markdown_and_json(tmp_path):
     assert three["phases_synced"] is False and three["drafter_step_ms"] is None
     assert ("Draft and accept hook queued (the default): their device work is timed in the "
             "verify that waits for it.") in text
+    # The synced pass (one run per prompt of every arm, each phase waiting for its own work):
+    # its split, the verify alone over the same pass's plain step, not mixed into the tok/s.
+    synced = data["synced"]
+    assert [(r["arm"], r["prompt"]) for r in synced] == [
+        (arm, p) for p in bench_mtp.DEFAULT_PROMPTS for arm in ("classic", "mtp1", "mtp3")]
+    assert all(r["stats"]["phases_synced"] for r in synced if r["arm"] != "classic")
+    assert all(r["identical"] for r in synced if r["arm"] != "classic")
+    assert three["synced_runs"] == 4 and three["synced_identical"] is True
+    step = sorted(1e3 / r["tps"] for r in synced if r["arm"] == "classic")
+    assert three["synced_step_ms"] == (step[1] + step[2]) / 2
+    split = three["synced_round_ms"]
+    assert abs(three["synced_non_verify_share"]
+               - (1 - split["verify"] / sum(split.values()))) < 1e-12
+    for w, ms in three["synced_verify_ms_by_width"].items():
+        assert three["synced_verify_over_step_by_width"][w] == ms / three["synced_step_ms"]
+    assert three["drafter_step_ms"] is None  # the synced runs are not the queued arm's runs
+    assert "## Each phase on its own (`MLX_MTP_SYNC_PHASES=1`)" in text
+    assert (f"| 3 | {split['verify']:.2f} | {split['draft']:.2f} | {split['accept']:.2f} | "
+            f"{split['finalize']:.2f} | {split['residual']:.2f} | "
+            f"{100 * three['synced_non_verify_share']:.0f}% |") in text
     # The idle check is in the record; a busy machine (--allow-busy) is labelled, not hidden.
     check = data["idle_check"]
     assert check["verdict"] in ("idle", "contended") and check["during"]["total"]["wall_s"] > 0
@@ -65,7 +85,7 @@ def test_bench_at_temperature_states_the_rule_and_claims_no_identity(tmp_path):
     bench_mtp.main(["--model", str(model), "--block-sizes", "3", "--pairs", "1",
                     "--max-tokens", "10", "--out", str(tmp_path / "out"), "--topic", "hot",
                     "--temp", "1.0", "--seed", "5", "--acceptance", "point-mass", "--allow-busy",
-                    "--idle-window", "0.2"])
+                    "--idle-window", "0.2", "--synced-runs", "0"])
     data = json.loads(next((tmp_path / "out").glob("hot-*.json")).read_text())
     row = data["rows"][0]
     assert (data["temperature"], data["seed"], data["acceptance"]) == (1.0, 5, "point-mass")
@@ -73,6 +93,9 @@ def test_bench_at_temperature_states_the_rule_and_claims_no_identity(tmp_path):
     text = next((tmp_path / "out").glob("hot-*.md")).read_text()
     assert "T=1.0, top-p 0.0, top-k 0, seed 5 (+ run index), acceptance rule point-mass" in text
     assert "| n/a (sampled) |" in text
+    # --synced-runs 0: no synced pass, no section for it
+    assert data["synced"] == [] and "synced_runs" not in row
+    assert "## Each phase on its own" not in text
 
 
 def test_bench_auto_arm_reports_per_prompt_against_the_best_fixed_block(tmp_path):
@@ -121,6 +144,11 @@ def test_bench_rejects_a_bad_arm(tmp_path, capsys):
     assert e.value.code == 2
     assert "--block-sizes: expected comma-separated block sizes or auto, got '1,fast'" in \
         capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench_mtp.main(["--model", "x", "--synced-runs", "-1"])
+    assert e.value.code == 2
+    assert ("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1, --synced-runs >= 0 and "
+            "block sizes >= 1 are required") in capsys.readouterr().err
 
 
 def _made_up_raw():
