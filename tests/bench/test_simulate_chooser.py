@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import simulate_chooser as sim  # noqa: E402
 
-from mlx_mtp.block_chooser import BlockChooser  # noqa: E402
+from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402
 
 
 def test_traces_reproduce_the_records_fixed_block_runs():
@@ -202,6 +202,27 @@ def test_chooser_settings_replay_auto_with_them(capsys):
         sim.main(argv + (["--chooser", text] if text else []))
         assert auto_column(capsys.readouterr().out) == [want[text]]
     assert want[""] != want["optimism=0,context_weight=none"]  # the settings changed the choices
+
+
+def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(capsys):
+    traces = json.loads(sim.TRACES.read_text())
+    costs = sim.costs_from_record(sim.RECORD)
+    got = sim.simulate(traces, costs, 2, 0.15, offsets=3, session=RoundCosts())
+    # by hand: seed by seed, the prompts in turn, every chooser on the one RoundCosts
+    shared, tps = RoundCosts(), {name: [] for name in traces["prompts"]}
+    for s in range(2):
+        for name, tr in traces["prompts"].items():
+            r = sim.replay(tr["L"][s % 3:], 128 - s % 3, costs, sim.Noise(1000 * s + 99, 0.15),
+                           chooser=BlockChooser(5, round_costs=shared))
+            tps[name].append(r["tps"])
+    alone = sim.simulate(traces, costs, 2, 0.15, offsets=3)
+    for name in traces["prompts"]:
+        assert got[name]["auto"] == pytest.approx(statistics.mean(tps[name]))
+        assert got[name]["fixed"] == alone[name]["fixed"]  # the fixed arms do not change
+    # only the first run measures width 1 before drafting; the others draft from their first round
+    assert alone["random"]["widths"][1] == 2 and 1 not in got["random"]["widths"]
+    sim.main(["--seeds", "1", "--session"])
+    assert "| random |" in capsys.readouterr().out
 
 
 def test_synthetic_run_prints_a_table(capsys):
