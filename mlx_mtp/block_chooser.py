@@ -75,13 +75,14 @@ gets one round to undo it:
 Text no head predicts pays one more drafting round at the start (three, not two).
 A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
 loop runs them as pipelined one-token steps, as fast as plain decode, observing each.
-Round costs that outlive one generation (``RoundCosts``, opt-in): a chooser given one starts
-from the samples earlier generations left there and adds its own. A round's cost belongs to the
-device, the model and the decoding setup, not to the text, and one 128-token generation has too
-few rounds to measure it: its first rounds at widths 1 and 2 and its medians of a few noisy
-samples cost it up to 3 points of the best fixed block in simulation (random characters 0.965
--> 0.991 with a session's costs, code on the auto record's own costs 0.980 -> 1.014;
-``scripts/simulate_chooser.py --session``).
+Round costs that outlive one generation (``RoundCosts``, opt-in, not what ``"auto"`` makes): a
+chooser given one starts from the samples earlier generations left there, as old as they are
+(a width not timed for ``stale_rounds`` rounds of the session is re-measured as within one),
+and adds its own. A round's cost belongs to the device, the model and the decoding setup, not to
+the text, and one 128-token generation has too few rounds to measure it well: its first rounds
+at widths 1 and 2 and its medians of a few noisy samples. Replayed as a record runs
+(``scripts/simulate_chooser.py --session``) it is mixed: better on random characters and code,
+worse with stalls on enumeration (README: *Round costs across a session's generations*).
 The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
 BLIS record's costs with noisy round times (``scripts/simulate_chooser.py``).
 """
@@ -137,6 +138,8 @@ class RoundCosts:
             raise MTPError(f"RoundCosts needs a window >= 1, got {window!r}")
         self.window = window
         self.samples: Dict[int, Deque[float]] = {}
+        self.rounds = 0  # rounds its choosers observed, all generations
+        self.measured_at: Dict[int, int] = {}  # width -> ``rounds`` at its latest sample
 
     def of(self, width: int) -> Deque[float]:
         """The samples of ``width`` (the deque choosers append to)."""
@@ -187,8 +190,12 @@ class BlockChooser:
             for w in range(1, max_drafts + 2)}
         self.median: Dict[int, float] = {w: statistics.median(d)  # kept current
                                          for w, d in self.samples.items() if d}
-        # width -> round of its latest sample; an earlier generation's count as this one's first
-        self.measured_at: Dict[int, int] = {w: 0 for w in self.median}
+        self.round_costs = round_costs
+        # width -> round of its latest sample; an earlier generation's as many rounds before this
+        # one's first as were observed since (so a width's measurement ages across generations)
+        self.measured_at: Dict[int, int] = (
+            {} if round_costs is None else
+            {w: at - round_costs.rounds for w, at in round_costs.measured_at.items()})
         self.round = 0  # rounds observed
         self.undrafted = 0  # consecutive rounds without drafts
         self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
@@ -390,6 +397,9 @@ class BlockChooser:
         self.samples[w].append(wall_s)
         self.median[w] = statistics.median(self.samples[w])
         self.measured_at[w] = self.round
+        if self.round_costs is not None:
+            self.round_costs.rounds += 1
+            self.round_costs.measured_at[w] = self.round_costs.rounds
         self.undrafted = self.undrafted + 1 if drafts == 0 else 0
         if drafts and self._probing:  # the next choice says whether to back off
             self._probed = True

@@ -433,10 +433,12 @@ def test_round_costs_carry_a_sessions_measurements_into_its_next_generation():
         first.observe(drafts, drafts, wall)
     assert list(shared.of(6)) == [0.020, 0.019, 0.020, 0.020]  # the last 4 of width 6
     assert (list(shared.of(1)), list(shared.of(2)), list(shared.of(3))) == ([0.010], [0.012], [])
-    # the next generation starts from those samples, measured as of its first round
+    # the next generation starts from those samples, as old as they are: widths 1 and 2 were
+    # last timed 6 and 5 rounds before its first round, width 6 in the round just before
+    assert (shared.rounds, shared.measured_at) == (7, {1: 1, 2: 2, 6: 7})
     second = BlockChooser(5, round_costs=shared)
     assert second.median == {1: 0.010, 2: 0.012, 6: 0.020}
-    assert second.measured_at == {1: 0, 2: 0, 6: 0}
+    assert second.measured_at == {1: -6, 2: -5, 6: 0}
     # costs: widths 3-5 on the line between widths 2 and 6 (0.014, 0.016, 0.018); acceptance
     # the prior 0.7, deeper drafts 0.7 + 0.4 capped at 1: E(k) = 1 + 0.7 k, and
     # E(5) / 0.020 = 225 beats E(4) / 0.018 = 211 and every narrower width
@@ -445,6 +447,11 @@ def test_round_costs_carry_a_sessions_measurements_into_its_next_generation():
     assert BlockChooser(5).choose() == 0  # a generation on its own measures width 1 first
     second.observe(5, 5, 0.030)  # and adds its own samples for the next one
     assert list(shared.of(6)) == [0.019, 0.020, 0.020, 0.030]
+    assert (shared.rounds, shared.measured_at[6]) == (8, 8)
+    # a width not timed for stale_rounds rounds of the session is re-measured: width 1 here
+    third = BlockChooser(5, round_costs=shared, stale_rounds=7)
+    assert third.measured_at[1] == -7 and third.choose() == 0
+    assert BlockChooser(5, round_costs=shared, stale_rounds=8).choose() == 5
     assert second.median[6] == pytest.approx(0.020)  # median of 0.019, 0.020, 0.020, 0.030
 
 
