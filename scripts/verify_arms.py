@@ -15,6 +15,9 @@ Arms, alternated round by round on the same target, each with its own cache pref
   no_gdn_kernel  the kernel arm's verify with the GatedDeltaNet recurrence in the compiled graph
             on every layer, never in the C kernel (``gdn_kernel``): the kernel arm uses the C
             kernel where ``gdn_block.kernel_pays`` (large recurrent states) and its check passes
+  uncompiled_layers  the kernel arm's verify with the rest of each decoder layer (norms, residual
+            adds, MLP, the attention's parts around its cache update) as mlx-lm's uncompiled ops,
+            not ``layer_block``'s compiled graphs
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone (issue 12, the demo pair)?
@@ -32,6 +35,9 @@ kernel 1.24 / 1.33 / 1.50, stepwise (mlx-lm's ops) 1.26 / 1.55 / 1.75, forward 1
 With the recurrence's C kernel (``gdn_kernel``), on the realistic-size pair (1 MB states; same
 machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kernel 0.98 / 1.38 /
 1.62 / 2.22; on the demo pair (64 KB) the two arms are the same code below w = 6.
+With the rest of each decoder layer compiled too (``layer_block``; demo pair, same kind of
+machine state, w = 2 / 3 / 4): kernel 1.01 / 1.10 / 1.06, uncompiled_layers 1.12 / 1.16 / 1.16;
+realistic-size pair, w = 3: kernel 1.19, uncompiled_layers 1.23.
 """
 
 from __future__ import annotations
@@ -51,14 +57,14 @@ import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_mtp import cpu_blas, cpu_pin, row_exact, row_kernel  # noqa: E402
-from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel  # noqa: E402
+from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "blocked", "inexact", "stepwise",
-        "no_gdn_kernel", "all_kernel", "all_kernel_body")
+        "no_gdn_kernel", "uncompiled_layers", "all_kernel", "all_kernel_body")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
-            kernel_threads: int = 0) -> dict:
+            kernel_threads: int = 0, arms=ARMS) -> dict:
     """Time the arms on a loaded ``mlx_mtp`` model; its layers' installed choices and its
     target's exactness are as before on return. ``kernel_threads`` > 0: the kernel arm's
     threads (else ``row_exact.kernel_threads()``, from MLX_MTP_VERIFY_THREADS), so a thread
@@ -77,13 +83,14 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         mx.eval(target.hidden(prompt, cache))
         return cache
 
-    caches = {arm: fresh() for arm in ARMS}
+    caches = {arm: fresh() for arm in arms}
     one, block = mx.array([[7]]), mx.array([[7 + i for i in range(width)]])
 
     def setup(arm):
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm in ("kernel", "unpinned", "stepwise", "no_gdn_kernel") or all_kernel
+            layer.use_kernel = arm in ("kernel", "unpinned", "stepwise", "no_gdn_kernel",
+                                       "uncompiled_layers") or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
@@ -95,23 +102,25 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         setup(arm)
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
+        layer_block.enabled = arm != "uncompiled_layers"
         pin = cpu_pin.on_first_sync() if arm != "unpinned" and threads == 1 else nullcontext()
         with cpu_blas.verify_threads(), pin:
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
-    times = {arm: [] for arm in ARMS}
+    times = {arm: [] for arm in arms}
     mixer_choice, kernel_pays = gdn_block.mixer_choice, gdn_block.kernel_pays
     default_threads = row_exact.kernel_threads
     threads = kernel_threads or default_threads()
     row_exact.kernel_threads = lambda: threads
     try:
         for _ in range(reps + 1):  # the first round warms up
-            for arm in ARMS:
+            for arm in arms:
                 start = time.perf_counter()
                 run(arm)
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
         gdn_block.mixer_choice, gdn_block.kernel_pays = mixer_choice, kernel_pays
+        layer_block.enabled = True
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]
@@ -171,7 +180,12 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=12, help="timed rounds per arm (default 12)")
     p.add_argument("--kernel-threads", type=int, default=0,
                    help="threads for the kernel arm only (default: MLX_MTP_VERIFY_THREADS, 1)")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help="comma-separated arms to alternate (default all; decode is always run)")
     args = p.parse_args(argv)
+    arms = ["decode"] + [a for a in args.arms.split(",") if a and a != "decode"]
+    if any(a not in ARMS for a in arms):
+        p.error(f"--arms: expected names from {','.join(ARMS)}, got {args.arms!r}")
     if args.width < 2 or args.reps < 1 or args.kernel_threads < 0:
         p.error("--width must be at least 2, --reps at least 1, --kernel-threads at least 0")
     if not row_kernel.available():
@@ -179,7 +193,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
     model = mlx_mtp.load_model(args.model, require_head=False)
     print(json.dumps({"model": args.model, **measure(model, args.width, args.reps,
-                                                     kernel_threads=args.kernel_threads)},
+                                                     kernel_threads=args.kernel_threads, arms=arms)},
                      indent=1))
     return 0
 
