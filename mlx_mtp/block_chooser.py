@@ -75,6 +75,14 @@ gets one round to undo it:
 Text no head predicts pays one more drafting round at the start (three, not two).
 A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
 loop runs them as pipelined one-token steps, as fast as plain decode, observing each.
+Round costs that outlive one generation (``RoundCosts``, opt-in, not what ``"auto"`` makes): a
+chooser given one starts from the samples earlier generations left there, as old as they are
+(a width not timed for ``stale_rounds`` rounds of the session is re-measured as within one),
+and adds its own. A round's cost belongs to the device, the model and the decoding setup, not to
+the text, and one 128-token generation has too few rounds to measure it well: its first rounds
+at widths 1 and 2 and its medians of a few noisy samples. Replayed as a record runs
+(``scripts/simulate_chooser.py --session``) it is mixed: better on random characters and code,
+worse with stalls on enumeration (README: *Round costs across a session's generations*).
 The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
 BLIS record's costs with noisy round times (``scripts/simulate_chooser.py``).
 """
@@ -119,6 +127,25 @@ def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]],
     return best
 
 
+class RoundCosts:
+    """Round times per verify width, shared by the choosers of a session's generations (pass
+    one as ``BlockChooser(..., round_costs=)``): the last ``window`` samples of each width, whatever
+    generation timed them. Use one per model, device and decoding setup (sampling, KV
+    quantization): the times are theirs."""
+
+    def __init__(self, window: int = 32):
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise MTPError(f"RoundCosts needs a window >= 1, got {window!r}")
+        self.window = window
+        self.samples: Dict[int, Deque[float]] = {}
+        self.rounds = 0  # rounds its choosers observed, all generations
+        self.measured_at: Dict[int, int] = {}  # width -> ``rounds`` at its latest sample
+
+    def of(self, width: int) -> Deque[float]:
+        """The samples of ``width`` (the deque choosers append to)."""
+        return self.samples.setdefault(width, deque(maxlen=self.window))
+
+
 class BlockChooser:
     """Chooses the drafts of each round (``choose``) and learns from its outcome (``observe``).
 
@@ -129,7 +156,8 @@ class BlockChooser:
     def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
                  decay: float = 0.9, optimism: float = 0.4, pooling: float = 2.0,
                  cost_window: int = 5, stale_rounds: int = 64, probe_every: int = 32,
-                 context_weight: Optional[float] = 2.0, min_evidence: int = 3):
+                 context_weight: Optional[float] = 2.0, min_evidence: int = 3,
+                 round_costs: Optional[RoundCosts] = None):
         if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
             raise MTPError(f"max_drafts must be a non-negative integer, got {max_drafts!r}")
         if not 0.0 <= prior <= 1.0 or prior_weight <= 0 or not 0.0 < decay <= 1.0:
@@ -153,10 +181,21 @@ class BlockChooser:
         self.context: Optional[int] = None  # drafts the last round kept (None: it drafted none)
         self.context_hits: Dict[int, List[float]] = {}  # per context: as hits, its rounds only
         self.context_tests: Dict[int, List[float]] = {}  # per context: as tests, its rounds only
-        self.samples: Dict[int, Deque[float]] = {w: deque(maxlen=cost_window)
-                                                 for w in range(1, max_drafts + 2)}
-        self.median: Dict[int, float] = {}  # width -> median of its samples (kept current)
-        self.measured_at: Dict[int, int] = {}  # width -> round of its latest sample
+        if round_costs is not None and not isinstance(round_costs, RoundCosts):
+            raise MTPError(f"BlockChooser needs round_costs to be a RoundCosts or None, got "
+                           f"{round_costs!r}")
+        # per width: its samples (``round_costs``'s, which earlier generations filled, if given)
+        self.samples: Dict[int, Deque[float]] = {
+            w: deque(maxlen=cost_window) if round_costs is None else round_costs.of(w)
+            for w in range(1, max_drafts + 2)}
+        self.median: Dict[int, float] = {w: statistics.median(d)  # kept current
+                                         for w, d in self.samples.items() if d}
+        self.round_costs = round_costs
+        # width -> round of its latest sample; an earlier generation's as many rounds before this
+        # one's first as were observed since (so a width's measurement ages across generations)
+        self.measured_at: Dict[int, int] = (
+            {} if round_costs is None else
+            {w: at - round_costs.rounds for w, at in round_costs.measured_at.items()})
         self.round = 0  # rounds observed
         self.undrafted = 0  # consecutive rounds without drafts
         self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
@@ -358,6 +397,9 @@ class BlockChooser:
         self.samples[w].append(wall_s)
         self.median[w] = statistics.median(self.samples[w])
         self.measured_at[w] = self.round
+        if self.round_costs is not None:
+            self.round_costs.rounds += 1
+            self.round_costs.measured_at[w] = self.round_costs.rounds
         self.undrafted = self.undrafted + 1 if drafts == 0 else 0
         if drafts and self._probing:  # the next choice says whether to back off
             self._probed = True

@@ -33,8 +33,13 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
 
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
         [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed|own] [--offsets 20] \
-        [--verify-steps 1,1.25,1.25,1.25,1.35,1.45]
+        [--verify-steps 1,1.25,1.25,1.25,1.35,1.45] [--session] \
+        [--chooser decay=0.8,context_weight=none]
 
+``--session`` gives every auto run one shared ``RoundCosts`` (the round costs a session's
+earlier generations measured), the runs in a record's order. ``--chooser`` replays auto with
+other ``BlockChooser`` settings (its numeric keyword arguments; ``none`` for
+``context_weight=None``), to compare a setting against the defaults on the same seeds.
 ``--verify-steps`` replaces the record's verify costs by multiples of its plain step, width 1 up
 (what-if: a verify as cheap as a target asks).
 """
@@ -42,6 +47,8 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import math
 import random
@@ -52,7 +59,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlx_mtp.block_chooser import BlockChooser  # noqa: E402  (pure Python: no MLX op runs)
+from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402  (pure Python)
+from mlx_mtp.errors import MTPError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "benchmark_results" / "demo-pair-blis-vm-2026-12-01.json"
@@ -184,7 +192,8 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
 
 def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=BlockChooser,
              max_block_size: int = 6, spike_every: int = 0, spike: float = 1.0,
-             offsets: int = 1, auto_costs: Optional[Costs] = None) -> dict:
+             offsets: int = 1, auto_costs: Optional[Costs] = None,
+             session: Optional[RoundCosts] = None) -> dict:
     """Per prompt: mean tok/s over seeds of every fixed block size and of auto; auto's ratio to
     the best fixed block (by mean), its worst seed, and the widths it chose (summed).
 
@@ -192,28 +201,34 @@ def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=
     alignment) moves a run's tok/s by several percent whatever the policy. ``offsets`` > 1
     averages that luck out: seed s replays the trace from position s % offsets (every arm the
     same, the run that many tokens shorter). ``auto_costs``: auto's rounds cost these instead
-    of ``costs`` (``--verify-arm own``)."""
-    out = {}
-    for name, tr in traces["prompts"].items():
-        fixed = {b: [] for b in range(1, max_block_size + 1)}
-        auto, widths = [], {}
-        for s in range(seeds):
-            o = s % offsets
+    of ``costs`` (``--verify-arm own``). ``session``: every auto run's chooser shares these
+    round costs (``BlockChooser(round_costs=)``), the runs in a record's order: seed by seed,
+    the prompts in turn within each."""
+    fixed = {name: {b: [] for b in range(1, max_block_size + 1)} for name in traces["prompts"]}
+    auto = {name: [] for name in traces["prompts"]}
+    widths = {name: {} for name in traces["prompts"]}
+    for s in range(seeds):
+        o = s % offsets
+        for name, tr in traces["prompts"].items():
             L, n = tr["L"][o:], traces["max_tokens"] - o
-            for b in fixed:
-                fixed[b].append(replay(L, n, costs, Noise(1000 * s + b, sigma, spike_every,
-                                                          spike), fixed=b)["tps"])
+            for b in fixed[name]:
+                fixed[name][b].append(replay(L, n, costs, Noise(1000 * s + b, sigma, spike_every,
+                                                                spike), fixed=b)["tps"])
+            chooser = (make_chooser(max_block_size - 1) if session is None
+                       else make_chooser(max_block_size - 1, round_costs=session))
             r = replay(L, n, auto_costs or costs, Noise(1000 * s + 99, sigma, spike_every, spike),
-                       chooser=make_chooser(max_block_size - 1), max_drafts=max_block_size - 1)
-            auto.append(r["tps"])
+                       chooser=chooser, max_drafts=max_block_size - 1)
+            auto[name].append(r["tps"])
             for w, c in r["widths"].items():
-                widths[w] = widths.get(w, 0) + c
-        means = {b: statistics.mean(v) for b, v in fixed.items()}
+                widths[name][w] = widths[name].get(w, 0) + c
+    out = {}
+    for name in traces["prompts"]:
+        means = {b: statistics.mean(v) for b, v in fixed[name].items()}
         best = max(means, key=means.get)
-        out[name] = {"fixed": means, "auto": statistics.mean(auto), "best": best,
-                     "ratio": statistics.mean(auto) / means[best],
-                     "worst_seed_ratio": min(a / means[best] for a in auto),
-                     "widths": dict(sorted(widths.items()))}
+        mean = statistics.mean(auto[name])
+        out[name] = {"fixed": means, "auto": mean, "best": best, "ratio": mean / means[best],
+                     "worst_seed_ratio": min(a / means[best] for a in auto[name]),
+                     "widths": dict(sorted(widths[name].items()))}
     return out
 
 
@@ -228,6 +243,35 @@ def table(result: dict, max_block_size: int = 6) -> str:
                        f"{r['worst_seed_ratio']:.3f} | "
                      + ", ".join(f"{w}: {c}" for w, c in r["widths"].items()) + " |")
     return "\n".join(lines)
+
+
+def chooser_settings(text: str) -> dict:
+    """``KEY=VALUE,...`` -> keyword arguments of ``BlockChooser``: each value as the type of the
+    setting's default (int or float), ``none`` for None where the setting takes None. Raises
+    ValueError with the reason."""
+    params = {n: p for n, p in inspect.signature(BlockChooser).parameters.items()
+              if p.kind is p.KEYWORD_ONLY and isinstance(p.default, (int, float))}
+    out = {}
+    for item in text.split(","):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or key not in params:
+            raise ValueError(f"expected KEY=VALUE pairs, KEY one of {', '.join(params)}; "
+                             f"got {item!r}")
+        whole = isinstance(params[key].default, int)
+        optional = "Optional" in str(params[key].annotation)
+        try:
+            if optional and value.lower() == "none":
+                out[key] = None
+            else:
+                out[key] = int(value) if whole else float(value)
+        except ValueError:
+            kind = ("an integer" if whole else "a number") + (" or none" if optional else "")
+            raise ValueError(f"{key} expects {kind}, got {value!r}") from None
+    try:
+        BlockChooser(1, **out)
+    except MTPError as e:
+        raise ValueError(str(e)) from None
+    return out
 
 
 def main(argv=None):
@@ -253,7 +297,18 @@ def main(argv=None):
     ap.add_argument("--offsets", type=int, default=1,
                     help="seed s replays the traces from position s %% OFFSETS (averages out "
                          "where the rejections fall against the rounds; 1: from the start)")
+    ap.add_argument("--session", action="store_true",
+                    help="auto's runs share their round costs (BlockChooser(round_costs=)), as "
+                         "the generations of one session can: seed by seed, each prompt in turn")
+    ap.add_argument("--chooser", help="auto's BlockChooser settings, KEY=VALUE comma-separated "
+                    "(e.g. decay=0.8,context_weight=none; default: its defaults)")
     args = ap.parse_args(argv)
+    make_chooser = BlockChooser
+    if args.chooser:
+        try:
+            make_chooser = functools.partial(BlockChooser, **chooser_settings(args.chooser))
+        except ValueError as e:
+            ap.error(f"--chooser: {e}")
     if args.acceptance:
         try:
             acceptance = [float(x) for x in args.acceptance.split(",")]
@@ -288,9 +343,10 @@ def main(argv=None):
     print(f"costs (ms): {costs}")
     if auto_costs is not None:
         print(f"auto's costs (ms): {auto_costs}")
-    result = simulate(traces, costs, args.seeds, args.sigma, max_block_size=args.max_block_size,
+    result = simulate(traces, costs, args.seeds, args.sigma, make_chooser=make_chooser,
+                      max_block_size=args.max_block_size,
                       spike_every=args.spike_every, spike=args.spike, offsets=args.offsets,
-                      auto_costs=auto_costs)
+                      auto_costs=auto_costs, session=RoundCosts() if args.session else None)
     print(table(result, args.max_block_size))
 
 

@@ -20,6 +20,9 @@ Arms, alternated round by round on the same target, each with its own cache pref
   no_gdn_kernel  the kernel arm's verify with the GatedDeltaNet recurrence in the compiled graph
             on every layer, never in the C kernel (``gdn_kernel``): the kernel arm uses the C
             kernel where ``gdn_block.kernel_pays`` (large recurrent states) and its check passes
+  uncompiled_layers  the kernel arm's verify with the rest of each decoder layer (norms, residual
+            adds, MLP, the attention's parts around its cache update) as mlx-lm's uncompiled ops,
+            not ``layer_block``'s compiled graphs
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone (issue 12, the demo pair)?
@@ -37,6 +40,9 @@ kernel 1.24 / 1.33 / 1.50, stepwise (mlx-lm's ops) 1.26 / 1.55 / 1.75, forward 1
 With the recurrence's C kernel (``gdn_kernel``), on the realistic-size pair (1 MB states; same
 machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kernel 0.98 / 1.38 /
 1.62 / 2.22; on the demo pair (64 KB) the two arms are the same code below w = 6.
+With the rest of each decoder layer compiled too (``layer_block``; demo pair, same kind of
+machine state, w = 2 / 3 / 4): kernel 1.01 / 1.10 / 1.06, uncompiled_layers 1.12 / 1.16 / 1.16;
+realistic-size pair, w = 3: kernel 1.19, uncompiled_layers 1.23.
 """
 
 from __future__ import annotations
@@ -56,11 +62,12 @@ import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_mtp import cpu_blas, cpu_pin, lazy_kernels, row_exact, row_kernel  # noqa: E402
-from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel  # noqa: E402
+from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "inexact",
-        "stepwise", "no_gdn_kernel", "all_kernel", "all_kernel_body")
-KERNEL_ARMS = ("kernel", "unpinned", "eager", "pinned", "stepwise", "no_gdn_kernel")
+        "stepwise", "no_gdn_kernel", "uncompiled_layers", "all_kernel", "all_kernel_body")
+KERNEL_ARMS = ("kernel", "unpinned", "eager", "pinned", "stepwise", "no_gdn_kernel",
+               "uncompiled_layers")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -104,6 +111,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         setup(arm)
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
+        layer_block.enabled = arm != "uncompiled_layers"
         pin = (nullcontext() if arm == "unpinned" or threads != 1
                else cpu_pin.one_core() if arm == "pinned" else cpu_pin.on_first_sync())
         path = lazy_kernels.eager() if arm == "eager" else nullcontext()
@@ -123,6 +131,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
         gdn_block.mixer_choice, gdn_block.kernel_pays = mixer_choice, kernel_pays
+        layer_block.enabled = True
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols = chosen[id(layer)]
@@ -184,13 +193,11 @@ def main(argv=None) -> int:
     p.add_argument("--kernel-threads", type=int, default=0,
                    help="threads for the kernel arm only (default: MLX_MTP_VERIFY_THREADS, 1)")
     p.add_argument("--arms", default=",".join(ARMS),
-                   help=f"comma-separated arms to time (default all: {','.join(ARMS)})")
+                   help="comma-separated arms to alternate (default all; decode is always run)")
     args = p.parse_args(argv)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        p.error(f"--arms: unknown arm {unknown[0]!r}; expected some of {','.join(ARMS)}"
-                if unknown else "--arms: name at least one arm")
+    arms = ["decode"] + [a for a in args.arms.split(",") if a and a != "decode"]
+    if any(a not in ARMS for a in arms):
+        p.error(f"--arms: expected names from {','.join(ARMS)}, got {args.arms!r}")
     if args.width < 2 or args.reps < 1 or args.kernel_threads < 0:
         p.error("--width must be at least 2, --reps at least 1, --kernel-threads at least 0")
     if not row_kernel.available():

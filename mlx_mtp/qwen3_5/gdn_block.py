@@ -302,8 +302,23 @@ def mixer_choice(layer, qkv, z, b, a, conv_state, state) -> Optional[str]:
     token the compiled graph saves nothing) whose mixer equals ``reference_mixer`` for these
     shapes and dtypes on the default device, every output bitwise, on seeded inputs with the
     layer's own weights; else None (the reference). Measured once per signature."""
-    if _shape_of(layer) is None:
+    shape = _shape_of(layer)
+    if shape is None:
         return None
+    # The full signature (every input's and weight's shape) costs more to build than the rest
+    # of a layer's verify call: looked up per layer by the inputs' shapes first.
+    memo = layer.__dict__.setdefault("_mixer_choice_memo", {})  # a plain attribute
+    fast = (shape, qkv.shape, qkv.dtype, conv_state.shape, conv_state.dtype,
+            None if state is None else (state.shape, state.dtype), z.shape, b.shape, a.shape,
+            layer.A_log.dtype, layer.dt_bias.dtype, str(mx.default_device()),
+            kernel_pays(layer, qkv), gdn_kernel.available(), id(_checked))
+    if fast in memo:
+        return memo[fast]
+    memo[fast] = choice = _mixer_choice(layer, qkv, z, b, a, conv_state, state)
+    return choice
+
+
+def _mixer_choice(layer, qkv, z, b, a, conv_state, state) -> Optional[str]:
     # A float32 CPU kernel: on a GPU its host copies would cost more than the GPU's own
     # recurrence; in another dtype mlx-lm's ops round where the kernel does not.
     floats = [x for x in (qkv, z, b, a, conv_state, state, layer.A_log, layer.dt_bias)

@@ -4,7 +4,8 @@ GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurren
 token of the block, so a partial accept is rolled back by selecting the state at the accepted
 length (no recompute). Between its projections, the layer's verify is one compiled graph per
 width, on large states with the recurrence in a C kernel, where a check says it equals mlx-lm's
-ops bitwise (``gdn_block``). Where mlx-lm would run
+ops bitwise (``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``:
+norms, residual adds, MLP, the attention's parts around its cache update). Where mlx-lm would run
 its Metal kernel instead of the ops recurrence, the inputs are stashed and the kept tokens
 replayed (spec §3.2, option A).
 
@@ -27,6 +28,7 @@ from mlx_lm.models.gated_delta import gated_delta_update
 
 from .. import row_exact
 from ..trunk import TrunkTarget
+from . import layer_block
 from .gdn_block import capture_mixer, conv_qkv
 
 QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
@@ -131,31 +133,37 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
     """mlx-lm's gated full attention (both families use this class). Inside a verify it computes
     the attention of each query row separately, against the keys a decode step at that position
     would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (measured
-    with BLIS on CPU: the score matmul's width is the context length)."""
+    with BLIS on CPU: the score matmul's width is the context length). Its parts before the
+    cache update and after the attention are compiled graphs where ``layer_block``'s check
+    passed."""
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         B, L, D = x.shape
-        if not row_exact.active() or L == 1 or cache is None:
+        by_rows = row_exact.active() and L > 1
+        compiled = layer_block.active()
+        if cache is None or not (by_rows or compiled):
             return super().__call__(x, mask, cache)
-        # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA.
-        queries, gate = mx.split(self.q_proj(x).reshape(B, L, self.num_attention_heads, -1), 2, axis=-1)
-        gate = gate.reshape(B, L, -1)
-        keys, values = self.k_proj(x), self.v_proj(x)
-        queries = self.q_norm(queries).transpose(0, 2, 1, 3)
-        keys = self.k_norm(keys.reshape(B, L, self.num_key_value_heads, -1)).transpose(0, 2, 1, 3)
-        values = values.reshape(B, L, self.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+        # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA (by rows) and the
+        # parts before and after the cache update (compiled, where layer_block's check passed).
+        pre, post = (layer_block.attention_choices(self, x, L if by_rows else 1) if compiled
+                     else (None, None))
         start = cache.offset
-        queries = self.rope(queries, offset=start)
-        keys = self.rope(keys, offset=start)
+        queries, gate, keys, values = (layer_block.reference_pre(self, x, start) if pre is None
+                                       else layer_block.compiled_pre(self, x, pre, start))
         keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
-        rows = [
-            scaled_dot_product_attention(
-                queries[:, :, i : i + 1], _first(keys, start + i + 1),
-                _first(values, start + i + 1), cache=cache, scale=self.scale, mask=None)
-            for i in range(L)
-        ]
-        output = mx.concatenate(rows, axis=2).transpose(0, 2, 1, 3).reshape(B, L, -1)
-        return self.o_proj(output * mx.sigmoid(gate))
+        if by_rows:
+            rows = [
+                scaled_dot_product_attention(
+                    queries[:, :, i : i + 1], _first(keys, start + i + 1),
+                    _first(values, start + i + 1), cache=cache, scale=self.scale, mask=None)
+                for i in range(L)
+            ]
+        else:
+            rows = [scaled_dot_product_attention(queries, keys, values, cache=cache,
+                                                 scale=self.scale, mask=mask)]
+        if post is None:
+            return layer_block.reference_post(self, rows, gate)
+        return layer_block.compiled_post(self, rows, gate, post)
 
 
 def _first(kv, n: int):
@@ -191,6 +199,7 @@ class Qwen3_5Target(TrunkTarget):
                     raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
+        layer_block.install(self.trunk, self.layers)
 
     def make_cache(self) -> List[Any]:
         return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
@@ -203,7 +212,8 @@ class Qwen3_5Target(TrunkTarget):
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
-        return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
+        with layer_block.compiling():
+            return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""

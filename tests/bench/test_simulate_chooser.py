@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import simulate_chooser as sim  # noqa: E402
 
-from mlx_mtp.block_chooser import BlockChooser  # noqa: E402
+from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402
 
 
 def test_traces_reproduce_the_records_fixed_block_runs():
@@ -161,12 +161,77 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs(tmp_path):
                                       "(width 1 up), got '1,1.2,1.3'"),
     (["--verify-steps", "1,1,1,1,1,0"], "--verify-steps: expected 6 or more positive numbers "
                                         "(width 1 up), got '1,1,1,1,1,0'"),
+    (["--chooser", "foo=1"], "--chooser: expected KEY=VALUE pairs, KEY one of prior, "
+                             "prior_weight, decay, optimism, pooling, cost_window, stale_rounds, "
+                             "probe_every, context_weight, min_evidence; got 'foo=1'"),
+    (["--chooser", "decay"], "--chooser: expected KEY=VALUE pairs, KEY one of prior, "
+                             "prior_weight, decay, optimism, pooling, cost_window, stale_rounds, "
+                             "probe_every, context_weight, min_evidence; got 'decay'"),
+    (["--chooser", "cost_window=1.5"], "--chooser: cost_window expects an integer, got '1.5'"),
+    (["--chooser", "cost_window=none"], "--chooser: cost_window expects an integer, got 'none'"),
+    (["--chooser", "context_weight=x"], "--chooser: context_weight expects a number or none, "
+                                        "got 'x'"),
+    (["--chooser", "decay=2"], "--chooser: BlockChooser needs 0 <= prior <= 1, prior_weight > 0, "
+                               "0 < decay <= 1"),
 ])
 def test_bad_arguments_name_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
         sim.main(argv)
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(msg)
+
+
+def test_chooser_settings_replay_auto_with_them(capsys):
+    assert sim.chooser_settings("decay=0.8, context_weight=none,min_evidence=0") == {
+        "decay": 0.8, "context_weight": None, "min_evidence": 0}
+    assert type(sim.chooser_settings("cost_window=3")["cost_window"]) is int
+    # the table's auto column is the chooser with those settings, on the same seeds
+    traces = json.loads(sim.TRACES.read_text())
+    costs = sim.costs_from_record(sim.RECORD)
+    argv = ["--seeds", "2", "--offsets", "3"]
+
+    def auto_column(out):
+        return [line.split(" | ")[7] for line in out.splitlines() if line.startswith("| code")]
+
+    want = {}
+    for text, make in (("", BlockChooser),
+                       ("optimism=0,context_weight=none",
+                        lambda k: BlockChooser(k, optimism=0.0, context_weight=None))):
+        got = sim.simulate(traces, costs, 2, 0.15, make_chooser=make, offsets=3)
+        want[text] = f"{got['code']['auto']:.1f}"
+        sim.main(argv + (["--chooser", text] if text else []))
+        assert auto_column(capsys.readouterr().out) == [want[text]]
+    assert want[""] != want["optimism=0,context_weight=none"]  # the settings changed the choices
+
+
+def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(capsys):
+    traces = json.loads(sim.TRACES.read_text())
+    costs = sim.costs_from_record(sim.RECORD)
+    got = sim.simulate(traces, costs, 2, 0.15, offsets=3, session=RoundCosts())
+
+    class First(BlockChooser):  # remembers its first choice
+        def choose(self, limit=None):
+            k = super().choose(limit)
+            self.first = getattr(self, "first", k)
+            return k
+
+    # by hand: seed by seed, the prompts in turn, every chooser on the one RoundCosts
+    shared, tps, firsts = RoundCosts(), {name: [] for name in traces["prompts"]}, []
+    for s in range(2):
+        for name, tr in traces["prompts"].items():
+            chooser = First(5, round_costs=shared)
+            r = sim.replay(tr["L"][s % 3:], 128 - s % 3, costs, sim.Noise(1000 * s + 99, 0.15),
+                           chooser=chooser)
+            tps[name].append(r["tps"])
+            firsts.append(chooser.first)
+    alone = sim.simulate(traces, costs, 2, 0.15, offsets=3)
+    for name in traces["prompts"]:
+        assert got[name]["auto"] == pytest.approx(statistics.mean(tps[name]))
+        assert got[name]["fixed"] == alone[name]["fixed"]  # the fixed arms do not change
+    # the session's first run measures width 1 first; the next drafts in its first round
+    assert firsts[:2] == [0, 5]
+    sim.main(["--seeds", "1", "--session"])
+    assert "| random |" in capsys.readouterr().out
 
 
 def test_synthetic_run_prints_a_table(capsys):

@@ -16,7 +16,7 @@ from oracle import ForcedHeadDrafter, TableDrafter
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.block_chooser import BlockChooser
+from mlx_mtp.block_chooser import BlockChooser, RoundCosts
 from mlx_mtp.diagnostics import RunStats
 from mlx_mtp.keyed_sampling import PositionKeys
 from mlx_mtp.model import MTPModel
@@ -28,8 +28,8 @@ class ScriptedChooser(BlockChooser):
     """Replays ``script`` (drafts per round, cut to the budget) instead of choosing: the loop
     must not care what was chosen. It still learns, as the real one does."""
 
-    def __init__(self, max_drafts, script):
-        super().__init__(max_drafts)
+    def __init__(self, max_drafts, script, **kw):
+        super().__init__(max_drafts, **kw)
         self.script, self.asked, self.observed = list(script), 0, []
 
     def choose(self, limit=None):
@@ -90,6 +90,27 @@ def test_auto_is_mlx_lm_greedy_with_the_real_head(kind, request):
     assert [w["width"] for w in stats.exactness["widths"]] == [2, 3, 4, 5, 6]
     for script in SCRIPTS:
         assert tokens(model, prompt, ScriptedChooser(5, script)) == ref, script
+
+
+def test_choosers_sharing_round_costs_are_mlx_lm_greedy_and_start_from_them(dense_dir):
+    """A session's generations on one RoundCosts: each is mlx-lm's greedy decode, the second
+    starts from the round times the first measured, and both add theirs (the choice itself is
+    tested as a pure function in test_block_chooser.py)."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompt = code_prompt(dense_dir)
+    ref = reference_greedy(dense_dir, prompt, MAX_TOKENS)
+    shared = RoundCosts(window=64)  # more than both runs' rounds: no sample falls out
+    first = ScriptedChooser(5, [0, 1, 5], round_costs=shared)
+    assert tokens(model, prompt, first) == ref
+    timed = {w: len(shared.of(w)) for w in range(1, 7)}
+    assert timed[1] >= 1 and timed[2] >= 1 and timed[6] >= 1
+    assert sum(timed.values()) == first.round  # every round of the first generation
+    second = BlockChooser(5, round_costs=shared)
+    assert set(second.median) >= {1, 2, 6}
+    stats = RunStats()
+    assert tokens(model, prompt, second, stats=stats) == ref
+    assert second.round == stats.rounds
+    assert sum(len(shared.of(w)) for w in range(1, 7)) == sum(timed.values()) + stats.rounds
 
 
 def test_stretches_without_drafts_are_mlx_lm_greedy(dense_dir):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlx_mtp import MTPError
-from mlx_mtp.block_chooser import BlockChooser, best_drafts, expected_tokens
+from mlx_mtp.block_chooser import BlockChooser, RoundCosts, best_drafts, expected_tokens
 
 
 def test_expected_tokens_by_hand():
@@ -423,3 +423,55 @@ def test_a_choice_without_drafts_commits_to_the_rounds_before_the_next_probe():
         if k == 0 and i + n < len(choices):
             assert choices[i : i + n] == [0] * n and choices[i + n] == 1, i  # then a probe
     assert max(n for n in stretches if n) == 32
+
+
+def test_round_costs_carry_a_sessions_measurements_into_its_next_generation():
+    shared = RoundCosts(window=4)
+    first = BlockChooser(5, round_costs=shared)
+    for drafts, wall in [(0, 0.010), (1, 0.012), (5, 0.021), (5, 0.020), (5, 0.019), (5, 0.020),
+                         (5, 0.020)]:
+        first.observe(drafts, drafts, wall)
+    assert list(shared.of(6)) == [0.020, 0.019, 0.020, 0.020]  # the last 4 of width 6
+    assert (list(shared.of(1)), list(shared.of(2)), list(shared.of(3))) == ([0.010], [0.012], [])
+    # the next generation starts from those samples, as old as they are: widths 1 and 2 were
+    # last timed 6 and 5 rounds before its first round, width 6 in the round just before
+    assert (shared.rounds, shared.measured_at) == (7, {1: 1, 2: 2, 6: 7})
+    second = BlockChooser(5, round_costs=shared)
+    assert second.median == {1: 0.010, 2: 0.012, 6: 0.020}
+    assert second.measured_at == {1: -6, 2: -5, 6: 0}
+    # costs: widths 3-5 on the line between widths 2 and 6 (0.014, 0.016, 0.018); acceptance
+    # the prior 0.7, deeper drafts 0.7 + 0.4 capped at 1: E(k) = 1 + 0.7 k, and
+    # E(5) / 0.020 = 225 beats E(4) / 0.018 = 211 and every narrower width
+    assert second.costs() == pytest.approx([0.010, 0.012, 0.014, 0.016, 0.018, 0.020])
+    assert second.choose() == 5
+    assert BlockChooser(5).choose() == 0  # a generation on its own measures width 1 first
+    second.observe(5, 5, 0.030)  # and adds its own samples for the next one
+    assert list(shared.of(6)) == [0.019, 0.020, 0.020, 0.030]
+    assert (shared.rounds, shared.measured_at[6]) == (8, 8)
+    # a width not timed for stale_rounds rounds of the session is re-measured: width 1 here
+    third = BlockChooser(5, round_costs=shared, stale_rounds=7)
+    assert third.measured_at[1] == -7 and third.choose() == 0
+    assert BlockChooser(5, round_costs=shared, stale_rounds=8).choose() == 5
+    assert second.median[6] == pytest.approx(0.020)  # median of 0.019, 0.020, 0.020, 0.030
+
+
+def test_round_costs_of_no_generation_change_nothing():
+    fresh, shared = BlockChooser(5), BlockChooser(5, round_costs=RoundCosts())
+    for wall in (0.010, 0.012, 0.011, 0.013):
+        k = fresh.choose()
+        assert shared.choose() == k
+        fresh.observe(k, 0, wall)
+        shared.observe(k, 0, wall)
+    assert shared.median == fresh.median and shared.measured_at == fresh.measured_at
+
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda: RoundCosts(window=0), "RoundCosts needs a window >= 1, got 0"),
+    (lambda: RoundCosts(window=2.5), "RoundCosts needs a window >= 1, got 2.5"),
+    (lambda: BlockChooser(5, round_costs={}), "BlockChooser needs round_costs to be a RoundCosts "
+                                              "or None, got {}"),
+])
+def test_bad_round_costs(make, msg):
+    with pytest.raises(MTPError) as e:
+        make()
+    assert str(e.value) == msg

@@ -1,0 +1,306 @@
+"""The rest of a decoder layer's verify as compiled graphs (``layer_block``): each piece equals
+mlx-lm's uncompiled ops bitwise (norms, the layer's tail, the attention's parts around its cache
+update), a piece whose check fails runs the ops, and a verify through the pieces equals one
+without them (hidden states and caches), so T=0 output stays mlx-lm's."""
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import CODE_PROMPT, reference_greedy
+from mlx_lm.models.qwen3_next import Qwen3NextMLP
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from mlx_lm.utils import load_model as mlx_load_model
+from native_support import blas_bindings
+
+import mlx_mtp
+from mlx_mtp import cpu_blas, row_exact
+from mlx_mtp.qwen3_5 import layer_block
+from mlx_mtp.qwen3_5.target import Qwen3_5Target
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
+KINDS = ["dense", "next", "moe", "wide", "q4", "demo"]
+
+
+def bitwise(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and bytes(memoryview(a)) == bytes(memoryview(b))
+
+
+def all_bitwise(xs, ys):
+    xs = xs if isinstance(xs, (tuple, list)) else (xs,)
+    ys = ys if isinstance(ys, (tuple, list)) else (ys,)
+    mx.eval(xs, ys)
+    return len(xs) == len(ys) and all(bitwise(x, y) for x, y in zip(xs, ys))
+
+
+def path_of(kind, request):
+    return DEMO if kind == "demo" else request.getfixturevalue(f"{kind}_dir")
+
+
+def target_of(path, width=6, exact=True):
+    target = Qwen3_5Target(mlx_load_model(Path(path))[0])
+    target.prepare(width, exact)  # the row-exact layers a session at these widths verifies with
+    return target
+
+
+def normal(shape, seed):
+    x = mx.random.normal(shape, key=mx.random.key(seed))
+    mx.eval(x)
+    return x
+
+
+@pytest.fixture(autouse=True)
+def fresh_checks(monkeypatch):
+    monkeypatch.setattr(layer_block, "_checked", {})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_piece_equals_the_ops_bitwise(kind, request):
+    """T = 1..6, every decoder layer of the pair (its own weights), inside and outside the
+    row-exact verify: the norm, the tail (each choice that applies) and the attention's parts
+    (products inside and outside the graph)."""
+    target = target_of(path_of(kind, request))
+    H = target.hidden_size
+    seen = set()
+    for exact in (True, False):
+        with row_exact.verifying() if exact else nullcontext():
+            for T in range(1, 7):
+                for i, layer in enumerate(target.layers):
+                    x, r = normal((1, T, H), 10 * T + i), normal((1, T, H), 10 * T + i + 500)
+                    norm = layer.input_layernorm
+                    assert all_bitwise(nn.RMSNorm.__call__(norm, x),
+                                       layer_block._norm_fn(norm.eps)(x, norm["weight"]))
+                    ref = layer_block.reference_tail(layer, x, r)
+                    choices = [layer_block.SPLIT]
+                    if layer_block._mlp_plain(layer, T):
+                        choices.append(layer_block.WHOLE)
+                    for choice in choices:
+                        assert all_bitwise(ref, layer_block.compiled_tail(layer, x, r, choice)), \
+                            (kind, exact, T, i, choice)
+                        seen.add(choice)
+                    if not layer.is_linear:
+                        attn = layer.self_attn
+                        qkv_plain = layer_block._attn_plain(attn, T, ("q_proj", "k_proj", "v_proj"))
+                        for offset in (0, 17 * T, 40001):
+                            pre = layer_block.reference_pre(attn, x, offset)
+                            for inside in (False, True)[: 1 + qkv_plain]:
+                                assert all_bitwise(
+                                    pre, layer_block.compiled_pre(attn, x, inside, offset))
+                        gate = pre[1]
+                        D = pre[0].shape[-1]
+                        for rows in (1, T):
+                            outs = [normal((1, attn.num_attention_heads, T // rows, D), 7 + j)
+                                    for j in range(rows)]
+                            post = layer_block.reference_post(attn, outs, gate)
+                            o_plain = layer_block._attn_plain(attn, T, ("o_proj",))
+                            for inside in (False, True)[: 1 + o_plain]:
+                                assert all_bitwise(
+                                    post, layer_block.compiled_post(attn, outs, gate, inside))
+    # A float dense MLP's products are plain outside a verify (whole); a mixture of experts
+    # (moe, next) and 4-bit products (q4) are split.
+    assert all(type(l.mlp) is Qwen3NextMLP for l in target.layers) == (kind not in ("moe", "next"))
+    assert layer_block.SPLIT in seen
+    assert (layer_block.WHOLE in seen) == (kind not in ("moe", "next", "q4"))
+
+
+@pytest.mark.parametrize("kind", ["demo", "wide", "moe"])
+def test_the_checks_choose_a_compiled_piece(kind, request):
+    target = target_of(path_of(kind, request))
+    layer = next(l for l in target.layers if not l.is_linear)
+    x, r = normal((1, 3, target.hidden_size), 1), normal((1, 3, target.hidden_size), 2)
+    with row_exact.verifying():
+        tail = layer_block.tail_choice(layer, x, r)
+        pre, post = layer_block.attention_choice(layer.self_attn, x, 3)
+    want = {"demo": layer_block.WHOLE, "wide": layer_block.SPLIT, "moe": layer_block.SPLIT}[kind]
+    assert tail == want
+    # The wide pair's q/k/v products (input 576 > 512) are row-exact inside a verify, so they
+    # stay outside the graph; its o_proj (input 128) and the others' products are plain.
+    assert pre is (kind != "wide")
+    assert post is True
+    assert layer_block.norm_equal(x, layer.input_layernorm["weight"], layer.input_layernorm.eps)
+
+
+def test_the_compiled_rope_equals_the_ops_at_every_offset():
+    """The rope runs inside the compiled part with its offset as an input array: equal to
+    mlx-lm's rope (an int offset) at every position tried, 0..4099 and some far ones."""
+    target = target_of(DEMO)
+    attn = next(l for l in target.layers if not l.is_linear).self_attn
+    assert layer_block.rope_inside(attn)
+    x = normal((1, 3, target.hidden_size), 21)
+    for offset in list(range(4100)) + [65535, 65536, 131071, 1 << 20, (1 << 24) + 1]:
+        assert all_bitwise(layer_block.reference_pre(attn, x, offset),
+                           layer_block.compiled_pre(attn, x, True, offset)), offset
+
+
+def bump(x):
+    return x.reshape(-1).at[5].add(1.0).reshape(x.shape)
+
+
+def test_a_failing_tail_check_runs_the_ops(monkeypatch):
+    target = target_of(DEMO)
+    layer = target.layers[0]
+    compiled = layer_block.compiled_tail
+    monkeypatch.setattr(layer_block, "compiled_tail", lambda *a: bump(compiled(*a)))
+    x, r = normal((1, 4, target.hidden_size), 3), normal((1, 4, target.hidden_size), 4)
+    with row_exact.verifying():
+        assert layer_block.tail_choice(layer, x, r) is None
+        out = layer_block.tail(layer, x, r)
+        assert all_bitwise(out, layer_block.reference_tail(layer, x, r))
+
+
+def test_a_tail_whose_whole_graph_differs_takes_the_split_one(monkeypatch):
+    target = target_of(DEMO)
+    layer = target.layers[0]
+    compiled = layer_block.compiled_tail
+
+    def off(layer, x, r, choice):
+        out = compiled(layer, x, r, choice)
+        return bump(out) if choice == layer_block.WHOLE else out
+
+    monkeypatch.setattr(layer_block, "compiled_tail", off)
+    x, r = normal((1, 2, target.hidden_size), 5), normal((1, 2, target.hidden_size), 6)
+    with row_exact.verifying():
+        assert layer_block.tail_choice(layer, x, r) == layer_block.SPLIT
+
+
+@pytest.mark.parametrize("part", ["pre", "post"])
+def test_a_failing_attention_check_runs_the_ops(part, monkeypatch):
+    target = target_of(DEMO)
+    attn = next(l for l in target.layers if not l.is_linear).self_attn
+    name = f"compiled_{part}"
+    compiled = getattr(layer_block, name)
+
+    def off(*a):
+        out = compiled(*a)
+        if part == "pre":
+            return (out[0], bump(out[1]), *out[2:])  # the gate only: every output is compared
+        return bump(out)
+
+    monkeypatch.setattr(layer_block, name, off)
+    x = normal((1, 3, target.hidden_size), 8)
+    with row_exact.verifying():
+        pre, post = layer_block.attention_choice(attn, x, 3)
+    assert (pre, post) == ((None, True) if part == "pre" else (True, None))
+
+
+def test_a_failing_norm_check_runs_the_ops(monkeypatch):
+    target = target_of(DEMO)
+    norm = target.layers[0].input_layernorm
+    assert type(norm) is layer_block.VerifyRMSNorm
+    compiled = layer_block._norm_fn(norm.eps)
+    monkeypatch.setattr(layer_block, "_norm_fn", lambda eps: lambda x, w: bump(compiled(x, w)))
+    x = normal((1, 3, target.hidden_size), 9)
+    with layer_block.compiling():
+        out = norm(x)
+    assert all_bitwise(out, nn.RMSNorm.__call__(norm, x))
+    assert list(layer_block._checked.values()) == [False]
+
+
+def test_outside_a_verify_the_layers_are_mlx_lms(monkeypatch):
+    """Prefill and plain decode (``hidden``) never reach a compiled piece or a check."""
+    target = target_of(DEMO)
+    for name in ("tail", "attention_choices", "norm_equal"):
+        monkeypatch.setattr(layer_block, name, lambda *a, name=name: pytest.fail(f"{name} ran"))
+    cache = target.make_cache()
+    mx.eval(target.hidden(mx.array([[5, 6, 7, 8]]), cache))
+    mx.eval(target.hidden(mx.array([[9]]), cache))
+    assert layer_block._checked == {}
+
+
+@pytest.mark.parametrize("kind,exact", [(k, True) for k in KINDS] + [("demo", False),
+                                                                     ("wide", False)])
+def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, request, monkeypatch):
+    """Widths 1..6 in turn on one cache: the hidden states and every cache array after each
+    verify (a full accept, then a rollback to one token) bitwise equal to the same verifies with
+    the pieces off, and the pieces ran; also with the gate overridden (``exact=False``: no
+    row-exact products, one multi-query attention)."""
+    path = path_of(kind, request)
+    targets = [target_of(path, exact=exact), target_of(path, exact=exact)]
+    caches = [t.make_cache() for t in targets]
+    prompt = mx.array([[5 + i % 50 for i in range(20)]])
+    for t, c in zip(targets, caches):
+        mx.eval(t.hidden(prompt, c))
+    tails = []
+    tail = layer_block.tail
+    monkeypatch.setattr(layer_block, "tail", lambda *a: tails.append(1) or tail(*a))
+    for T in range(1, 7):
+        ids = mx.array([[11 + 3 * T + j for j in range(T)]])
+        outs = []
+        for on, t, c in zip((True, False), targets, caches):
+            monkeypatch.setattr(layer_block, "enabled", on)
+            h = t.verify(ids, c)
+            logits = t.logits(h)
+            mx.eval(h, logits, t.cache_state(c))
+            outs.append([h, logits, *t.cache_state(c)])
+            t.rollback(c, T, 1 if T > 1 else T)
+            outs[-1] += t.cache_state(c)
+        assert all_bitwise(outs[0], outs[1]), (kind, T)
+    assert len(tails) == 6 * len(targets[0].layers)  # the pieces ran in every verify
+    assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
+
+
+@pytest.mark.parametrize("kind", ["demo", "wide", "next"])
+def test_greedy_output_is_mlx_lms_with_the_pieces(kind, request):
+    path = path_of(kind, request)
+    model = mlx_mtp.load_model(path)
+    prompt = load_tokenizer(path).encode(CODE_PROMPT)
+    ref = reference_greedy(path, prompt, 20)
+    for bs in (2, 3, 4, 6):
+        got = [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=20,
+                                                   block_size=bs)]
+        assert got == ref, (kind, bs)
+    assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
+
+
+BINDING_CHECK = """
+import json, sys, mlx_mtp
+import mlx.core as mx
+from mlx_mtp import cpu_blas
+from mlx_mtp.qwen3_5 import layer_block
+model = mlx_mtp.load_model(sys.argv[1], require_head=False)
+t = model.target
+t.prepare(4)
+prompt = mx.array([[5 + i % 50 for i in range(20)]])
+caches = [t.make_cache(), t.make_cache()]
+for c in caches:
+    mx.eval(t.hidden(prompt, c))
+equal = []
+for T in (2, 3, 4):
+    outs = []
+    for on, c in zip((True, False), caches):
+        layer_block.enabled = on
+        h = t.verify(mx.array([[9 + j for j in range(T)]]), c)
+        mx.eval(h, t.cache_state(c))
+        outs.append([h, *t.cache_state(c)])
+    equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
+choices = sorted({str(v) for k, v in layer_block._checked.items() if k[0] in ("tail", "attn")})
+print(json.dumps({"blas": cpu_blas.STATE.name, "equal": equal, "choices": choices}))
+"""
+
+
+@pytest.mark.parametrize("name,value", blas_bindings())
+def test_the_pieces_equal_the_ops_with_every_blas_binding(name, value):
+    """The demo pair's verifies at widths 2-4 with and without the pieces, in a fresh process
+    per binding: hidden states and caches bitwise equal, and the checks chose compiled pieces."""
+    env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
+    env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, "-c", BINDING_CHECK, str(DEMO)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if sys.platform.startswith("linux"):
+        assert out["blas"] == name
+    assert out["equal"] == [True, True, True]
+    # Every signature found a compiled piece; with OpenBLAS some of the demo pair's products are
+    # row-exact at some widths (split, products outside the attention's graphs).
+    want = {"(True, True)", "whole"}
+    if name == "OpenBLAS":
+        want |= {"(False, False)", "split"}
+    assert set(out["choices"]) == want
