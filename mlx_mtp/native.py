@@ -8,8 +8,9 @@ machine that is not x86-64 Linux with AVX2 and FMA, a failed compile or one of t
 switches set to 0 (``MLX_MTP_ROW_KERNEL=0`` switches off every kernel): the kernel is
 unavailable, ``reason()`` says why, and its callers keep their other paths.
 
-The kernels run eagerly (they evaluate their inputs, a host sync), so none can run inside an
-``mx.compile``d function.
+Loaded this way the kernels run eagerly (they evaluate their inputs, a host sync), so none can
+run inside an ``mx.compile``d function; ``lazy_kernels`` builds the same C files into an MLX
+extension that runs them as lazy graph ops, and the callers prefer it where it loads.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import cpu_blas, row_kernel
+from . import cpu_blas, lazy_kernels, row_kernel
 
 _active = 0
 
@@ -128,7 +128,8 @@ def kernel_products(layer, x: mx.array) -> mx.array:
     """``x @ layer.weight.T`` with the compiled kernel (``row_kernel``) for the output columns
     in whole groups of 8 and BLAS one-row products for the last N % 8 (which BLIS reduces with
     another kernel; a one-row call on those rows alone reduces them as the whole matrix does).
-    The weight's zero-copy host view is made once and kept on the layer."""
+    The weight's zero-copy host view is made once and kept on the layer (it checks the weight
+    is row-contiguous float32; the eager kernel reads it); the lazy op takes the weight itself."""
     weight = layer.weight
     cached = layer.__dict__.get("_kernel_view")
     if cached is None or cached[0] != id(weight):
@@ -136,7 +137,8 @@ def kernel_products(layer, x: mx.array) -> mx.array:
         layer.__dict__["_kernel_view"] = cached  # a plain attribute, not a module parameter
     N = weight.shape[0]
     main = N - N % row_kernel.COLUMN_GROUP
-    out = row_kernel.products(x, cached[1], main, kernel_threads()) if main else None
+    w = weight if lazy_kernels.available() else cached[1]  # the view: checked, eager use
+    out = row_kernel.products(x, w, main, kernel_threads()) if main else None
     if main < N:
         rest = one_row_products(x, weight[main:], N - main)
         out = rest if out is None else mx.concatenate([out, rest], axis=-1)
@@ -341,11 +343,15 @@ def method(layer) -> str:
 
 def report(model: nn.Module) -> Dict[str, object]:
     """The switched layers of ``model`` counted by ``method``, and whether the kernel is
-    available (why not, when it is not): for the run's stats."""
+    available (why not, when it is not) and, where a layer uses it, whether it runs lazily or
+    eagerly (``lazy_kernels.mode``): for the run's stats."""
     counts: Dict[str, int] = {}
     for _, layer in model.named_modules():
         m = method(layer)
         if m != "multi-row":
             counts[m] = counts.get(m, 0) + 1
-    return {"layers": counts, "kernel": "available" if row_kernel.available()
-            else f"unavailable ({row_kernel.reason()})"}
+    if not row_kernel.available():
+        return {"layers": counts, "kernel": f"unavailable ({row_kernel.reason()})"}
+    # How it runs, where a layer uses it (asking builds the extension, which no other layer needs)
+    return {"layers": counts,
+            "kernel": f"available, {lazy_kernels.mode()}" if counts.get("kernel") else "available"}

@@ -13,8 +13,10 @@ a bitwise check on the layer's own weights says it equals the layer's own one-ro
 
 The C source is built and loaded by ``mlx_mtp.native`` (a per-user cache, ``reason()`` when it
 is unavailable, ``MLX_MTP_ROW_KERNEL=0``); where it is unavailable ``row_exact`` keeps its other
-paths. The kernel runs eagerly (it evaluates its input, a host sync), so it cannot run inside an
-``mx.compile``d function; the verify forward that calls it is not compiled.
+paths. Given the weight as an ``mx.array``, ``products`` runs the kernel as a lazy MLX op
+(``lazy_kernels``: no host sync, the same bytes) where the extension builds; otherwise, and for
+a numpy weight, eagerly (it evaluates its input, a host sync, so it cannot run inside an
+``mx.compile``d function).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import ctypes
 import mlx.core as mx
 import numpy as np
 
-from . import cpu_pin, native
+from . import cpu_pin, lazy_kernels, native
 CACHE_ENV = native.CACHE_ENV  # the kernels share one cache folder
 ENV = native.ALL_ENV
 FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -74,15 +76,23 @@ def weight_view(weight: mx.array) -> np.ndarray:
     return view
 
 
-def products(x: mx.array, w: np.ndarray, columns: int, threads: int = 1) -> mx.array:
+def products(x: mx.array, w, columns: int, threads: int = 1) -> mx.array:
     """``x @ w[:columns].T`` ([..., T, K] -> [..., T, columns]) in BLIS's one-row order, for
-    ``columns`` a multiple of 8. Evaluates ``x`` (a host sync) and runs the kernel eagerly."""
+    ``columns`` a multiple of 8. ``w``: the weight (a row-contiguous float32 ``mx.array``), run
+    as a lazy op where ``lazy_kernels`` is available, or its ``weight_view``, run eagerly
+    (evaluates ``x``, a host sync)."""
     lib = load()
     if lib is None:
         raise RuntimeError(f"row kernel unavailable: {KERNEL.why}")
     *lead, T, K = x.shape
     if columns % COLUMN_GROUP or columns > w.shape[0] or w.shape[1] != K:
-        raise ValueError(f"row kernel: {columns} columns of a {w.shape} weight for width {K}")
+        raise ValueError(f"row kernel: {columns} columns of a {tuple(w.shape)} weight for "
+                         f"width {K}")
+    if isinstance(w, mx.array):
+        ops = lazy_kernels.load()
+        if ops is not None:
+            return ops.row_dot(x.reshape(-1, K), w, columns, threads).reshape(*lead, T, columns)
+        w = weight_view(w)
     cpu_pin.hold()  # inside a verify: the threads onto one core before the syncs (cpu_pin)
     mx.eval(x)  # the host sync: the kernel runs on the evaluated input
     xv = np.asarray(memoryview(x)).reshape(-1, K)  # zero-copy unless x is a strided view

@@ -8,6 +8,11 @@ Arms, alternated round by round on the same target, each with its own cache pref
             (every verify arm, as the round loop, with all threads on one core from the first
             eager kernel call on: ``mlx_mtp.cpu_pin``, with one kernel thread)
   unpinned  the kernel arm with the threads free to run on any core (MLX_MTP_PIN_VERIFY=0)
+  eager     the kernel arm with the kernels called eagerly (a host sync per call, pinned from the
+            first: MLX_MTP_LAZY_KERNELS=0), where the kernel arm runs them as lazy MLX ops
+            (``mlx_mtp.lazy_kernels``; a lazy verify makes no eager call, so it never pins)
+  pinned    the kernel arm with every thread on one core for the whole verify (does pinning
+            pay once the kernels are lazy?)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
   stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
@@ -56,11 +61,13 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlx_mtp import cpu_blas, cpu_pin, row_exact, row_kernel  # noqa: E402
+from mlx_mtp import cpu_blas, cpu_pin, lazy_kernels, row_exact, row_kernel  # noqa: E402
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
 
-ARMS = ("decode", "forward", "kernel", "unpinned", "blocked", "inexact", "stepwise",
-        "no_gdn_kernel", "uncompiled_layers", "all_kernel", "all_kernel_body")
+ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "inexact",
+        "stepwise", "no_gdn_kernel", "uncompiled_layers", "all_kernel", "all_kernel_body")
+KERNEL_ARMS = ("kernel", "unpinned", "eager", "pinned", "stepwise", "no_gdn_kernel",
+               "uncompiled_layers")
 
 
 def measure(model, width: int, reps: int, prompt_len: int = 80,
@@ -68,14 +75,17 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     """Time the arms on a loaded ``mlx_mtp`` model; its layers' installed choices and its
     target's exactness are as before on return. ``kernel_threads`` > 0: the kernel arm's
     threads (else ``row_exact.kernel_threads()``, from MLX_MTP_VERIFY_THREADS), so a thread
-    count can be tried on the kernel alone without changing the BLAS threads of the rest."""
+    count can be tried on the kernel alone without changing the BLAS threads of the rest.
+    ``arms``: the arms to time (``decode`` is always timed: the others are its multiples)."""
+    arms = ("decode",) + tuple(a for a in ARMS if a in arms and a != "decode")
     target = model.target
     target.prepare(width)
     layers = [layer for _, layer in model.mlx_model.named_modules()
               if row_exact.method(layer) != "multi-row"]
     chosen = {id(layer): (layer.use_kernel, layer.block_cols) for layer in layers}
     kernel_layers = [layer for layer in layers if layer.use_kernel]
-    extra, head = speed_candidates(model, width)
+    extra, head = (speed_candidates(model, width) if any(a.startswith("all_kernel") for a in arms)
+                   else ([], target.lm_head_module))
     prompt = mx.array([[5 + i % 200 for i in range(prompt_len)]])
 
     def fresh():
@@ -89,8 +99,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     def setup(arm):
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
-            layer.use_kernel = arm in ("kernel", "unpinned", "stepwise", "no_gdn_kernel",
-                                       "uncompiled_layers") or all_kernel
+            layer.use_kernel = arm in KERNEL_ARMS or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
@@ -103,8 +112,10 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
         layer_block.enabled = arm != "uncompiled_layers"
-        pin = cpu_pin.on_first_sync() if arm != "unpinned" and threads == 1 else nullcontext()
-        with cpu_blas.verify_threads(), pin:
+        pin = (nullcontext() if arm == "unpinned" or threads != 1
+               else cpu_pin.one_core() if arm == "pinned" else cpu_pin.on_first_sync())
+        path = lazy_kernels.eager() if arm == "eager" else nullcontext()
+        with cpu_blas.verify_threads(), pin, path:
             mx.eval(target.logits(target.verify(block, caches[arm])))
 
     times = {arm: [] for arm in arms}
@@ -131,6 +142,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
         "row_exact": row_exact.report(model.mlx_model),
         "kernel_layers": len(kernel_layers), "kernel_threads": threads,
+        "kernels": lazy_kernels.mode(),
         "gdn_kernel": "available" if gdn_kernel.available() else
                       f"unavailable ({gdn_kernel.reason()})",
         "all_kernel_extra_layers": len(extra), "all_kernel_head": any(layer is head for layer, _, _ in extra),
@@ -193,7 +205,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
     model = mlx_mtp.load_model(args.model, require_head=False)
     print(json.dumps({"model": args.model, **measure(model, args.width, args.reps,
-                                                     kernel_threads=args.kernel_threads, arms=arms)},
+                                                     kernel_threads=args.kernel_threads,
+                                                     arms=arms)},
                      indent=1))
     return 0
 

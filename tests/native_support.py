@@ -1,8 +1,10 @@
 """What the tests of the C kernels and of each BLAS binding share."""
 
+import os
+
 import pytest
 
-from mlx_mtp import cpu_blas
+from mlx_mtp import cpu_blas, lazy_kernels, native
 
 
 def require_kernel(problem: str, available, reason, name: str) -> None:
@@ -12,6 +14,15 @@ def require_kernel(problem: str, available, reason, name: str) -> None:
         pytest.skip(problem)
     if not available():
         pytest.fail(f"{name} unavailable on this x86-64 box: {reason()}")
+
+
+def require_lazy() -> None:
+    """The C kernels' MLX extension (``lazy_kernels``): skipped in a run of the suite on the eager
+    path (``MLX_MTP_LAZY_KERNELS=0``) and where no kernel can exist; else it must load."""
+    if os.environ.get(lazy_kernels.ENV) == "0":
+        pytest.skip(f"{lazy_kernels.ENV}=0")
+    require_kernel(native.cpu_problem(), lazy_kernels.available, lazy_kernels.reason,
+                   "lazy kernels")
 
 
 def blas_bindings():

@@ -16,7 +16,8 @@
    i order, and the ROWS / 8 independent accumulators hide the add latency.
 
    Layouts (contiguous float32): q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-   state [B, Hv, Dv, Dk]; out: y [B, T, Hv, Dv], states [T, B, Hv, Dv, Dk]. */
+   state [B, Hv, Dv, Dk]; out: y [B, T, Hv, Dv], states [T, B, Hv, Dv, Dk] (gdn_steps_f32) or
+   T separate [B, Hv, Dv, Dk] buffers (gdn_steps_f32_each: the lazy MLX op's T outputs). */
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -75,10 +76,10 @@ static void transpose(const float *src, ptrdiff_t ls, float *dst, ptrdiff_t ld, 
             dst[c * ld + r] = src[r * ls + c];
 }
 
-int gdn_steps_f32(const float *q, const float *k, const float *v, const float *g,
-                  const float *beta, const float *state, float *y, float *states,
-                  ptrdiff_t B, ptrdiff_t T, ptrdiff_t Hk, ptrdiff_t Hv, ptrdiff_t Dk,
-                  ptrdiff_t Dv) {
+int gdn_steps_f32_each(const float *q, const float *k, const float *v, const float *g,
+                       const float *beta, const float *state, float *y, float *const *states,
+                       ptrdiff_t B, ptrdiff_t T, ptrdiff_t Hk, ptrdiff_t Hv, ptrdiff_t Dk,
+                       ptrdiff_t Dv) {
     if (B < 1 || T < 1 || Hk < 1 || Hv < 1 || Dk < 1 || Dv < 1 || Hv % Hk)
         return 1;
     float *s = aligned_alloc(64, (size_t)Dk * ROWS * sizeof(float));
@@ -130,7 +131,7 @@ int gdn_steps_f32(const float *q, const float *k, const float *v, const float *g
                     float *yy = y + (bt * Hv + h) * Dv + d0;
                     for (ptrdiff_t r = 0; r < nr; r++)
                         yy[r] = out[r];
-                    float *dst = states + ((t * B + b) * Hv + h) * head_state + d0 * Dk;
+                    float *dst = states[t] + (b * Hv + h) * head_state + d0 * Dk;
                     transpose(s, ROWS, dst, Dk, Dk, nr);
                 }
             }
@@ -138,4 +139,20 @@ int gdn_steps_f32(const float *q, const float *k, const float *v, const float *g
     }
     free(s);
     return 0;
+}
+
+int gdn_steps_f32(const float *q, const float *k, const float *v, const float *g,
+                  const float *beta, const float *state, float *y, float *states,
+                  ptrdiff_t B, ptrdiff_t T, ptrdiff_t Hk, ptrdiff_t Hv, ptrdiff_t Dk,
+                  ptrdiff_t Dv) {
+    if (T < 1)
+        return 1;
+    float **each = malloc((size_t)T * sizeof *each);
+    if (!each)
+        return 2;
+    for (ptrdiff_t t = 0; t < T; t++)
+        each[t] = states + t * B * Hv * Dv * Dk;
+    const int rc = gdn_steps_f32_each(q, k, v, g, beta, state, y, each, B, T, Hk, Hv, Dk, Dv);
+    free(each);
+    return rc;
 }

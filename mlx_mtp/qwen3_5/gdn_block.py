@@ -36,6 +36,7 @@ from mlx_lm.models.activations import precise_swiglu
 from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normalize_qk
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
+from .. import lazy_kernels
 from ..row_exact import bitwise_equal
 from . import gdn_kernel
 
@@ -277,13 +278,22 @@ KERNEL_TAPS, KERNEL_CONV = "kernel+taps", "kernel+conv"  # kernel_mixer, its con
 # and win at 6 and 8; a 256 KB layer's mixer alone wins 0.1 ms at T = 1, 0.6 at 3; the
 # realistic-size pair's 1 MB layers win at every T (w = 3: 1.33x a decode step, not 1.62x).
 KERNEL_MIN_BYTES = 384 * 1024
+# As a lazy MLX op (``lazy_kernels``) the kernel adds no host sync: on the demo pair (64 KB
+# layers; contended 2-core x86, alternated in one process) a verify / decode step with it against
+# the compiled graph measured w = 2 / 3 / 4: 0.87x / 0.93x / 1.10x against 1.01x / 1.15x / 1.30x.
+# Smaller states are not measured: they keep the compiled graph.
+LAZY_KERNEL_MIN_BYTES = 128 * 1024
 
 
 def kernel_pays(layer, qkv) -> bool:
     """Whether a verify of these T tokens through this layer is faster with the recurrence in
-    the C kernel: T x the recurrent state's bytes at least ``KERNEL_MIN_BYTES``."""
+    the C kernel: T x the recurrent state's bytes at least ``KERNEL_MIN_BYTES`` when it runs
+    eagerly, ``LAZY_KERNEL_MIN_BYTES`` (or the former, if smaller) as a lazy op."""
     B, T, _ = qkv.shape
-    return 4 * B * T * layer.num_v_heads * layer.head_v_dim * layer.head_k_dim >= KERNEL_MIN_BYTES
+    least = KERNEL_MIN_BYTES
+    if least > LAZY_KERNEL_MIN_BYTES and lazy_kernels.available():
+        least = LAZY_KERNEL_MIN_BYTES
+    return 4 * B * T * layer.num_v_heads * layer.head_v_dim * layer.head_k_dim >= least
 
 
 def mixer_choice(layer, qkv, z, b, a, conv_state, state) -> Optional[str]:

@@ -11,7 +11,8 @@ can equal the ops path bitwise; ``gdn_block`` uses it for a layer only where a c
 layer's own weights says it does.
 
 Built and loaded by ``mlx_mtp.native``; ``MLX_MTP_GDN_KERNEL=0`` (or ``MLX_MTP_ROW_KERNEL=0``,
-every kernel) switches it off. It runs eagerly (it evaluates its inputs, a host sync).
+every kernel) switches it off. It runs as a lazy MLX op where ``mlx_mtp.lazy_kernels`` is
+available (no host sync, the same bytes), else eagerly (it evaluates its inputs, a host sync).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import List, Tuple
 import mlx.core as mx
 import numpy as np
 
-from .. import cpu_pin, native
+from .. import cpu_pin, lazy_kernels, native
 
 ENV = "MLX_MTP_GDN_KERNEL"
 FLAGS = ("-O3", "-mavx2", "-ffp-contract=off", "-fPIC", "-shared")
@@ -59,7 +60,8 @@ def _host(x: mx.array) -> np.ndarray:
 def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
     """``gdn_block.reference_states`` from its recurrence's inputs (q, k [B,T,Hk,Dk] not
     repeated to the value heads, v [B,T,Hv,Dv], g and beta [B,T,Hv], state [B,Hv,Dv,Dk]):
-    ``(y [B,T,Hv,Dv], [state_1..state_T])``. Evaluates the inputs (a host sync)."""
+    ``(y [B,T,Hv,Dv], [state_1..state_T])``: lazy where ``lazy_kernels`` is available, else
+    computed eagerly (the inputs evaluated, a host sync)."""
     lib = KERNEL.load()
     if lib is None:
         raise RuntimeError(f"gdn kernel unavailable: {KERNEL.why}")
@@ -69,6 +71,13 @@ def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
             or beta.shape != (B, T, Hv) or state.shape != (B, Hv, Dv, Dk) or Hv % Hk):
         raise ValueError(f"gdn kernel: shapes q {q.shape} k {k.shape} v {v.shape} g {g.shape} "
                          f"beta {beta.shape} state {state.shape} do not fit")
+    odd = next((x.dtype for x in (q, k, v, g, beta, state) if x.dtype != mx.float32), None)
+    if odd is not None:
+        raise ValueError(f"gdn kernel: needs float32 inputs, got {odd}")
+    ops = lazy_kernels.load()
+    if ops is not None:
+        y, *steps = ops.gdn_steps(q, k, v, g, beta, state)
+        return y, steps
     cpu_pin.hold()  # inside a verify: the threads onto one core before the sync (cpu_pin)
     mx.eval(q, k, v, g, beta, state)
     inputs = [_host(x) for x in (q, k, v, g, beta, state)]

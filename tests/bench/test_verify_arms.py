@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 import mlx_mtp
-from mlx_mtp import cpu_blas, row_exact, row_kernel
+from mlx_mtp import cpu_blas, lazy_kernels, row_exact, row_kernel
 from mlx_mtp.qwen3_5 import gdn_block
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -24,6 +24,19 @@ def test_verify_arms_reports_every_arm_against_the_decode_step(wide_dir, capsys)
     assert out["kernel_threads"] == 1
     if cpu_blas.STATE.name == "BLIS" and row_kernel.available():
         assert out["kernel_layers"] == out["row_exact"]["layers"]["kernel"] >= 20
+
+
+def test_chosen_arms_only_and_a_bad_arm_is_a_clear_error(wide_dir, capsys):
+    assert verify_arms.main(["--model", str(wide_dir), "--width", "2", "--reps", "1",
+                             "--arms", "eager,kernel"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["ms"]) == ["decode", "kernel", "eager"]  # decode always, in ARMS order
+    assert out["kernels"] in ("lazy", f"eager ({lazy_kernels.reason()})")
+    with pytest.raises(SystemExit) as e:
+        verify_arms.main(["--model", str(wide_dir), "--arms", "kernel,fast"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"error: --arms: expected names from {','.join(verify_arms.ARMS)}, got 'kernel,fast'")
 
 
 def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):

@@ -9,9 +9,10 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from conftest import reference_greedy
+from native_support import require_lazy
 
 import mlx_mtp
-from mlx_mtp import MTPError, cpu_blas, cpu_pin, row_exact
+from mlx_mtp import MTPError, cpu_blas, cpu_pin, lazy_kernels, row_exact
 
 PROMPT = [5, 17, 3, 99, 42, 7]
 N = 20
@@ -125,8 +126,10 @@ def test_the_loop_pins_a_kernel_verify_from_its_first_kernel_call_and_changes_no
     """The wide pair's verify runs its projections through the row kernel (with BLIS): each
     drafted round's verify is pinned once its first kernel call is made (not when it starts:
     the queued draft keeps its core while Python builds the first layer), never a one-token
-    step (prefill, block 1); the affinity is back after every round."""
+    step (prefill, block 1); the affinity is back after every round. The kernel runs eagerly
+    here (a lazy op makes no host sync to pin for: the next test)."""
     needs_two_cores()
+    monkeypatch.setattr(lazy_kernels, "load", lambda environ=None: None)
     model = mlx_mtp.load_model(wide_dir)
     want = reference_greedy(wide_dir, PROMPT, N)
     full = len(os.sched_getaffinity(0))
@@ -145,6 +148,25 @@ def test_the_loop_pins_a_kernel_verify_from_its_first_kernel_call_and_changes_no
     assert p_seen == [(kind, full, 1 if kind == "verify" and kernel else full)
                       for kind, _, _ in p_seen]
     assert len(os.sched_getaffinity(0)) == full
+
+
+@pytest.mark.parametrize("block_size", [3])
+def test_a_verify_through_the_lazy_kernel_is_not_pinned(wide_dir, block_size):
+    """The row kernel as a lazy MLX op: the verify makes no eager kernel call, so nothing is
+    pinned, and the output and committed caches are those of the eager, pinned run."""
+    needs_two_cores()
+    require_lazy()
+    model = mlx_mtp.load_model(wide_dir)
+    want = reference_greedy(wide_dir, PROMPT, N)
+    full = len(os.sched_getaffinity(0))
+    _run(model, block_size)
+    out, seen, cache = _run(model, block_size)
+    with lazy_kernels.eager():
+        eager, e_seen, e_cache = _run(model, block_size)
+    assert out == want and eager == want and cache == e_cache
+    kernel = any(row_exact.method(m) == "kernel" for _, m in model.mlx_model.named_modules())
+    assert ("verify", full, full) in seen and {(a, b) for _, a, b in seen} == {(full, full)}
+    assert ("verify", full, 1 if kernel else full) in e_seen
 
 
 def test_no_pinning_where_the_verify_makes_no_kernel_call(monkeypatch):

@@ -278,10 +278,12 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     assert any(line.split() == ["exactness", "probe", "equal", "(width", "2,", "3)"]
                for line in table)
     # How the verify stays exact: the row-exact layers by method, and the row kernel.
-    from mlx_mtp import row_kernel
+    from mlx_mtp import lazy_kernels, row_kernel
 
     info = result["exactness"]["row_exact"]
-    kernel = "available" if row_kernel.available() else f"unavailable ({row_kernel.reason()})"
+    used = info["layers"].get("kernel")  # how the kernel runs is said where a layer uses it
+    kernel = ((f"available, {lazy_kernels.mode()}" if used else "available")
+              if row_kernel.available() else f"unavailable ({row_kernel.reason()})")
     assert info["kernel"] == kernel and set(info["layers"]) <= {"kernel", "blocked", "rows"}
     row = next(line for line in table if line.startswith("row-exact layers"))
     assert row.rstrip().endswith(f"; row kernel {kernel}")

@@ -149,16 +149,19 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
         assert set(forced.planned) >= {0, 1, K}
 
 
-@pytest.mark.parametrize("kernel", ["1", "0"])
+@pytest.mark.parametrize("kernel", ["lazy", "eager", "0"])
 def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel, wide_dir,
                                                                        monkeypatch):
     """Inputs wider than 512 (BLIS reduces their multi-row products another way): with the
-    compiled row kernel (where it builds) and with it switched off, every acceptance length
-    gives mlx-lm's greedy output, and the stats say which method the row-exact layers use."""
-    from mlx_mtp import cpu_blas, row_kernel
+    compiled row kernel (where it builds) as a lazy MLX op or called eagerly, and with it
+    switched off, every acceptance length gives mlx-lm's greedy output, and the stats say which
+    method the row-exact layers use and how the kernel runs."""
+    from mlx_mtp import cpu_blas, lazy_kernels, row_kernel
 
-    monkeypatch.setenv(row_kernel.ENV, kernel)
+    monkeypatch.setenv(row_kernel.ENV, "0" if kernel == "0" else "1")
+    monkeypatch.setenv(lazy_kernels.ENV, "0" if kernel == "eager" else "1")
     row_kernel.reset()
+    lazy_kernels.reset()
     try:
         model = mlx_mtp.load_model(wide_dir, require_head=False)
         prompt = prompts(wide_dir)["long"]
@@ -169,12 +172,20 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
         assert run(MTPModel(model.mlx_model, model.target, oracle), prompt, 4, stats=stats) == ref
         info = stats.exactness["row_exact"]
         if cpu_blas.STATE.name == "BLIS":  # every projection with a 576 / 1152 input switched
-            want = "kernel" if kernel == "1" and row_kernel.available() else "blocked"
+            want = "kernel" if kernel != "0" and row_kernel.available() else "blocked"
             assert set(info["layers"]) == {want} and info["layers"][want] >= 20, info
-        assert info["kernel"] == ("available" if kernel == "1" and row_kernel.available()
-                                  else f"unavailable ({row_kernel.reason()})")
+        assert info["kernel"] == (
+            (f"available, {lazy_kernels.mode()}" if info["layers"].get("kernel") else "available")
+            if kernel != "0" and row_kernel.available()
+            else f"unavailable ({row_kernel.reason()})")
         if kernel == "0":
             assert info["kernel"] == "unavailable (MLX_MTP_ROW_KERNEL=0)"
+        if kernel == "eager" and info["layers"].get("kernel"):
+            assert info["kernel"] == "available, eager (MLX_MTP_LAZY_KERNELS=0)"
+        if kernel == "lazy" and info["layers"].get("kernel") and lazy_kernels.available():
+            assert info["kernel"] == "available, lazy"
     finally:
+        monkeypatch.delenv(lazy_kernels.ENV)
+        lazy_kernels.reset()
         monkeypatch.delenv(row_kernel.ENV)
         row_kernel.reset()

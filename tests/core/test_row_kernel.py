@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlx_mtp import MTPError, cpu_blas, row_exact, row_kernel
+from mlx_mtp import MTPError, cpu_blas, lazy_kernels, row_exact, row_kernel
 from native_support import require_kernel
 
 BLIS = cpu_blas.STATE.name == "BLIS"
@@ -131,7 +131,8 @@ def test_install_picks_the_kernel_for_a_wide_layer(monkeypatch):
     mx.eval(block, rows)
     assert calls == [640]
     assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(4))
-    assert row_exact.report(layer) == {"layers": {"kernel": 1}, "kernel": "available"}
+    assert row_exact.report(layer) == {"layers": {"kernel": 1},
+                                       "kernel": f"available, {lazy_kernels.mode()}"}
 
 
 def test_switched_off_by_the_environment(fresh, monkeypatch):

@@ -20,8 +20,8 @@ from oracle import OracleDrafter
 
 import mlx_mtp
 import tiny_checkpoints as tc
-from native_support import blas_bindings, require_kernel
-from mlx_mtp import cpu_blas, native
+from native_support import blas_bindings, require_kernel, require_lazy
+from mlx_mtp import cpu_blas, lazy_kernels, native
 from mlx_mtp.model import MTPModel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
 from mlx_mtp.qwen3_5.target import Qwen3_5Target
@@ -155,12 +155,17 @@ def test_bad_shapes_are_a_clear_error():
         kernel_states(q, k, v, a, b, A_log, dt_bias, s)
 
 
-def test_the_rule_of_where_it_pays():
+def test_the_rule_of_where_it_pays(monkeypatch):
     layer = gdn_layer(DEMO)  # 8 heads of 32 x 64: 64 KB
     assert layer.num_v_heads * layer.head_v_dim * layer.head_k_dim * 4 == 64 * 1024
     assert gdn_block.KERNEL_MIN_BYTES == 384 * 1024
-    assert [gdn_block.kernel_pays(layer, mx.zeros((1, T, 1))) for T in (1, 5, 6, 8)] == [
-        False, False, True, True]
+    assert gdn_block.LAZY_KERNEL_MIN_BYTES == 128 * 1024
+    pays = lambda: [gdn_block.kernel_pays(layer, mx.zeros((1, T, 1)))  # noqa: E731
+                    for T in (1, 2, 5, 6, 8)]
+    with lazy_kernels.eager():  # a host sync per call: only from 384 KB (T = 6 here)
+        assert pays() == [False, False, False, True, True]
+    if lazy_kernels.available():  # a lazy op: from 128 KB (T = 2 here)
+        assert pays() == [False, True, True, True, True]
 
 
 def gdn_layer(path):
@@ -290,17 +295,25 @@ def big_state_dir(tmp_path_factory):
                                            "linear_value_head_dim": 128})
 
 
-def test_generation_with_the_kernel_is_identical_to_plain_decode(big_state_dir, monkeypatch,
-                                                                 fresh_kernel):
+@pytest.mark.parametrize("ckpt,path", [("big", "lazy"), ("big", "eager"), ("demo", "lazy")])
+def test_generation_with_the_kernel_is_identical_to_plain_decode(ckpt, path, request,
+                                                                 monkeypatch, fresh_kernel):
     """T=0, an oracle drafter forcing every acceptance length (so every rollback selects a
-    kernel-made state), block sizes 2-5: mlx-lm's plain greedy output, and the kernel ran."""
+    kernel-made state), block sizes 2-5: mlx-lm's plain greedy output, and the kernel ran; as
+    a lazy MLX op and called eagerly (256 KB states), and on the demo pair's 64 KB states,
+    where only the lazy op pays (``gdn_block.LAZY_KERNEL_MIN_BYTES``)."""
     needs_kernel()
+    if path == "lazy":
+        require_lazy()
+    else:
+        monkeypatch.setattr(lazy_kernels, "load", lambda environ=None: None)
+    ckpt_dir = DEMO if ckpt == "demo" else request.getfixturevalue("big_state_dir")
     calls = []
     states = gdn_kernel.states
     monkeypatch.setattr(gdn_kernel, "states", lambda *a: calls.append(a[0].shape[1]) or states(*a))
-    model = mlx_mtp.load_model(big_state_dir, require_head=False)
-    prompt = load_tokenizer(big_state_dir).encode(CODE_PROMPT)
-    ref = reference_greedy(big_state_dir, prompt, 24)
+    model = mlx_mtp.load_model(ckpt_dir, require_head=False)
+    prompt = load_tokenizer(ckpt_dir).encode(CODE_PROMPT)
+    ref = reference_greedy(ckpt_dir, prompt, 24)
     for bs in range(2, 6):
         K = bs - 1
         oracle = OracleDrafter(prompt + ref, schedule=list(range(K + 1)),

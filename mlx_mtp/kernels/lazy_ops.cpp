@@ -1,0 +1,167 @@
+// mlx_mtp's two C kernels (row_dot.c, gdn_steps.c) as lazy MLX graph ops (CPU only).
+//
+// The eager ctypes path (mlx_mtp/row_kernel.py, mlx_mtp/qwen3_5/gdn_kernel.py) evaluates each
+// kernel's inputs (a host sync), converts them to numpy, runs the C function and wraps its
+// output: about 60 syncs per verify on a realistic-size pair. Here each kernel is an MLX
+// Primitive whose eval_cpu queues the same C function on the CPU stream after the work that
+// makes its inputs, so a verify builds one graph and syncs once, when its result is read.
+// The C files are compiled with the same flags as the ctypes libraries (see CMakeLists.txt),
+// so the ops' bytes equal the eager path's.
+//
+// Built by mlx_mtp/lazy_kernels.py with CMake against the installed MLX; the nanobind used
+// must be ABI-compatible with the one mlx.core was built with (mlx 0.32: nanobind 3.x).
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+extern "C" {
+int row_dot_f32(const float* x, std::ptrdiff_t T, std::ptrdiff_t ldx, std::ptrdiff_t K,
+                const float* w, std::ptrdiff_t N, float* y, std::ptrdiff_t ldy, int threads);
+int gdn_steps_f32_each(const float* q, const float* k, const float* v, const float* g,
+                       const float* beta, const float* state, float* y, float* const* states,
+                       std::ptrdiff_t B, std::ptrdiff_t T, std::ptrdiff_t Hk, std::ptrdiff_t Hv,
+                       std::ptrdiff_t Dk, std::ptrdiff_t Dv);
+}
+
+namespace nb = nanobind;
+using namespace mlx::core;
+
+namespace {
+
+constexpr int LAZY_OPS_ABI = 1;  // lazy_kernels.ABI of the Python side that calls this module
+
+Stream cpu_stream() { return default_stream(Device::cpu); }
+
+// A row-contiguous float32 copy of x where it is not one already (a no-op graph node where it is).
+array dense_f32(const array& x, const Stream& s) {
+  return contiguous(astype(x, float32, s), false, s);
+}
+
+void check_dense(const array& a, const char* what) {
+  if (a.dtype() != float32 || !a.flags().row_contiguous)
+    throw std::invalid_argument(std::string("mlx_mtp lazy kernel: ") + what +
+                                " must be a row-contiguous float32 array");
+}
+
+// y = x @ w[:columns].T for x [R, K], in BLIS's one-row order (row_dot.c).
+class RowDot : public UnaryPrimitive {
+ public:
+  RowDot(Stream s, int columns, int threads)
+      : UnaryPrimitive(s), columns_(columns), threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    const array& x = inputs[0];
+    const array& w = inputs[1];
+    check_dense(x, "the row kernel's input");
+    check_dense(w, "the row kernel's weight");
+    out.set_data(allocator::malloc(out.nbytes()));
+    auto& encoder = cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(w);
+    encoder.set_output_array(out);
+    const float* xp = x.data<float>();
+    const float* wp = w.data<float>();
+    float* yp = out.data<float>();
+    const std::ptrdiff_t R = x.shape(0), K = x.shape(1), N = columns_;
+    const int threads = threads_;
+    encoder.dispatch([=]() {
+      if (row_dot_f32(xp, R, K, K, wp, N, yp, N, threads))
+        throw std::runtime_error("mlx_mtp row kernel failed");
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("mlx_mtp's row kernel runs on the CPU only");
+  }
+  const char* name() const override { return "MlxMtpRowDot"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const RowDot&>(other);
+    return columns_ == o.columns_ && threads_ == o.threads_;
+  }
+
+ private:
+  int columns_;
+  int threads_;
+};
+
+// The GatedDeltaNet recurrence over T tokens (gdn_steps.c): outputs y and the T states.
+class GdnSteps : public Primitive {
+ public:
+  explicit GdnSteps(Stream s) : Primitive(s) {}
+
+  void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
+    static const char* names[] = {"q", "k", "v", "g", "beta", "state"};
+    for (int i = 0; i < 6; i++) check_dense(inputs[i], names[i]);
+    const array& q = inputs[0];
+    const array& v = inputs[2];
+    const std::ptrdiff_t B = q.shape(0), T = q.shape(1), Hk = q.shape(2), Dk = q.shape(3);
+    const std::ptrdiff_t Hv = v.shape(2), Dv = v.shape(3);
+    auto& encoder = cpu::get_command_encoder(stream());
+    for (auto& in : inputs) encoder.set_input_array(in);
+    std::vector<float*> states;
+    for (size_t i = 0; i < outputs.size(); i++) {
+      outputs[i].set_data(allocator::malloc(outputs[i].nbytes()));
+      encoder.set_output_array(outputs[i]);
+      if (i) states.push_back(outputs[i].data<float>());
+    }
+    const float* in[6];
+    for (int i = 0; i < 6; i++) in[i] = inputs[i].data<float>();
+    float* y = outputs[0].data<float>();
+    encoder.dispatch([=, states = std::move(states)]() {
+      if (gdn_steps_f32_each(in[0], in[1], in[2], in[3], in[4], in[5], y, states.data(), B, T,
+                             Hk, Hv, Dk, Dv))
+        throw std::runtime_error("mlx_mtp gdn kernel failed");
+    });
+  }
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("mlx_mtp's gdn kernel runs on the CPU only");
+  }
+  const char* name() const override { return "MlxMtpGdnSteps"; }
+};
+
+array row_dot(const array& x, const array& w, int columns, int threads) {
+  if (x.ndim() != 2 || w.ndim() != 2 || w.shape(1) != x.shape(1) || columns % 8 ||
+      columns < 0 || columns > w.shape(0))
+    throw std::invalid_argument("mlx_mtp row kernel: needs x [R, K], w [N, K], columns a "
+                                "multiple of 8 and at most N");
+  auto s = cpu_stream();
+  auto xs = dense_f32(x, s);
+  return array({x.shape(0), columns}, float32, std::make_shared<RowDot>(s, columns, threads),
+               {xs, w});
+}
+
+std::vector<array> gdn_steps(const array& q, const array& k, const array& v, const array& g,
+                             const array& beta, const array& state) {
+  if (q.ndim() != 4 || v.ndim() != 4 || k.shape() != q.shape() || q.shape(1) < 1)
+    throw std::invalid_argument("mlx_mtp gdn kernel: needs q, k [B, T, Hk, Dk], T >= 1");
+  auto s = cpu_stream();
+  const int B = q.shape(0), T = q.shape(1), Hv = v.shape(2), Dv = v.shape(3), Dk = q.shape(3);
+  std::vector<Shape> shapes{{B, T, Hv, Dv}};
+  for (int t = 0; t < T; t++) shapes.push_back({B, Hv, Dv, Dk});
+  std::vector<Dtype> dtypes(shapes.size(), float32);
+  std::vector<array> inputs;
+  for (auto* a : {&q, &k, &v, &g, &beta, &state}) inputs.push_back(dense_f32(*a, s));
+  return array::make_arrays(std::move(shapes), dtypes, std::make_shared<GdnSteps>(s), inputs);
+}
+
+}  // namespace
+
+NB_MODULE(_mlx_mtp_lazy, m) {
+  m.doc() = "mlx_mtp's C kernels as lazy MLX ops (CPU stream)";
+  m.def("abi", []() { return LAZY_OPS_ABI; });
+  m.def("row_dot", &row_dot, nb::arg("x"), nb::arg("w"), nb::arg("columns"),
+        nb::arg("threads"),
+        "x @ w[:columns].T (x [R, K], w [N, K]) in BLIS's one-row order, lazily");
+  m.def("gdn_steps", &gdn_steps, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+        nb::arg("beta"), nb::arg("state"),
+        "[y, state_1, ..., state_T] of the GatedDeltaNet recurrence, lazily");
+}
