@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.activations import swiglu
@@ -87,6 +88,12 @@ def plain_product(linear, T: int) -> bool:
 
 def _sig(*arrays) -> Tuple:
     return (str(mx.default_device()),) + tuple((tuple(x.shape), str(x.dtype)) for x in arrays)
+
+
+def _arrays(module) -> List[mx.array]:
+    """Every parameter array of ``module`` (a signature's weights: a projection may be wrapped,
+    e.g. an adapter's ``LoRALinear`` holds its weight under ``linear``)."""
+    return [a for _, a in tree_flatten(module.parameters())]
 
 
 def _random_like(arrays: List[mx.array], seed: int) -> List[mx.array]:
@@ -198,9 +205,7 @@ def tail_choice(layer, x: mx.array, r: mx.array) -> Optional[str]:
     own weights (and its row-exact state); else None (the ops). Checked once per signature."""
     T = x.shape[-2]
     whole = _mlp_plain(layer, T)
-    weights = [layer.post_attention_layernorm["weight"]] + [
-        p["weight"] for _, p in sorted(layer.mlp.parameters().items()) if isinstance(p, dict)
-        and "weight" in p]
+    weights = [layer.post_attention_layernorm["weight"], *_arrays(layer.mlp)]
     key = ("tail", whole, type(layer.mlp).__name__, layer.post_attention_layernorm.eps,
            row_exact.active()) + _sig(x, r, *weights)
     if key not in _checked:
@@ -214,7 +219,10 @@ def tail_choice(layer, x: mx.array, r: mx.array) -> Optional[str]:
 
 def tail(layer, x: mx.array, r: mx.array) -> mx.array:
     """``reference_tail``, through ``tail_choice``'s compiled graphs where there is one."""
-    choice = _memo(layer, (x.shape, x.dtype, r.shape, r.dtype), lambda: tail_choice(layer, x, r))
+    # whether the MLP's products are plain at this width is in the key: ``prepare`` (or a
+    # test's switch) can move a projection to row-exact products after a choice was memoised
+    choice = _memo(layer, (x.shape, x.dtype, r.shape, r.dtype, _mlp_plain(layer, x.shape[-2])),
+                   lambda: tail_choice(layer, x, r))
     return reference_tail(layer, x, r) if choice is None else compiled_tail(layer, x, r, choice)
 
 
@@ -361,9 +369,11 @@ def attention_choice(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Opt
     signature (``rows``: how many SDPA outputs the post part merges), on seeded inputs with the
     layer's own weights. Checked once per signature."""
     B, L, _ = x.shape
-    weights = [layer[n]["weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm",
-                                             "k_norm")]
-    key = ("attn", rows, row_exact.active(), layer.num_attention_heads,
+    weights = [a for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+               for a in _arrays(layer[n])]
+    plain_pre = _attn_plain(layer, L, ("q_proj", "k_proj", "v_proj"))
+    plain_post = _attn_plain(layer, L, ("o_proj",))
+    key = ("attn", rows, row_exact.active(), plain_pre, plain_post, layer.num_attention_heads,
            layer.num_key_value_heads, layer.q_norm.eps, layer.k_norm.eps,
            *("bias" in layer[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))) + _sig(x, *weights)
     if key not in _checked:
@@ -373,7 +383,7 @@ def attention_choice(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Opt
             ref = [y for o in offsets for y in reference_pre(layer, xr, o)]
         pre = _first_equal(ref, lambda inside: [y for o in offsets
                                                 for y in compiled_pre(layer, xr, inside, o)],
-                           _attn_plain(layer, L, ("q_proj", "k_proj", "v_proj")))
+                           plain_pre)
         q, gate = ref[0], ref[1]
         H, D = q.shape[1], q.shape[-1]  # the SDPA's output has the queries' shape
         widths = [L // rows + (i < L % rows) for i in range(rows)]
@@ -381,14 +391,16 @@ def attention_choice(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Opt
         with _ops():
             ref_post = reference_post(layer, outs, gate)
         post = _first_equal(ref_post, lambda inside: compiled_post(layer, outs, gate, inside),
-                            _attn_plain(layer, L, ("o_proj",)))
+                            plain_post)
         _checked[key] = (pre, post)
     return _checked[key]
 
 
 def attention_choices(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Optional[bool]]:
     """``attention_choice``, looked up once per layer and input shape."""
-    return _memo(layer, (x.shape, x.dtype, rows), lambda: attention_choice(layer, x, rows))
+    L = x.shape[-2]
+    plain = (_attn_plain(layer, L, ("q_proj", "k_proj", "v_proj")), _attn_plain(layer, L, ("o_proj",)))
+    return _memo(layer, (x.shape, x.dtype, rows, plain), lambda: attention_choice(layer, x, rows))
 
 
 def _first_equal(ref, fn, plain: bool) -> Optional[bool]:
