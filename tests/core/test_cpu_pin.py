@@ -25,8 +25,27 @@ def needs_two_cores():
         pytest.skip("pinning to one core is a no-op on a one-core process")
 
 
+class _Masks(dict):
+    """Each thread's CPU mask. Threads of the process may start or end between two readings
+    (a BLAS's or a previous test's short-lived threads): two readings are equal where they
+    share threads, and a thread that ended while it was read is left out."""
+
+    def __eq__(self, other):
+        common = self.keys() & other.keys()
+        return bool(common) and all(self[t] == other[t] for t in common)
+
+    def __ne__(self, other):
+        return not self == other
+
+
 def _masks():
-    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+    out = _Masks()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            out[int(t)] = os.sched_getaffinity(int(t))
+        except ProcessLookupError:  # ended since the listing
+            pass
+    return out
 
 
 def test_one_core_pins_every_thread_to_the_callers_core_and_restores_each_mask():
