@@ -107,7 +107,9 @@ def _build(environ) -> Path:
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    logger.info("building the C kernels' MLX extension into %s (once; about a minute)", path)
+    # a warning, so the default logging shows it: the first run waits for the build
+    logger.warning("mlx_mtp: building the C kernels' MLX extension into %s (once per version; "
+                   "about a minute)", path)
     with tempfile.TemporaryDirectory(prefix=".lazy_ops-", dir=folder) as tmp:
         build = Path(tmp) / "build"
         import mlx
