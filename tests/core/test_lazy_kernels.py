@@ -9,11 +9,11 @@ import sys
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.gated_delta import compute_g, normalize_qk
+from mlx_lm.models.gated_delta import compute_g
 
 from mlx_mtp import MTPError, cpu_blas, lazy_kernels, native, row_kernel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
-from native_support import require_lazy
+from native_support import gdn_inputs as gdn_recurrence_inputs, require_lazy
 
 BLIS = cpu_blas.STATE.name == "BLIS"
 
@@ -34,24 +34,9 @@ def fresh(monkeypatch, tmp_path):
     lazy_kernels.reset()
 
 
-def gdn_reference_inputs(T, Hk, Hv, Dk, Dv, seed):
-    """``gdn_block.reference_states``' arguments as the layer makes them (normalized q, k)."""
-    keys = mx.random.split(mx.random.key(seed), 8)
-    q, k = normalize_qk(mx.random.normal((1, T, Hk, Dk), key=keys[0]),
-                        mx.random.normal((1, T, Hk, Dk), key=keys[1]), inv_scale=Dk**-0.5,
-                        eps=1e-6)
-    v = mx.random.normal((1, T, Hv, Dv), key=keys[2])
-    a, b = mx.random.normal((1, T, Hv), key=keys[3]), mx.random.normal((1, T, Hv), key=keys[4])
-    A_log, dt_bias = mx.random.normal((Hv,), key=keys[5]), mx.random.normal((Hv,), key=keys[6])
-    state = 0.1 * mx.random.normal((1, Hv, Dv, Dk), key=keys[7])
-    args = [q, k, v, a, b, A_log, dt_bias, state]
-    mx.eval(args)
-    return args
-
-
 def gdn_inputs(T, Hk, Hv, Dk, Dv, seed):
     """The kernel's q, k, v, g, beta, state (g and beta as mlx-lm computes them)."""
-    q, k, v, a, b, A_log, dt_bias, state = gdn_reference_inputs(T, Hk, Hv, Dk, Dv, seed)
+    q, k, v, a, b, A_log, dt_bias, state = gdn_recurrence_inputs(T, Hk, Hv, Dk, Dv, seed)
     out = q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), state
     mx.eval(out)
     return out
@@ -102,7 +87,7 @@ def test_row_products_of_a_strided_input_and_with_threads():
 def test_gdn_steps_lazy_equal_eager_and_the_reference(T, shape):
     """y and every step's state: lazy, eager (the ctypes path) and mlx-lm's per-token ops."""
     require_lazy()
-    args = gdn_reference_inputs(T, *shape, seed=T)
+    args = gdn_recurrence_inputs(T, *shape, seed=T)
     q, k, v, a, b, A_log, dt_bias, state = args
     g, beta = compute_g(A_log, a, dt_bias), mx.sigmoid(b)
     y, states = gdn_kernel.states(q, k, v, g, beta, state)

@@ -13,14 +13,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import CODE_PROMPT, reference_greedy
-from mlx_lm.models.gated_delta import compute_g, normalize_qk
+from mlx_lm.models.gated_delta import compute_g
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 from oracle import OracleDrafter
 
 import mlx_mtp
 import tiny_checkpoints as tc
-from native_support import blas_bindings, require_kernel, require_lazy
+from native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
 from mlx_mtp import cpu_blas, lazy_kernels, native
 from mlx_mtp.model import MTPModel
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
@@ -50,22 +50,6 @@ def fresh_kernel():
     gdn_kernel.KERNEL.reset()
     gdn_block._checked.clear()
     gdn_block._checked.update(saved)
-
-
-def inputs(T, Hk, Hv, Dk, Dv, seed, state="random"):
-    """The recurrence's inputs as the layer makes them (normalized q and k)."""
-    keys = mx.random.split(mx.random.key(seed), 8)
-    q, k = normalize_qk(mx.random.normal((1, T, Hk, Dk), key=keys[0]),
-                        mx.random.normal((1, T, Hk, Dk), key=keys[1]), inv_scale=Dk**-0.5,
-                        eps=1e-6)
-    v = mx.random.normal((1, T, Hv, Dv), key=keys[2])
-    a, b = mx.random.normal((1, T, Hv), key=keys[3]), mx.random.normal((1, T, Hv), key=keys[4])
-    A_log, dt_bias = mx.random.normal((Hv,), key=keys[5]), mx.random.normal((Hv,), key=keys[6])
-    s = {"none": None, "zeros": mx.zeros((1, Hv, Dv, Dk)),
-         "random": 0.1 * mx.random.normal((1, Hv, Dv, Dk), key=keys[7])}[state]
-    args = [q, k, v, a, b, A_log, dt_bias, s]
-    mx.eval([x for x in args if x is not None])
-    return args
 
 
 def kernel_states(q, k, v, a, b, A_log, dt_bias, state):
