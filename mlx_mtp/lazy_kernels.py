@@ -52,11 +52,8 @@ def reset() -> None:
 
 
 def _c_flags():
-    from . import row_kernel
-    from .qwen3_5 import gdn_kernel
-
     keep = lambda flags: [f for f in flags if f != "-shared"]  # noqa: E731 (CMake links)
-    return keep(row_kernel.FLAGS), keep(gdn_kernel.FLAGS)
+    return keep(native.ROW_DOT_FLAGS), keep(native.GDN_STEPS_FLAGS)
 
 
 def _cmake() -> str:

@@ -28,6 +28,11 @@ from typing import Callable, Optional, Sequence
 
 from . import env
 
+# Each C file's compiler flags, shared by its ctypes build (``NativeKernel``) and the MLX
+# extension that ``lazy_kernels`` builds from the same file, so both compute the same bytes.
+ROW_DOT_FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+GDN_STEPS_FLAGS = ("-O3", "-mavx2", "-ffp-contract=off", "-fPIC", "-shared")
+
 CACHE_ENV = "MLX_MTP_CACHE"
 ALL_ENV = "MLX_MTP_ROW_KERNEL"  # 0: no compiled kernel at all (the first kernel's switch)
 KERNELS = Path(__file__).parent / "kernels"

@@ -29,7 +29,7 @@ import numpy as np
 from . import cpu_pin, lazy_kernels, native
 CACHE_ENV = native.CACHE_ENV  # the kernels share one cache folder
 ENV = native.ALL_ENV
-FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+FLAGS = native.ROW_DOT_FLAGS
 ABI = 2  # row_dot_abi() of the source this module calls
 COLUMN_GROUP = 8  # the kernel covers whole groups of 8 output columns (BLIS's dot kernel width)
 

@@ -26,7 +26,7 @@ import numpy as np
 from .. import cpu_pin, lazy_kernels, native
 
 ENV = "MLX_MTP_GDN_KERNEL"
-FLAGS = ("-O3", "-mavx2", "-ffp-contract=off", "-fPIC", "-shared")
+FLAGS = native.GDN_STEPS_FLAGS
 ABI = 1  # gdn_steps_abi() of the source this module calls
 
 
