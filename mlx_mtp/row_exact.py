@@ -66,12 +66,15 @@ class _RowExact:
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
     use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
+    chunk_rows: int = 0  # > 1: the layer's own product on chunks of at most this many rows
 
     def __call__(self, x):
         call = super().__call__
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
+            if self.chunk_rows:
+                return chunked(call, x, self.chunk_rows)
             if self.block_cols:
                 return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
@@ -84,12 +87,15 @@ class _RowExactEmbedding:
     exact_from: int = 2
     block_cols: int = 0
     use_kernel: bool = False
+    chunk_rows: int = 0
 
     def as_linear(self, x):
         call = super().as_linear
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
+            if self.chunk_rows:
+                return chunked(call, x, self.chunk_rows)
             if self.block_cols:
                 return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
@@ -98,6 +104,29 @@ class _RowExactEmbedding:
 
 def _by_rows(call, x):
     return mx.concatenate([call(x[..., i : i + 1, :]) for i in range(x.shape[-2])], axis=-2)
+
+
+def chunks(T: int, most: int):
+    """[start, stop) of T rows cut into the fewest chunks of at most ``most`` rows, as even as
+    can be (larger first): 4 rows by 3 -> 2 + 2, 5 -> 3 + 2, 7 -> 3 + 2 + 2."""
+    n = -(-T // most)
+    size, extra = divmod(T, n)
+    out, start = [], 0
+    for i in range(n):
+        stop = start + size + (i < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def chunked(call, x: mx.array, most: int) -> mx.array:
+    """``call`` (the layer's own product) on the rows of ``x`` in chunks of at most ``most``
+    rows (``chunks``). Where a BLAS reduces a product of up to ``most`` rows as it reduces one
+    row but a wider one otherwise (OpenBLAS 0.3.21, one thread: from 4 rows), each chunk is
+    exact and reads the weights once: a verify of T rows reads them ceil(T / most) times in as
+    many BLAS calls, where ``one_row_products`` makes T calls per column block."""
+    parts = [call(x[..., a:b, :]) for a, b in chunks(x.shape[-2], most)]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-2)
 
 
 def one_row_products(x: mx.array, weight: mx.array, block_cols: int) -> mx.array:
@@ -165,6 +194,12 @@ def kernel_equal_rows(fn, layer, max_width: int) -> bool:
     return _equal_to_rows(fn, lambda x: kernel_products(layer, x), K, max_width, mx.float32, 2468)
 
 
+def chunks_equal_rows(fn, max_width: int, chunk: int, in_dims: int, dtype) -> bool:
+    """Whether ``chunked`` with chunks of at most ``chunk`` rows equals ``fn`` (the layer's own
+    one-row call) row for row, bitwise, for every width 2..max_width."""
+    return _equal_to_rows(fn, lambda x: chunked(fn, x, chunk), in_dims, max_width, dtype, 3579)
+
+
 def block_columns(weight: mx.array) -> int:
     """Output columns per block of ``weight`` ([N, K]): 64 (measured best of 16..128 here, with
     BLIS, for K = 1024 and 3072), fewer where 64 rows of K would not fit BLOCK_BYTES (a multiple
@@ -230,11 +265,16 @@ def _install_adapter(layer, base, max_width: int, measured: Dict[Tuple, int]) ->
     if sig not in measured:
         inner = layer.linear
         dtype = inner.scales.dtype if hasattr(inner, "scales") else inner.weight.dtype
-        measured[sig] = first_divergent_width(layer, max_width, layer.lora_a.shape[0], dtype)
-    width = measured[sig]
+        in_dims = layer.lora_a.shape[0]
+        width = first_divergent_width(layer, max_width, in_dims, dtype)
+        chunk = width - 1 if width > 2 and chunks_equal_rows(layer, max_width, width - 1,
+                                                             in_dims, dtype) else 0
+        measured[sig] = (width, chunk)
+    width, chunk = measured[sig]
     if width:
         layer.__class__ = _row_exact_adapter(base)
         layer.exact_from = width
+        layer.chunk_rows = chunk
     elif type(layer) is not base:
         layer.__class__ = base
     return width
@@ -309,23 +349,27 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             dtype = layer.scales.dtype if quantized else layer.weight.dtype
             fn = layer.as_linear if embedding else layer
             width = first_divergent_width(fn, max_width, in_dims, dtype)
-            cols, kernel = 0, False
+            cols, kernel, chunk = 0, False, 0
             if width and dtype == mx.float32 and not quantized and "bias" not in layer \
                     and row_kernel.available():
                 kernel = kernel_equal_rows(fn, layer, max_width)
-            if width and not kernel and not quantized and "bias" not in layer:
+            if width > 2 and not kernel and chunks_equal_rows(fn, max_width, width - 1, in_dims,
+                                                              dtype):
+                chunk = width - 1
+            if width and not kernel and not chunk and not quantized and "bias" not in layer:
                 cols = block_columns(layer.weight)
                 if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                     cols = layer.weight.shape[0]  # one block: the one-row calls themselves
                     if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                         cols = 0
-            measured[sig] = (width, cols, kernel)
-        width, cols, kernel = measured[sig]
+            measured[sig] = (width, cols, kernel, chunk)
+        width, cols, kernel, chunk = measured[sig]
         if width:
             layer.__class__ = _SWAP[base]
             layer.exact_from = width
             layer.block_cols = cols
             layer.use_kernel = kernel
+            layer.chunk_rows = chunk
             switched[path] = width
         elif type(layer) is not base:
             layer.__class__ = base
@@ -333,12 +377,15 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
 
 
 def method(layer) -> str:
-    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``blocked``
+    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``chunked`` (its own
+    product on chunks of rows narrower than its first divergent width), ``blocked``
     (``one_row_products`` over column blocks or the whole matrix), ``rows`` (separate one-row
     calls), or ``multi-row`` (not switched: the layer's own multi-row product)."""
     if not isinstance(layer, (_RowExact, _RowExactEmbedding)):
         return "multi-row"
-    return "kernel" if layer.use_kernel else "blocked" if layer.block_cols else "rows"
+    if layer.use_kernel:
+        return "kernel"
+    return "chunked" if layer.chunk_rows else "blocked" if layer.block_cols else "rows"
 
 
 def report(model: nn.Module) -> Dict[str, object]:

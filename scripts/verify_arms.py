@@ -82,8 +82,10 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     target.prepare(width)
     layers = [layer for _, layer in model.mlx_model.named_modules()
               if row_exact.method(layer) != "multi-row"]
-    chosen = {id(layer): (layer.use_kernel, layer.block_cols) for layer in layers}
+    chosen = {id(layer): (layer.use_kernel, layer.block_cols, layer.chunk_rows)
+              for layer in layers}
     kernel_layers = [layer for layer in layers if layer.use_kernel]
+    chunked_layers = [layer for layer in layers if layer.chunk_rows]
     extra, head = (speed_candidates(model, width) if any(a.startswith("all_kernel") for a in arms)
                    else ([], target.lm_head_module))
     prompt = mx.array([[5 + i % 200 for i in range(prompt_len)]])
@@ -101,6 +103,9 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
             layer.use_kernel = arm in KERNEL_ARMS or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
+        for layer in chunked_layers:  # the chunked layers: chunked, or the blocked fallback
+            layer.chunk_rows = 0 if arm == "blocked" else chosen[id(layer)][2]
+            layer.block_cols = row_exact.block_columns(layer.weight) if arm == "blocked" else 0
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
 
@@ -134,14 +139,15 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         layer_block.enabled = True
         row_exact.kernel_threads = default_threads
         for layer in layers:
-            layer.use_kernel, layer.block_cols = chosen[id(layer)]
+            layer.use_kernel, layer.block_cols, layer.chunk_rows = chosen[id(layer)]
         switch(extra, False)
         target.exact = True
     ms = {arm: float(np.median(t[1:])) for arm, t in times.items()}
     return {
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
         "row_exact": row_exact.report(model.mlx_model),
-        "kernel_layers": len(kernel_layers), "kernel_threads": threads,
+        "kernel_layers": len(kernel_layers), "chunked_layers": len(chunked_layers),
+        "kernel_threads": threads,
         "kernels": lazy_kernels.mode(),
         "gdn_kernel": "available" if gdn_kernel.available() else
                       f"unavailable ({gdn_kernel.reason()})",
