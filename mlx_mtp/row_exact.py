@@ -67,12 +67,15 @@ class _RowExact:
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
     use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
     chunk_rows: int = 0  # > 1: the layer's own product on chunks of at most this many rows
+    transposed: bool = False  # ``transposed_products``
 
     def __call__(self, x):
         call = super().__call__
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
+            if self.transposed:
+                return transposed_products(x, self.weight)
             if self.chunk_rows:
                 return chunked(call, x, self.chunk_rows)
             if self.block_cols:
@@ -88,12 +91,15 @@ class _RowExactEmbedding:
     block_cols: int = 0
     use_kernel: bool = False
     chunk_rows: int = 0
+    transposed: bool = False
 
     def as_linear(self, x):
         call = super().as_linear
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
+            if self.transposed:
+                return transposed_products(x, self.weight)
             if self.chunk_rows:
                 return chunked(call, x, self.chunk_rows)
             if self.block_cols:
@@ -104,6 +110,14 @@ class _RowExactEmbedding:
 
 def _by_rows(call, x):
     return mx.concatenate([call(x[..., i : i + 1, :]) for i in range(x.shape[-2])], axis=-2)
+
+
+def transposed_products(x: mx.array, weight: mx.array) -> mx.array:
+    """``x @ weight.T`` as ``(weight @ x.T).T``: the same sums, with the verify's T rows on the
+    BLAS's other operand side. OpenBLAS 0.3.21 (one thread) reduces this form's T columns like a
+    one-row ``x @ weight.T`` for T up to 7 (its ``x @ weight.T`` only up to 3 rows), so a verify
+    reads the weights once in one BLAS call. ``install`` checks it per layer."""
+    return mx.swapaxes(weight @ mx.swapaxes(x, -1, -2), -1, -2)
 
 
 def chunks(T: int, most: int):
@@ -192,6 +206,13 @@ def kernel_equal_rows(fn, layer, max_width: int) -> bool:
     except ValueError:  # a strided view (not [N, K] row-major in memory): not for the kernel
         return False
     return _equal_to_rows(fn, lambda x: kernel_products(layer, x), K, max_width, mx.float32, 2468)
+
+
+def transposed_equal_rows(fn, weight: mx.array, max_width: int, dtype) -> bool:
+    """Whether ``transposed_products`` equals ``fn`` (the layer's own one-row call) row for row,
+    bitwise, for every width 2..max_width, on the layer's own weights."""
+    return _equal_to_rows(fn, lambda x: transposed_products(x, weight), weight.shape[1],
+                          max_width, dtype, 2791)
 
 
 def chunks_equal_rows(fn, max_width: int, chunk: int, in_dims: int, dtype) -> bool:
@@ -349,27 +370,30 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             dtype = layer.scales.dtype if quantized else layer.weight.dtype
             fn = layer.as_linear if embedding else layer
             width = first_divergent_width(fn, max_width, in_dims, dtype)
-            cols, kernel, chunk = 0, False, 0
-            if width and dtype == mx.float32 and not quantized and "bias" not in layer \
-                    and row_kernel.available():
+            cols, kernel, chunk, flip = 0, False, 0, False
+            plain_float = not quantized and "bias" not in layer
+            if width and dtype == mx.float32 and plain_float and row_kernel.available():
                 kernel = kernel_equal_rows(fn, layer, max_width)
-            if width > 2 and not kernel and chunks_equal_rows(fn, max_width, width - 1, in_dims,
-                                                              dtype):
+            if width and not kernel and plain_float:
+                flip = transposed_equal_rows(fn, layer.weight, max_width, dtype)
+            if width > 2 and not (kernel or flip) and chunks_equal_rows(fn, max_width, width - 1,
+                                                                        in_dims, dtype):
                 chunk = width - 1
-            if width and not kernel and not chunk and not quantized and "bias" not in layer:
+            if width and not (kernel or flip or chunk) and plain_float:
                 cols = block_columns(layer.weight)
                 if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                     cols = layer.weight.shape[0]  # one block: the one-row calls themselves
                     if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                         cols = 0
-            measured[sig] = (width, cols, kernel, chunk)
-        width, cols, kernel, chunk = measured[sig]
+            measured[sig] = (width, cols, kernel, chunk, flip)
+        width, cols, kernel, chunk, flip = measured[sig]
         if width:
             layer.__class__ = _SWAP[base]
             layer.exact_from = width
             layer.block_cols = cols
             layer.use_kernel = kernel
             layer.chunk_rows = chunk
+            layer.transposed = flip
             switched[path] = width
         elif type(layer) is not base:
             layer.__class__ = base
@@ -377,7 +401,8 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
 
 
 def method(layer) -> str:
-    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``chunked`` (its own
+    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``transposed``
+    (``transposed_products``), ``chunked`` (its own
     product on chunks of rows narrower than its first divergent width), ``blocked``
     (``one_row_products`` over column blocks or the whole matrix), ``rows`` (separate one-row
     calls), or ``multi-row`` (not switched: the layer's own multi-row product)."""
@@ -385,6 +410,8 @@ def method(layer) -> str:
         return "multi-row"
     if layer.use_kernel:
         return "kernel"
+    if layer.transposed:
+        return "transposed"
     return "chunked" if layer.chunk_rows else "blocked" if layer.block_cols else "rows"
 
 

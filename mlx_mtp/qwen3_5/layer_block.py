@@ -73,12 +73,16 @@ def _ops():
         _active = saved
 
 
-def product_rows(linear, T: int) -> int:
+TRANSPOSED = "transposed"
+
+
+def product_rows(linear, T: int):
     """How ``linear`` computes a T-row input here, as products that can sit inside a compiled
     graph: T (its own product ``x @ W.T``: an ``nn.Linear`` without bias, not switched to
     row-exact products at this width in this verify), fewer (a row-exact layer ``chunked`` at
-    this width: ``x @ W.T`` on chunks of at most that many rows, ``row_exact.chunks``), or 0
-    (neither: the layer's own call, outside the graph)."""
+    this width: ``x @ W.T`` on chunks of at most that many rows, ``row_exact.chunks``),
+    ``TRANSPOSED`` (``row_exact.transposed_products``), or 0 (none of these: the layer's own
+    call, outside the graph)."""
     if "bias" in linear:
         return 0
     if type(linear) is nn.Linear:
@@ -86,7 +90,11 @@ def product_rows(linear, T: int) -> int:
     if type(linear) is row_exact.RowExactLinear:
         if not row_exact.active() or T < linear.exact_from:
             return T
-        if linear.chunk_rows and not linear.use_kernel:
+        if linear.use_kernel:
+            return 0
+        if linear.transposed:
+            return TRANSPOSED
+        if linear.chunk_rows:
             return linear.chunk_rows
     return 0
 
@@ -96,15 +104,18 @@ def plain_product(linear, T: int) -> bool:
     return product_rows(linear, T) > 0
 
 
-def _rows_of(linears, T: int) -> Optional[Tuple[int, ...]]:
+def _rows_of(linears, T: int) -> Optional[Tuple]:
     """``product_rows`` of each of ``linears``, or None where one cannot sit in a graph."""
     rows = tuple(product_rows(p, T) for p in linears)
     return rows if all(rows) else None
 
 
-def _mm(x: mx.array, w: mx.array, most: int) -> mx.array:
-    """``x @ w.T`` as ``product_rows`` says: whole, or on chunks of at most ``most`` rows."""
+def _mm(x: mx.array, w: mx.array, most) -> mx.array:
+    """``x @ w.T`` as ``product_rows`` says: whole, transposed, or on chunks of at most ``most``
+    rows."""
     T = x.shape[-2]
+    if most == TRANSPOSED:
+        return row_exact.transposed_products(x, w)
     if most >= T:
         return x @ w.T
     return mx.concatenate([x[..., a:b, :] @ w.T for a, b in row_exact.chunks(T, most)], axis=-2)
@@ -183,7 +194,7 @@ def reference_tail(layer, x: mx.array, r: mx.array) -> mx.array:
     return h + layer.mlp(nn.RMSNorm.__call__(layer.post_attention_layernorm, h))
 
 
-def _mlp_plain(layer, T: int) -> Optional[Tuple[int, ...]]:
+def _mlp_plain(layer, T: int) -> Optional[Tuple]:
     """The MLP's three ``product_rows`` where all can sit inside a graph, else None."""
     mlp = layer.mlp
     if type(mlp) is not _qwen3_next.Qwen3NextMLP:
@@ -191,7 +202,7 @@ def _mlp_plain(layer, T: int) -> Optional[Tuple[int, ...]]:
     return _rows_of((mlp.gate_proj, mlp.up_proj, mlp.down_proj), T)
 
 
-def _whole_fn(eps: float, rows: Tuple[int, ...]) -> Callable:
+def _whole_fn(eps: float, rows: Tuple) -> Callable:
     g, u, d = rows
 
     def tail(x, r, norm_w, gate_w, up_w, down_w):
@@ -338,7 +349,7 @@ def reference_pre(layer, x: mx.array, offset: int):
     return layer.rope(queries, offset=offset), gate, layer.rope(keys, offset=offset), values
 
 
-def _attn_plain(layer, T: int, projections) -> Optional[Tuple[int, ...]]:
+def _attn_plain(layer, T: int, projections) -> Optional[Tuple]:
     return _rows_of([getattr(layer, p) for p in projections], T)
 
 

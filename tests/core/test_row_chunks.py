@@ -1,6 +1,7 @@
-"""Chunked row-exact products: where a BLAS reduces products of up to c rows like one row but
-wider ones otherwise (OpenBLAS 0.3.21 on one thread: from 4 rows), a verify block is computed
-as the layer's own products on chunks of at most c rows, bitwise equal to one-row products."""
+"""Row-exact products for a BLAS that reduces products of up to c rows like one row but wider ones
+otherwise (OpenBLAS 0.3.21 on one thread: from 4 rows): a verify block computed as
+``(W @ x.T).T`` (transposed: OpenBLAS reduces up to 7 such columns like one row) or as the layer's
+own products on chunks of at most c rows, bitwise equal to one-row products."""
 
 import json
 import os
@@ -31,46 +32,72 @@ def test_chunks_cut_rows_into_the_fewest_even_chunks():
     assert row_exact.chunks(5, 2) == [(0, 2), (2, 4), (4, 5)]
 
 
-def test_install_chunks_rows_below_the_first_divergent_width(monkeypatch):
-    """A layer that first diverges at width 4 is computed as its own product on chunks of at
-    most 3 rows inside a verify (no product wider than 3 rows), bitwise equal to one-row calls."""
+@pytest.fixture
+def no_kernel(monkeypatch):
     monkeypatch.setenv(row_kernel.ENV, "0")  # the kernel would be chosen first where it passes
     row_kernel.reset()
-    try:
-        layer = nn.Linear(256, 512, bias=False)
-        mx.eval(layer.parameters())
-        monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
-        assert row_exact.install(layer, 6) == {"": 4}
-        assert row_exact.method(layer) == "chunked" and layer.chunk_rows == 3
-        widths = []
-        matmul = nn.Linear.__call__
-        monkeypatch.setattr(nn.Linear, "__call__",
-                            lambda self, x: widths.append(x.shape[-2]) or matmul(self, x))
-        x = mx.random.normal((1, 6, 256), key=mx.random.key(11))
-        rows = [x[:, i : i + 1] @ layer.weight.T for i in range(6)]
-        for T, cut in ((3, [3]), (4, [2, 2]), (5, [3, 2]), (6, [3, 3])):
-            widths.clear()
-            with row_exact.verifying():
-                block = layer(x[:, :T])
-            mx.eval(block, rows)
-            assert widths == cut, T
-            assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(T)), T
-    finally:
-        row_kernel.reset()
-
-
-def test_install_keeps_blocked_products_where_chunks_differ(monkeypatch):
-    monkeypatch.setenv(row_kernel.ENV, "0")
+    yield
+    monkeypatch.delenv(row_kernel.ENV)
     row_kernel.reset()
-    try:
-        layer = nn.Linear(256, 512, bias=False)
-        mx.eval(layer.parameters())
-        monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
-        monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
-        row_exact.install(layer, 6)
-        assert row_exact.method(layer) == "blocked" and layer.chunk_rows == 0
-    finally:
-        row_kernel.reset()
+
+
+def test_install_uses_transposed_products_where_they_equal_one_row_calls(monkeypatch, no_kernel):
+    """A layer that first diverges at width 4, where ``(W @ x.T).T`` equals its one-row calls
+    (BLIS and OpenBLAS both, for K = 256), computes a verify block in that one product."""
+    layer = nn.Linear(256, 512, bias=False)
+    mx.eval(layer.parameters())
+    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
+    assert row_exact.install(layer, 6) == {"": 4}
+    assert cpu_blas.STATE.name in ("BLIS", "OpenBLAS")  # the test binding: both measured equal
+    assert row_exact.method(layer) == "transposed" and layer.transposed
+    calls = []
+    original = row_exact.transposed_products
+    monkeypatch.setattr(row_exact, "transposed_products",
+                        lambda x, w: calls.append(x.shape[-2]) or original(x, w))
+    x = mx.random.normal((1, 6, 256), key=mx.random.key(12))
+    rows = [x[:, i : i + 1] @ layer.weight.T for i in range(6)]
+    for T in (3, 4, 5, 6):
+        with row_exact.verifying():
+            block = layer(x[:, :T])
+        mx.eval(block, rows)
+        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(T)), T
+    assert calls == [4, 5, 6]  # width 3 is below the first divergent width: the plain product
+
+
+def test_install_chunks_rows_below_the_first_divergent_width(monkeypatch, no_kernel):
+    """A layer that first diverges at width 4, where the transposed form differs, is computed as
+    its own product on chunks of at most 3 rows inside a verify (no product wider than 3 rows),
+    bitwise equal to one-row calls."""
+    layer = nn.Linear(256, 512, bias=False)
+    mx.eval(layer.parameters())
+    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
+    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
+    assert row_exact.install(layer, 6) == {"": 4}
+    assert row_exact.method(layer) == "chunked" and layer.chunk_rows == 3
+    widths = []
+    matmul = nn.Linear.__call__
+    monkeypatch.setattr(nn.Linear, "__call__",
+                        lambda self, x: widths.append(x.shape[-2]) or matmul(self, x))
+    x = mx.random.normal((1, 6, 256), key=mx.random.key(11))
+    rows = [x[:, i : i + 1] @ layer.weight.T for i in range(6)]
+    for T, cut in ((3, [3]), (4, [2, 2]), (5, [3, 2]), (6, [3, 3])):
+        widths.clear()
+        with row_exact.verifying():
+            block = layer(x[:, :T])
+        mx.eval(block, rows)
+        assert widths == cut, T
+        assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(T)), T
+
+
+def test_install_keeps_blocked_products_where_neither_form_equals(monkeypatch, no_kernel):
+    layer = nn.Linear(256, 512, bias=False)
+    mx.eval(layer.parameters())
+    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
+    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
+    row_exact.install(layer, 6)
+    assert row_exact.method(layer) == "blocked" and layer.chunk_rows == 0
+    assert not layer.transposed
 
 
 VERIFY_CHECK = """
@@ -81,6 +108,8 @@ import mlx.core as mx
 from mlx_mtp import cpu_blas, row_exact
 from mlx_mtp.qwen3_5 import layer_block
 
+if sys.argv[1] == "chunked":  # the fallback where the transposed form would differ
+    row_exact.transposed_equal_rows = lambda *a: False
 model = mlx_mtp.load_model("mlx_mtp/demo_pair", require_head=False)
 target = model.target
 target.prepare(6)
@@ -108,27 +137,67 @@ for w in (2, 3, 4, 5, 6):
                                       bytes(memoryview(x)) == bytes(memoryview(y))
                                       for x, y in zip(a, b))
     result["widths"][w] = [logits, caches]
-result["compiled_tails"] = sorted({str(k[1]) for k in layer_block._checked
-                                   if k[0] == "tail" and layer_block._checked[k] == "whole"})
+result["choices"] = sorted({str(v) for k, v in layer_block._checked.items()
+                           if k[0] in ("tail", "attn")})
 print(json.dumps(result))
 """
 
 
-@pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
-def test_openblas_verify_equals_decode_steps_bitwise_at_every_width():
-    """With OpenBLAS bound, the demo pair's verify of 2..6 tokens (chunked where the install
-    chose it, compiled tails with the chunks inside) gives each row's logits and the caches
-    bitwise as that many plain decode steps."""
+def run_openblas(code, *args):
     env = {k: v for k, v in os.environ.items()
            if k not in ("BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                         *cpu_blas.BLIS_WAYS)}
     env.update(MLX_MTP_CPU_BLAS=OPENBLAS, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", VERIFY_CHECK], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["blas"] == "OpenBLAS"
+    return out
+
+
+@pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
+@pytest.mark.parametrize("form", ["installed", "chunked"])
+def test_openblas_verify_equals_decode_steps_bitwise_at_every_width(form):
+    """With OpenBLAS bound, the demo pair's verify of 2..6 tokens gives each row's logits and
+    the caches bitwise as that many plain decode steps: with the forms the install chose
+    (OpenBLAS 0.3.21, this machine's: every projection first diverges at 4 rows and is computed
+    transposed) and with the chunked fallback; the compiled layer pieces with the products
+    inside in both."""
+    out = run_openblas(VERIFY_CHECK, form)
     assert out["widths"] == {str(w): [True, True] for w in range(2, 7)}
-    # OpenBLAS 0.3.21 (this machine's): every projection first diverges at 4 rows and chunks
-    assert set(out["methods"]) <= {"multi-row", "chunked", "blocked", "rows"}
-    assert out["methods"].get("chunked", 0) > 0, out["methods"]
+    assert set(out["methods"]) == {"multi-row", "transposed" if form == "installed" else "chunked"}
+    assert set(out["choices"]) == {"(True, True)", "whole"}
+
+
+SHAPES_CHECK = """
+import json
+import mlx_mtp
+import mlx.core as mx
+from mlx_mtp import cpu_blas, row_exact
+out = {}
+for N, K in ((8, 256), (128, 256), (512, 256), (256, 512), (4096, 1024), (1024, 3072)):
+    w = mx.random.normal((N, K), key=mx.random.key(N + K))
+    x = mx.random.normal((1, 6, K), key=mx.random.key(3))
+    rows = [x[:, i : i + 1] @ w.T for i in range(6)]
+    mx.eval(rows)
+    with cpu_blas.verify_threads():
+        flipped = [row_exact.transposed_products(x[:, :T], w) for T in range(1, 7)]
+        plain = [x[:, :T] @ w.T for T in range(1, 7)]
+        mx.eval(flipped, plain)
+    same = lambda ys: [all(bytes(memoryview(mx.contiguous(y[:, i : i + 1])))
+                           == bytes(memoryview(rows[i])) for i in range(y.shape[1])) for y in ys]
+    out[f"{N}x{K}"] = [same(flipped), same(plain)]
+print(json.dumps({"blas": cpu_blas.STATE.name, "shapes": out}))
+"""
+
+
+@pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
+def test_openblas_transposed_products_equal_one_row_products_where_plain_ones_do_not():
+    """What the transposed form rests on, on this machine's OpenBLAS (0.3.21) with the verify's
+    one thread: ``x @ W.T`` of 4..6 rows differs from one-row products, ``(W @ x.T).T`` of 1..6
+    rows equals them, for the demo pair's and the realistic-size pair's shapes."""
+    out = run_openblas(SHAPES_CHECK)
+    for shape, (flipped, plain) in out["shapes"].items():
+        assert flipped == [True] * 6, shape
+        assert plain == [True] * 3 + [False] * 3, shape
