@@ -18,6 +18,12 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
   columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
   ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
   weights, for every width 2..max_width.
+- ``transposed_products``: ``(W @ x.T).T``, the verify's rows on the other operand side of one
+  BLAS call, where ``transposed_equal_rows`` says it equals the layer's one-row call bitwise for
+  every width (OpenBLAS 0.3.21 on one thread: up to 7 rows, where ``x @ W.T`` diverges from 4).
+- ``chunked``: the layer's own product on chunks of rows narrower than its first divergent width
+  (quantized layers and biases too), where ``chunks_equal_rows`` says so; each chunk reads the
+  weights again.
 - ``one_row_products`` (below), else separate one-row calls (quantized layers too).
 
 ``one_row_products``: a float matrix is split into

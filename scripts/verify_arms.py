@@ -14,9 +14,10 @@ Arms, alternated round by round on the same target, each with its own cache pref
   pinned    the kernel arm with every thread on one core for the whole verify (does pinning
             pay once the kernels are lazy?)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
-  chunked   the kernel arm with the layers it computes transposed (``row_exact.transposed_products``)
-            as chunks of rows narrower than their first divergent width instead, where that is
-            more than 2 (``row_exact.chunked``; OpenBLAS: two products of 2 rows at width 4)
+  chunked   the kernel arm with the layers it computes transposed
+            (``row_exact.transposed_products``) as chunks of rows narrower than their first
+            divergent width instead, where that is more than 2 (``row_exact.chunked``; OpenBLAS:
+            two products of 2 rows at width 4)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
   stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
             one token at a time, norms unfused): ``gdn_block``'s reference and fallback

@@ -11,7 +11,8 @@ shape and dtype, weights passed in:
 - ``norm``: an RMSNorm (the input norms, the final norm): ``VerifyRMSNorm``.
 - ``tail``: a decoder layer after its mixer, ``h = x + r; out = h + mlp(norm(h))``: the whole
   of it (``WHOLE``, the MLP's products inside the graph) where the MLP's three projections are
-  plain products at this width, else (``SPLIT``) the residual + norm as one graph and the
+  plain products at this width (or row-exact ones as transposed products or row chunks,
+  ``product_rows``: plain MLX ops too), else (``SPLIT``) the residual + norm as one graph and the
   ``silu(gate) * up`` as another around the projections (row-exact layers compute some of them
   with eager C calls that cannot sit inside ``mx.compile``).
 - ``attn_pre`` / ``attn_post``: the gated attention's parts before its KV-cache update (head
@@ -230,8 +231,9 @@ def compiled_tail(layer, x: mx.array, r: mx.array, choice: str) -> mx.array:
     norm = layer.post_attention_layernorm
     mlp = layer.mlp
     if choice == WHOLE:
-        return _whole_fn(norm.eps, _mlp_plain(layer, x.shape[-2]))(x, r, norm["weight"], mlp.gate_proj["weight"],
-                                   mlp.up_proj["weight"], mlp.down_proj["weight"])
+        whole = _whole_fn(norm.eps, _mlp_plain(layer, x.shape[-2]))
+        return whole(x, r, norm["weight"], mlp.gate_proj["weight"],
+                     mlp.up_proj["weight"], mlp.down_proj["weight"])
     h, n = _residual_norm_fn(norm.eps)(x, r, norm["weight"])
     if type(mlp) is _qwen3_next.Qwen3NextMLP:
         return h + mlp.down_proj(_swiglu_fn()(mlp.gate_proj(n), mlp.up_proj(n)))

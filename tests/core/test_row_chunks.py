@@ -201,3 +201,38 @@ def test_openblas_transposed_products_equal_one_row_products_where_plain_ones_do
     for shape, (flipped, plain) in out["shapes"].items():
         assert flipped == [True] * 6, shape
         assert plain == [True] * 3 + [False] * 3, shape
+
+
+GENERATE_CHECK = """
+import json
+import mlx_mtp
+import mlx.core as mx
+from pathlib import Path
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load_model
+from mlx_mtp import cpu_blas
+from mlx_mtp.diagnostics import RunStats
+
+prompt = mx.array([5 + (7 * i) % 300 for i in range(60)])
+pristine, _ = load_model(Path("mlx_mtp/demo_pair"))
+plain = [t for t, _ in generate_step(prompt, pristine, max_tokens=40)]
+model = mlx_mtp.load_model("mlx_mtp/demo_pair")
+out = {"blas": cpu_blas.STATE.name, "runs": {}}
+for block in (4, 6):
+    stats = RunStats()
+    got = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=40, block_size=block,
+                                               stats=stats)]
+    out["runs"][block] = [got == plain, stats.exactness.get("verdict"),
+                          stats.exactness.get("row_exact", {}).get("layers"), stats.accepted]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
+def test_openblas_greedy_output_is_mlx_lms_at_blocks_4_and_6():
+    """With OpenBLAS bound, the gate's probe says ``equal`` at widths up to 6 and T=0 MTP output
+    on the demo pair is mlx-lm's plain greedy decode, drafts accepted."""
+    out = run_openblas(GENERATE_CHECK)
+    for block, (same, verdict, layers, accepted) in out["runs"].items():
+        assert same and verdict == "equal", block
+        assert layers == {"transposed": 125} and accepted > 0, (block, layers, accepted)

@@ -87,7 +87,8 @@ def test_every_piece_equals_the_ops_bitwise(kind, request):
                         seen.add(choice)
                     if not layer.is_linear:
                         attn = layer.self_attn
-                        qkv_plain = bool(layer_block._attn_plain(attn, T, ("q_proj", "k_proj", "v_proj")))
+                        qkv_plain = bool(layer_block._attn_plain(attn, T,
+                                                                 ("q_proj", "k_proj", "v_proj")))
                         for offset in (0, 17 * T, 40001):
                             pre = layer_block.reference_pre(attn, x, offset)
                             for inside in (False, True)[: 1 + qkv_plain]:
