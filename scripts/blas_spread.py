@@ -8,6 +8,11 @@ medians; the machine's idle check (scripts/idle_check.py) runs around the whole 
 
     python scripts/blas_spread.py [--processes 5] [--arms default,blis,openblas,...]
 
+Each round also starts the host probe first: a fresh process that imports numpy only (no MLX, no
+mlx_mtp) and times matrix-vector products over a cache-sized and a memory-sized matrix. It says
+what the machine itself gave at that moment: if it spreads as the CLI's runs do, the spread is the
+host's (a VM shares its caches and memory with other guests), not a process's luck.
+
 Arms: ``default`` (what mlx_mtp binds with nothing set: BLIS, one thread fewer than the cores,
 over columns), ``blis`` (BLIS's own 2-D split over all cores: the default before issue 17),
 ``blis-jc`` (all cores, over columns only: BLIS_JC_NT), ``blis-1`` (one thread), ``openblas`` (all
@@ -46,6 +51,31 @@ for _ in range(50):
     t0 = time.perf_counter(); mx.eval(a @ b); ts.append(time.perf_counter() - t0)
 print(json.dumps({"matmul_ms": 1e3 * statistics.median(ts), "cpu_blas": cpu_blas.STATE.describe()}))
 """
+
+
+# The host probe: numpy only, one thread, so nothing of MLX, mlx_mtp or their BLAS choice is in
+# it. A 12 MB matrix stays in this machine's last-level cache (the demo pair's 27 MB of weights is
+# read mostly from there), a 192 MB one streams from memory. Median GB/s of 9 timings each.
+HOST_PROBE = """
+import json, os, statistics, time
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"
+import numpy as np
+rng = np.random.default_rng(0)
+x = rng.random(1000, dtype=np.float32)
+out = {}
+for name, rows, reps in (("cache_gbs", 3000, 40), ("memory_gbs", 48000, 3)):
+    a = rng.random((rows, 1000), dtype=np.float32)
+    a @ x
+    ts = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ x
+        ts.append(time.perf_counter() - t0)
+    out[name] = a.nbytes * reps / statistics.median(ts) / 1e9
+print(json.dumps(out))
+"""
+HOST_KEYS = ("cache_gbs", "memory_gbs")
 
 
 def arms() -> dict:
@@ -125,12 +155,36 @@ def measure(args, env: dict) -> dict:
             "identical": plain["tokens"] == mtp["tokens"]}
 
 
+def spread(xs: list) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "spread": max(xs) / min(xs) if min(xs) > 0 else float("inf")}
+
+
+def correlation(xs: list, ys: list) -> float:
+    """Pearson's r (0 where either side does not vary)."""
+    mx_, my = statistics.fmean(xs), statistics.fmean(ys)
+    sx = sum((x - mx_) ** 2 for x in xs) ** 0.5
+    sy = sum((y - my) ** 2 for y in ys) ** 0.5
+    if sx == 0 or sy == 0:
+        return 0.0
+    return sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / (sx * sy)
+
+
+def host_summary(host: list, runs: dict) -> dict:
+    """The host probe's spread over the record, and how each arm's plain tok/s went with the
+    cache probe of its round."""
+    out = {k: spread([h[k] for h in host]) for k in HOST_KEYS}
+    out["plain_vs_cache_r"] = {arm: correlation([r["plain_tps"] for r in rs],
+                                                [h["cache_gbs"] for h in host])
+                               for arm, rs in runs.items()}
+    out["host_within_15pct"] = all(out[k]["spread"] <= WITHIN for k in HOST_KEYS)
+    return out
+
+
 def summarize(runs: list) -> dict:
     out = {}
     for key in ("plain_tps", "mtp_tps", "matmul_ms"):
-        xs = [r[key] for r in runs]
-        out[key] = {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
-                    "spread": max(xs) / min(xs) if min(xs) > 0 else float("inf")}
+        out[key] = spread([r[key] for r in runs])
     out["plain_within_15pct"] = out["plain_tps"]["spread"] <= WITHIN
     out["identical"] = all(r["identical"] for r in runs)
     out["cpu_blas"] = sorted({r["cpu_blas"] for r in runs})
@@ -150,7 +204,8 @@ def render(r: dict) -> str:
              f"- {r['processes']} rounds; each round, per arm in alternating order, fresh processes "
              f"of `python -m mlx_mtp.generate --json --max-tokens {r['max_tokens']}` (demo pair, "
              "default prompt, T=0) with `--no-mtp` and without, and a 512x512 f32 matmul "
-             "(median of 50 calls)", "",
+             "(median of 50 calls); first in each round, the host probe (numpy only, no MLX: "
+             "matrix-vector products over a 12 MB and a 192 MB f32 matrix)", "",
              "## Results (per arm: median, min-max over processes; spread = max/min)", "",
              "| arm | BLAS | plain tok/s | plain spread | MTP tok/s | MTP spread | matmul 512 ms "
              "| matmul spread | plain within 15% | MTP = plain tokens |",
@@ -174,6 +229,22 @@ def render(r: dict) -> str:
                   f"{o['spread']:.2f}, within 15%: {'yes' if o['plain_within_15pct'] else 'NO'}; "
                   f"the same tokens every run: {'yes' if o['same_tokens'] else 'NO'}. Runs: "
                   + ", ".join(f"{x:.1f}" for x in o["plain_tps"]) + "."]
+    if "host_probe" in r:  # records before the host probe have none
+        h = r["host_probe"]
+        c, m = h["cache_gbs"], h["memory_gbs"]
+        lines += ["", "## The host probe: what the machine gave, round by round", "",
+                  "A fresh process with numpy only (one thread; no MLX, no mlx_mtp), first in "
+                  "every round: matrix-vector products over a 12 MB f32 matrix (held in the "
+                  "last-level cache) and a 192 MB one (read from memory).", "",
+                  "| probe | median GB/s | min-max | spread | within 15% |", "|---|---|---|---|---|",
+                  f"| cache (12 MB) | {c['median']:.1f} | {c['min']:.1f}-{c['max']:.1f} | "
+                  f"{c['spread']:.2f} | {'yes' if c['spread'] <= WITHIN else 'NO'} |",
+                  f"| memory (192 MB) | {m['median']:.1f} | {m['min']:.1f}-{m['max']:.1f} | "
+                  f"{m['spread']:.2f} | {'yes' if m['spread'] <= WITHIN else 'NO'} |", "",
+                  "Per round: " + "; ".join(f"{x['cache_gbs']:.1f} / {x['memory_gbs']:.1f}"
+                                            for x in r["host_probe_runs"]) + " GB/s (cache / memory).",
+                  "", "Pearson's r of each arm's plain tok/s with its round's cache probe: "
+                  + ", ".join(f"{a} {v:+.2f}" for a, v in h["plain_vs_cache_r"].items()) + "."]
     lines += bench_common.what_it_says(r)
     return "\n".join(lines)
 
@@ -199,7 +270,11 @@ def main(argv=None):
     runs = {a: [] for a in names}
     staying, stayed = StayingProcess(args), []
     staying.measure()  # its first run pays the process's one-time costs, as a fresh one does
+    host = []
     for i in range(args.processes):
+        host.append(run_one([sys.executable, "-c", HOST_PROBE], {}, args.timeout))
+        print(f"round {i} host probe: cache {host[-1]['cache_gbs']:.1f} GB/s, memory "
+              f"{host[-1]['memory_gbs']:.1f} GB/s", flush=True)
         for arm in (names if i % 2 == 0 else list(reversed(names))):
             runs[arm].append(measure(args, available[arm]))
             r = runs[arm][-1]
@@ -211,7 +286,8 @@ def main(argv=None):
     result = {**bench_common.record_setup(args.topic), "processes": args.processes,
               "max_tokens": args.max_tokens, "arm_env": {a: available[a] for a in names},
               "arms": {a: summarize(runs[a]) for a in names}, "runs": runs,
-              "one_process": one_process(stayed)}
+              "one_process": one_process(stayed), "host_probe_runs": host,
+              "host_probe": host_summary(host, runs)}
     return bench_common.finish(args, result, watch, render)
 
 

@@ -1,5 +1,5 @@
-"""scripts/blas_spread.py writes its control: one process that stays up and does the CLI's default
-plain run once per round, beside the fresh processes."""
+"""scripts/blas_spread.py writes its controls: one process that stays up and does the CLI's default
+plain run once per round, beside the fresh processes, and a numpy-only host probe per round."""
 
 import json
 import os
@@ -23,3 +23,20 @@ def test_the_record_has_the_one_process_control(tmp_path):
     md = record.with_suffix(".md").read_text()
     assert "## Control: one process, one plain run per round" in md
     assert r.stdout.count("one process: plain") == 2
+    # the host probe: one numpy-only process per round, its spread and correlation in the record
+    data = json.loads(record.read_text())
+    host = data["host_probe_runs"]
+    assert len(host) == 2 and all(h["cache_gbs"] > 0 and h["memory_gbs"] > 0 for h in host)
+    cache = [h["cache_gbs"] for h in host]
+    assert data["host_probe"]["cache_gbs"]["spread"] == max(cache) / min(cache)
+    assert set(data["host_probe"]["plain_vs_cache_r"]) == {"default"}
+    assert "## The host probe: what the machine gave, round by round" in md
+    assert r.stdout.count("host probe: cache") == 2
+
+
+def test_correlation_is_pearsons_r():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import blas_spread
+    assert abs(blas_spread.correlation([1, 2, 3], [2, 4, 6]) - 1.0) < 1e-12
+    assert abs(blas_spread.correlation([1, 2, 3], [3, 2, 1]) + 1.0) < 1e-12
+    assert blas_spread.correlation([1, 1, 1], [1, 2, 3]) == 0.0
