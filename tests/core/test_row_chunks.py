@@ -89,6 +89,25 @@ def test_install_chunks_rows_below_the_first_divergent_width(monkeypatch, no_ker
         assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(T)), T
 
 
+def test_a_lora_adapter_chunks_rows_below_its_first_divergent_width(monkeypatch):
+    """mlx-lm's LoRA wrapper (its own ``x @ lora_a @ lora_b`` beside the wrapped product) is
+    chunked too where it first diverges above width 2, bitwise equal to one-row calls."""
+    from mlx_lm.tuner.lora import LoRALinear
+
+    layer = LoRALinear.from_base(nn.Linear(256, 512, bias=False), r=8)  # 8 wide: BLIS-exact
+    layer.lora_b = mx.random.normal(layer.lora_b.shape, key=mx.random.key(5)) * 0.1
+    mx.eval(layer.parameters())
+    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
+    assert row_exact.install(layer, 6) == {"": 4, "linear": 4}  # the wrapped layer too
+    assert row_exact.method(layer) == "chunked" and layer.chunk_rows == 3
+    x = mx.random.normal((1, 6, 256), key=mx.random.key(13))
+    rows = [layer(x[:, i : i + 1]) for i in range(6)]
+    with row_exact.verifying():
+        block = layer(x)
+    mx.eval(block, rows)
+    assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(6))
+
+
 def test_install_keeps_blocked_products_where_neither_form_equals(monkeypatch, no_kernel):
     layer = nn.Linear(256, 512, bias=False)
     mx.eval(layer.parameters())
