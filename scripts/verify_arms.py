@@ -47,6 +47,10 @@ machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kern
 With the rest of each decoder layer compiled too (``layer_block``; demo pair, same kind of
 machine state, w = 2 / 3 / 4): kernel 1.01 / 1.10 / 1.06, uncompiled_layers 1.12 / 1.16 / 1.16;
 realistic-size pair, w = 3: kernel 1.19, uncompiled_layers 1.23.
+With OpenBLAS (every projection first diverges at 4 rows; demo pair, contended, w = 4 / 5 / 6):
+kernel (= the installed transposed products) 1.01 / 1.13 / 1.26, chunked 1.52 / 1.62 / 1.62,
+blocked (what was installed before) 1.98 / 2.15 / 2.42, inexact 0.93 / 1.13 / 1.04; the
+realistic-size pair at w = 4: kernel 0.97, chunked 1.54, blocked 2.11.
 """
 
 from __future__ import annotations
