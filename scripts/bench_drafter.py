@@ -8,7 +8,8 @@ Arms, all at one block size (default 3):
   all         every phase on: device ids (1), fused argmax (2a), draft vocabulary (2b), 4-bit head (3),
               compiled head step (5)
   -p1 ... -p5 all phases but one
-  default     the shipping defaults (``DraftOptions()``)
+  default     the shipping defaults (``DraftOptions()``, with the draft vocabulary the pair ships
+              in its ``mtp/draft_vocab/``, if any)
   all+prof, default+prof   the same with MLX_MTP_DRAFT_PROFILE=1: the per-stage split (its syncs
               slow the step; the record quotes the unprofiled arms as the cost)
 Every MTP arm waits for each phase (MLX_MTP_SYNC_PHASES=1) so the phases time their own work.
@@ -50,6 +51,7 @@ import bench_mtp  # noqa: E402
 import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 from mlx_mtp.diagnostics import PHASES as ROUND_PHASES  # noqa: E402
 from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
+from mlx_mtp.qwen3_5.loading import EMBEDDED_DRAFT_VOCAB  # noqa: E402
 from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
 from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
 from mlx_mtp.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
@@ -67,7 +69,7 @@ PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
 }
 PHASE_NAMES = {"p1": "1 ids on device", "p2a": "2a fused LM head + argmax",
                "p2b": "2b reduced draft vocabulary", "p3": "3 4-bit head",
-               "p5": "5 compiled head step"}
+               "p5": "5 compiled step (lookup + head + LM head + argmax)"}
 # The random pair: Qwen3.5-0.8B's proportions (3 GatedDeltaNet layers per full-attention layer,
 # head_dim 128 with partial rotary 0.25, GDN key/value width 2x hidden, SwiGLU 3x), at hidden 512
 # so a full ablation fits ~10 minutes on 2 cores (at hidden > 512 BLIS makes every verify layer
@@ -126,9 +128,11 @@ def quantized_copy(head: MTPHead, args, bits: int, group_size: int) -> MTPHead:
 
 
 def arm_options(off: str = None, profiled: bool = False, default: bool = False) -> dict:
+    """An arm's switches; ``vocab``: True (the ablation's draft vocabulary), False (the full
+    head) or ``"shipped"`` (the default arm: what the pair loads with, its own sidecar or none)."""
     if default:
         opts = {"device_ids": DraftOptions().device_ids, "fused_argmax": DraftOptions().fused_argmax,
-                "vocab": DraftOptions().vocab is not None, "bits": DraftOptions().bits,
+                "vocab": "shipped", "bits": DraftOptions().bits,
                 "compiled": DraftOptions().compiled}
     else:
         opts = {field: on for field, on, _ in PHASES.values()}
@@ -138,7 +142,7 @@ def arm_options(off: str = None, profiled: bool = False, default: bool = False) 
     return {**opts, "profiled": profiled}
 
 
-def make_arms(base, vocab_ids, group_size: int) -> dict:
+def make_arms(base, vocab_ids, group_size: int, shipped_ids=None) -> dict:
     heads = {None: base.drafter.head,
              4: quantized_copy(base.drafter.head, base.target.args, 4, group_size)}
     specs = {"all": arm_options(), **{f"-{p}": arm_options(off=p) for p in PHASES},
@@ -149,8 +153,8 @@ def make_arms(base, vocab_ids, group_size: int) -> dict:
     for name, o in specs.items():
         options = DraftOptions(device_ids=o["device_ids"], fused_argmax=o["fused_argmax"],
                                bits=o["bits"], group_size=group_size, compiled=o["compiled"])
-        drafter = QwenMTPDrafter(heads[o["bits"]], base.target, options,
-                                 vocab_ids if o["vocab"] else None)
+        ids = shipped_ids if o["vocab"] == "shipped" else vocab_ids if o["vocab"] else None
+        drafter = QwenMTPDrafter(heads[o["bits"]], base.target, options, ids)
         arms[name] = (MTPModel(base.mlx_model, base.target, drafter), o)
     return arms
 
@@ -173,6 +177,7 @@ def run_arm(model, prompt, n, block_size, profiled: bool):
 def run(args) -> dict:
     base, tokenizer = mlx_mtp.load(args.model)
     vocab_ids, vocab_meta = None, None
+    shipped = base.drafter.lm.ids  # the pair's own sidecar (mtp/draft_vocab/), loaded by default
     if args.draft_vocab:
         vocab_ids = draft_vocab.load_ids(args.draft_vocab, tokenizer, base.target)
         vocab_meta = json.loads((Path(args.draft_vocab) / draft_vocab.META_FILE).read_text())
@@ -181,9 +186,14 @@ def run(args) -> dict:
         vocab_meta = draft_vocab.build(base, tokenizer, size=args.draft_vocab_size,
                                        corpus=args.corpus, out=out)
         vocab_ids = draft_vocab.load_ids(out, tokenizer, base.target)
+    elif shipped is not None:
+        vocab_ids = shipped
+        vocab_meta = json.loads((Path(base.path) / EMBEDDED_DRAFT_VOCAB /
+                                 draft_vocab.META_FILE).read_text())
     if vocab_ids is None:
-        raise SystemExit("error: phase 2b needs a draft vocabulary: --draft-vocab DIR or --corpus")
-    arms = make_arms(base, vocab_ids, args.group_size)
+        raise SystemExit("error: phase 2b needs a draft vocabulary: --draft-vocab DIR, --corpus "
+                         "FILES, or a pair that ships one (mtp/draft_vocab/)")
+    arms = make_arms(base, vocab_ids, args.group_size, shipped)
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n, bs = args.max_tokens, args.block_size
     warm = next(iter(prompts.values()))

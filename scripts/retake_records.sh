@@ -65,27 +65,14 @@ retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="
 # The CLI's default run against --no-mtp, alternating pairs of fresh processes (issue 12's CLI bar).
 retake cli-default-vm-2026-12-01 -- $PY scripts/cli_pairs.py --pairs 5
 
-# Drafter phases: the random pair, and the trained demo pair with its 48-file calibration corpus.
+# Drafter phases: the random pair, and the trained demo pair with the draft vocabulary it ships
+# (mlx_mtp/demo_pair/mtp/draft_vocab: 4096 ids, built by
+# python -m mlx_mtp.draft_vocab build --model mlx_mtp/demo_pair --size 4096 --corpus FILES over the
+# 48 standard-library files of mlx_mtp/demo_pair/mtp/draft_vocab/draft_vocab.json's "corpus").
 retake drafter-phases-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_drafter.py --max-tokens 24 --pairs 5
-CORPUS_FILES=(
-  __future__.py _pydecimal.py asyncio/__init__.py asyncio/locks.py
-  asyncio/taskgroups.py bisect.py collections/abc.py copyreg.py
-  curses/__init__.py difflib.py distutils/command/build.py distutils/command/install_scripts.py
-  distutils/extension.py distutils/version.py email/errors.py email/mime/message.py
-  encodings/big5.py encodings/cp1254.py encodings/cp850.py encodings/cp866.py
-  encodings/gb2312.py encodings/iso2022_kr.py encodings/iso8859_6.py encodings/mac_cyrillic.py
-  encodings/quopri_codec.py encodings/utf_32_be.py fileinput.py hashlib.py
-  imghdr.py importlib/metadata/_itertools.py importlib/simple.py locale.py
-  multiprocessing/dummy/__init__.py multiprocessing/resource_tracker.py operator.py posixpath.py
-  random.py shelve.py sqlite3/dump.py tabnanny.py
-  tkinter/constants.py tomllib/__init__.py unittest/__main__.py urllib/__init__.py
-  weakref.py xml/dom/__init__.py xml/parsers/__init__.py zipimport.py
-)
-CORPUS=("${CORPUS_FILES[@]/#/$STDLIB/}")
 retake drafter-phases-demo-pair-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
-  $PY scripts/bench_drafter.py --model mlx_mtp/demo_pair --corpus "${CORPUS[@]}" \
-  --draft-vocab-size 2048 --pairs 5 --topic drafter-phases-demo-pair
+  $PY scripts/bench_drafter.py --model mlx_mtp/demo_pair --pairs 5 --topic drafter-phases-demo-pair
 
 # The exactness probe's cost.
 retake probe-cost-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \

@@ -13,6 +13,11 @@ What makes it traceable with fixed shapes: during the trace the head's KV cache 
   - attention runs over the whole buffer with a boolean mask (key j is visible to row i iff
     j <= offset + i), instead of over ``keys[:offset + S]``, whose length changes every step.
 The head's own ``__call__`` is what gets traced (a head with other wiring is traced as it is).
+
+A drafter step (and an accept hook) is more than the head: the embedding lookup before it and
+the LM head + argmax of its last row after it. ``step`` traces all of it as one graph (given the
+drafter's ``embed`` and ``pick``), so a step is one call and no eager op is built around it:
+the same ops as the eager lookup / projection / argmax (only the Python graph building goes).
 The K/V entries written are bitwise the eager head's; the head's output differs by rounding
 (the softmax reduces a longer row whose masked entries are exact zeros), so a draft can differ
 from the eager one in a near tie. Drafts stay deterministic, and the target verifies every one,
@@ -21,7 +26,7 @@ so the output is unchanged.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -70,36 +75,50 @@ class CompiledHead:
     ``usable`` says whether a call can go this way (the caches must already hold a buffer: the
     first call, the prompt's prefill, runs eagerly and sets their shapes and dtype)."""
 
-    def __init__(self, head):
+    def __init__(self, head, embed: Optional[Callable] = None, pick: Optional[Callable] = None):
         self.head = head
-        self._fns: Dict[type, Callable] = {}
+        self.embed = embed  # ids [1, S] -> embeddings [1, S, H]
+        self.pick = pick  # last row [1, H] -> (ids [1], logits [1, Vd])
+        self._fns: Dict[tuple, Callable] = {}
 
-    def _fn(self) -> Callable:
-        cls = type(self.head)  # a head whose class is swapped is traced anew
-        fn = self._fns.get(cls)
+    def _fn(self, whole_step: bool = False) -> Callable:
+        key = (type(self.head), whole_step)  # a head whose class is swapped is traced anew
+        fn = self._fns.get(key)
         if fn is None:
-            head = self.head
+            head, embed, pick = self.head, self.embed, self.pick
 
             def forward(embeds, hidden, offset, bufs):
                 caches = [BufferKV(k, v, offset) for k, v in bufs]
                 g = head(embeds, hidden, caches)
                 return g, [(c.keys, c.values) for c in caches]
 
-            fn = self._fns[cls] = mx.compile(forward)
+            def step(ids, hidden, offset, bufs):
+                g, bufs = forward(embed(ids), hidden, offset, bufs)
+                tok, logits = pick(g[:, -1])
+                return g, tok, logits, bufs
+
+            fn = self._fns[key] = mx.compile(step if whole_step else forward)
         return fn
 
     @staticmethod
     def usable(rows: int, caches: List[KVCache]) -> bool:
         return rows <= MAX_ROWS and all(c.keys is not None for c in caches)
 
-    def __call__(self, embeds: mx.array, hidden: mx.array, caches: List[KVCache]) -> mx.array:
-        rows = embeds.shape[1]
+    def _run(self, fn, first, hidden, caches):
+        rows = first.shape[1]
         for c in caches:
             ensure_capacity(c, rows)
-        offset = caches[0].offset
-        g, bufs = self._fn()(embeds, hidden, mx.array(offset, dtype=mx.int32),
-                             [(c.keys, c.values) for c in caches])
-        for c, (k, v) in zip(caches, bufs):
+        out = fn(first, hidden, mx.array(caches[0].offset, dtype=mx.int32),
+                 [(c.keys, c.values) for c in caches])
+        for c, (k, v) in zip(caches, out[-1]):
             c.keys, c.values = k, v
             c.offset += rows
-        return g
+        return out[:-1]
+
+    def __call__(self, embeds: mx.array, hidden: mx.array, caches: List[KVCache]) -> mx.array:
+        return self._run(self._fn(), embeds, hidden, caches)[0]
+
+    def step(self, ids: mx.array, hidden: mx.array, caches: List[KVCache]):
+        """``(g, ids of the last row's argmax [1], its logits [1, Vd])`` for ``ids [1, S]``: the
+        embedding lookup, the head and ``pick`` of the last row as one compiled call."""
+        return self._run(self._fn(whole_step=True), ids, hidden, caches)

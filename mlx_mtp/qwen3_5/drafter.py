@@ -81,7 +81,11 @@ class QwenMTPDrafter(DrafterDefaults):
         self.options = options
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
                               chunk=options.fused_chunk)
-        self.compiled = CompiledHead(head) if options.compiled else None
+        self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick)
+                         if options.compiled else None)
+        # The embedding lookup, head and LM head + argmax of a step as one compiled call (not
+        # with the fused chunked argmax, which exists to avoid the logits row).
+        self.whole_step = self.compiled is not None and not self.lm.fused and self.lm.whole
         self.profiler = DraftProfiler()  # a run installs its own (mlx_mtp.draft_profile.attach)
         self.syncs = 0  # host reads made while drafting (only with device_ids off)
         self.reset()
@@ -98,13 +102,23 @@ class QwenMTPDrafter(DrafterDefaults):
         return self.cache[0].offset
 
     def prefill(self, hidden: mx.array, next_ids: mx.array) -> None:
+        g, self.first_draft, self.first_draft_logits = self._step(next_ids, hidden)
+        self.first_draft_hidden = g[:, -1:]
+
+    def _step(self, ids: mx.array, hidden: mx.array):
+        """The head over ``ids [S]`` and ``hidden [1, S, H]``: ``(g, argmax id of the last row
+        [1], its logits [1, Vd] or None when fused)``. One compiled call for a draft step or an
+        accept hook (the profiler then charges it all to ``layers``), else eager stage by stage."""
         prof = self.profiler
-        embeds = self.target.embed(next_ids[None])
+        if self.whole_step and self.compiled.usable(ids.shape[0], self.cache):
+            g, tok, logits = self.compiled.step(ids[None], hidden, self.cache)
+            prof.stage("layers", g, tok, logits)
+            return g, tok, logits
+        embeds = self.target.embed(ids[None])
         prof.stage("ids", embeds)
         g = self._forward(embeds, hidden)
         prof.stage("layers", g)
-        self.first_draft_hidden = g[:, -1:]
-        self.first_draft, self.first_draft_logits = self.lm.argmax(g[:, -1], prof)
+        return (g, *self.lm.argmax(g[:, -1], prof))
 
     def _forward(self, embeds: mx.array, hidden: mx.array) -> mx.array:
         """The head over ``S`` new rows: compiled for the few rows of a draft step or an accept
@@ -121,24 +135,22 @@ class QwenMTPDrafter(DrafterDefaults):
         self.profiler.stage("readback")
         return mx.array([value], dtype=tok.dtype)
 
-    def _draft(self, k: int, first: mx.array, pick) -> mx.array:
+    def _draft(self, k: int, first: mx.array, pick=None) -> mx.array:
         # With device_ids (the default) each id feeds the next embedding lookup as an array.
+        # ``pick(g_last, logits)``: the next id (None: the step's argmax).
         prof = self.profiler
         ids = [first]
         g = self.first_draft_hidden
         for _ in range(k - 1):
             with prof.step("draft"):
                 prev = ids[-1] if self.options.device_ids else self._via_host(ids[-1])
-                embeds = self.target.embed(prev[None])
-                prof.stage("ids", embeds)
-                g = self._forward(embeds, g)
-                prof.stage("layers", g)
-                ids.append(pick(g[:, -1]))
+                g, tok, logits = self._step(prev, g)
+                ids.append(tok if pick is None else pick(g[:, -1], logits))
         self.in_round = k - 1
         return mx.concatenate(ids)
 
     def draft(self, k: int) -> mx.array:
-        return self._draft(k, self.first_draft, lambda x: self.lm.argmax(x, self.profiler)[0])
+        return self._draft(k, self.first_draft)
 
     def _sample(self, logits: mx.array, sample) -> mx.array:
         self.profiler.stage("lm_head", logits)
@@ -153,7 +165,8 @@ class QwenMTPDrafter(DrafterDefaults):
         if first_logits is None:
             first_logits = self.lm.project(self.first_draft_hidden[:, -1])
         return self._draft(k, sample(first_logits, ids=self.lm.ids),
-                           lambda x: self._sample(self.lm.project(x), sample))
+                           lambda x, logits: self._sample(
+                               self.lm.project(x) if logits is None else logits, sample))
 
     def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
         with self.profiler.step("accept"):

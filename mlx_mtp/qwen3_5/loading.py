@@ -190,9 +190,11 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
         head = load_head_from_target(path, target, config)
         if head is None and (embedded / "config.json").is_file():  # a converted folder
             head = load_head_from_drafter(embedded, target)
-            sidecar = path / EMBEDDED_DRAFT_VOCAB
-            if options.vocab is None and (sidecar / draft_vocab.META_FILE).is_file():
-                options = replace(options, vocab=sidecar)
+        # A draft vocabulary shipped in the folder (a converted folder's, the demo pair's) is
+        # used with the head loaded from it, unless one is given.
+        sidecar = path / EMBEDDED_DRAFT_VOCAB
+        if head is not None and options.vocab is None and (sidecar / draft_vocab.META_FILE).is_file():
+            options = replace(options, vocab=sidecar)
     if head is None and require_head:
         raise MTPError(
             f"{path} has no MTP head weights (mtp.*): MLX conversions (mlx_lm.convert, mlx-vlm) "

@@ -8,13 +8,15 @@ Defaults are what measured best on the device it was measured on (the Linux CPU 
   fused_argmax  phase 2a: at T=0 the LM head is projected in row chunks with a running argmax,
                 so the full logits row never exists. Off: no measurable gain on the CPU (the
                 logits row is tiny next to the weights it is computed from); no GPU measured.
-  vocab         phase 2b: a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). Halved
-                the drafter step here, but off until an acceptance A/B on a trained pair says what
-                it costs in accepted drafts.
-  compiled      phase 5: a draft step's and an accept hook's head forward run as one
-                ``mx.compile``d graph (``mlx_mtp.qwen3_5.compiled_head``). On: at draft sizes the
-                head is bound by per-op overhead, which compiling cuts (~0.75-0.8x here); drafts
-                stay deterministic (not always bitwise the eager ones), the output is unchanged.
+  vocab         phase 2b: a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). None: the
+                sidecar the model folder ships in ``mtp/draft_vocab/``, if any (the demo pair's
+                4096 ids: its acceptance A/B lost no draft, draft step and accept hook ~0.7x),
+                else the full head.
+  compiled      phase 5: a draft step and an accept hook run as one ``mx.compile``d graph each
+                (``mlx_mtp.qwen3_5.compiled_head``): embedding lookup, head, LM head + argmax. On:
+                at draft sizes the head is bound by per-op overhead, which compiling cuts
+                (~0.75-0.8x here); drafts stay deterministic (not always bitwise the eager
+                head's), the output is unchanged.
   bits          phase 3: quantize the head's projections at load (affine, ``group_size``; ``fc``
                 stays unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar
                 loop on x86 and made the drafter step ~1.4x slower; acceptance A/B pending.

@@ -58,3 +58,22 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert f"]({stem}-step.png)" in text and f"]({stem}-rounds.png)" in text
     again = bench_drafter.main(["--render", str(js[0]), "--summary", "smoke summary"])
     assert again["summary"] == "smoke summary" and "smoke summary" in md[0].read_text()
+
+
+def test_the_default_arm_runs_the_pairs_own_draft_vocabulary():
+    """A pair that ships a sidecar (the demo pair): the default arm drafts on it, the ablation's
+    2b arms on the vocabulary given to the bench, the others on the full head."""
+    import mlx.core as mx
+
+    import mlx_mtp
+
+    base, _ = mlx_mtp.load("mlx_mtp/demo_pair")
+    shipped = base.drafter.lm.ids
+    assert shipped is not None and shipped.size == 4096
+    other = mx.arange(0, 8192, 4, dtype=mx.uint32)
+    arms = bench_drafter.make_arms(base, other, 64, shipped)
+    size = {name: model.drafter.describe()["vocab_size"] for name, (model, _) in arms.items()}
+    assert size == {"all": 2048, "-p1": 2048, "-p2a": 2048, "-p2b": 8192, "-p3": 2048,
+                    "-p5": 2048, "default": 4096, "all+prof": 2048, "default+prof": 4096}
+    assert arms["default"][0].drafter.lm.ids.tolist() == shipped.tolist()
+    assert arms["default"][0].drafter.whole_step and not arms["-p5"][0].drafter.whole_step

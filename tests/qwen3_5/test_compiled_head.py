@@ -67,9 +67,9 @@ def test_drafts_and_output_with_and_without_compiling(dense_dir, monkeypatch):
     model = mlx_mtp.load_model(dense_dir)
     target = model.target
     calls = []
-    real = CompiledHead.__call__
-    monkeypatch.setattr(CompiledHead, "__call__",
-                        lambda self, e, h, c: calls.append(e.shape[1]) or real(self, e, h, c))
+    real = CompiledHead._run
+    monkeypatch.setattr(CompiledHead, "_run",
+                        lambda self, f, x, h, c: calls.append(x.shape[1]) or real(self, f, x, h, c))
     on = QwenMTPDrafter(model.drafter.head, target, DraftOptions(compiled=True))
     off = QwenMTPDrafter(model.drafter.head, target, DraftOptions(compiled=False))
     assert on.describe()["compiled"] and not off.describe()["compiled"]
@@ -96,3 +96,44 @@ def test_drafts_and_output_with_and_without_compiling(dense_dir, monkeypatch):
             out = [t for t, _ in mlx_mtp.generate_step(p, model, max_tokens=24, block_size=bs,
                                                        stats=stats)]
             assert out == ref, (d.describe()["compiled"], bs)
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+@pytest.mark.parametrize("kind", ["dense", "tied", "q4", "moe", "next"])
+def test_whole_step_is_the_split_step(kind, reduced, request, dense_dir):
+    """The embedding lookup, head and LM head + argmax as one compiled call compute what the
+    compiled head between an eager lookup and an eager LM head computes: the same drafts, the
+    same logits and the same K/V entries, bit for bit (full and reduced draft vocabulary)."""
+    path = request.getfixturevalue(f"{kind}_dir")
+    model = mlx_mtp.load_model(path, drafter=dense_dir if kind == "q4" else None)
+    target = model.target
+    vocab = (mx.array(sorted({int(i) for i in mx.random.randint(
+        0, target.vocab_size, (200,), key=mx.random.key(3)).tolist()} | set(PROMPT)))
+        if reduced else None)
+    cache = target.make_cache()
+    p = mx.array(PROMPT)
+    h = target.hidden(p[None, :-1], cache)
+    seen = []
+    for whole in (True, False):
+        d = QwenMTPDrafter(model.drafter.head, target, DraftOptions(), vocab)
+        assert d.whole_step
+        d.whole_step = whole
+        d.prefill(h[:, :6], p[1:7])
+        first = d.draft(5)
+        for c in d.cache:
+            c.trim(d.in_round)
+        d.in_round = 0
+        d.accept(h[:, 6:9], p[7:10])  # an accept hook of three rows
+        logits = d.first_draft_logits
+        second = d.draft(4)
+        mx.eval(second, logits)
+        seen.append((first.tolist(), second.tolist(), bytes(memoryview(logits)),
+                     kv_bytes(d.cache)))
+    assert seen[0] == seen[1], kind
+
+
+def test_whole_step_is_off_with_the_fused_argmax(dense_dir):
+    model = mlx_mtp.load_model(dense_dir)
+    on = QwenMTPDrafter(model.drafter.head, model.target, DraftOptions(fused_argmax=True))
+    off = QwenMTPDrafter(model.drafter.head, model.target, DraftOptions(compiled=False))
+    assert not on.whole_step and not off.whole_step

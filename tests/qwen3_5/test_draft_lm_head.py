@@ -81,6 +81,28 @@ def test_reduced_rows_keep_their_target_ids():
         assert head.project(x).shape == (4, 6)
 
 
+@pytest.mark.parametrize("kind", ["linear", "embedding", "quantized", "quantized_embedding"])
+def test_reduced_rows_layout(kind):
+    """Unquantized reduced rows are stored transposed ([H, N], the faster one-row product);
+    quantized ones keep their rows. Either way the product is the reduced head's (ids, ties
+    included), and a chunk is the matching columns of the whole product, bit for bit."""
+    W, x = weights_with_ties(320)
+    module, call = layers(W)[kind]
+    ids = mx.array([0, 3, 5, 70, 200, 318], dtype=mx.uint32)
+    t = HeadTensors.of(module).take(ids)
+    quantized = kind.startswith("quantized")
+    assert t.transposed is not quantized and t.rows == 6
+    assert t.weight.shape[0] == (6 if quantized else H)
+    got = t.matmul(x)
+    want = call(x)[:, ids]
+    assert mx.allclose(got, want, rtol=1e-5, atol=1e-5).item()
+    assert mx.argmax(got, -1).tolist() == mx.argmax(want, -1).tolist()
+    assert mx.argmax(got, -1)[0].item() == 1  # row 3 of the head: the planted tie's first id
+    parts = mx.concatenate([t.matmul(x, s, s + 2) for s in range(0, 6, 2)], axis=-1)
+    assert bytes(memoryview(parts)) == bytes(memoryview(got))
+    assert chunked_argmax(x, t, 8).tolist() == mx.argmax(got, -1).tolist()
+
+
 def prompts_hidden(model, prompt):
     cache = model.target.make_cache()
     p = mx.array(prompt)

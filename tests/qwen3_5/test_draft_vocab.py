@@ -249,3 +249,33 @@ def test_cli_takes_a_draft_vocabulary(capsys, dense_dir, sidecar):
                           "--ignore-chat-template", "--draft-vocab", str(sidecar)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["draft"]["reduced_vocab"] and out["draft"]["vocab_size"] == SIZE
+
+
+def test_a_sidecar_in_the_checkpoint_folder_is_used(dense_dir, sidecar, tmp_path):
+    """A raw checkpoint (head from its own mtp.* tensors) with mtp/draft_vocab/ uses it, as a
+    converted folder does; an explicit --draft-vocab wins; --drafter DIR ignores the folder's."""
+    import shutil
+
+    raw = tmp_path / "raw"
+    shutil.copytree(dense_dir, raw)
+    assert mlx_mtp.load_model(raw).drafter.lm.ids is None
+    shutil.copytree(sidecar, raw / "mtp" / "draft_vocab")
+    ids = mx.load(str(sidecar / "draft_vocab.safetensors"))["ids"].tolist()
+    assert mlx_mtp.load_model(raw).drafter.lm.ids.tolist() == ids
+    other = copy_sidecar(sidecar, tmp_path / "other")
+    small = mx.array(ids[:32], dtype=mx.uint32)
+    mx.save_safetensors(str(other / draft_vocab.TENSOR_FILE),
+                        {"ids": small, "d2t": (small - mx.arange(32)).astype(mx.int32)})
+    meta = json.loads((other / draft_vocab.META_FILE).read_text())
+    (other / draft_vocab.META_FILE).write_text(json.dumps({**meta, "size": 32}))
+    explicit = mlx_mtp.load_model(raw, draft_options=DraftOptions(vocab=other))
+    assert explicit.drafter.lm.ids.tolist() == ids[:32]
+    assert mlx_mtp.load_model(raw, drafter=dense_dir).drafter.lm.ids is None
+
+
+def test_the_demo_pair_ships_its_draft_vocabulary():
+    """The demo pair drafts on its 4096 most frequent ids (the acceptance A/B found none lost)."""
+    model = mlx_mtp.load_model("mlx_mtp/demo_pair")
+    d = model.drafter.describe()
+    assert d["reduced_vocab"] and d["vocab_size"] == 4096 and d["compiled"]
+    assert model.drafter.whole_step and model.drafter.lm.tensors.transposed
