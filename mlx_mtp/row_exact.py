@@ -18,6 +18,12 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
   columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
   ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
   weights, for every width 2..max_width.
+- ``transposed_products``: ``(W @ x.T).T``, the verify's rows on the other operand side of one
+  BLAS call, where ``transposed_equal_rows`` says it equals the layer's one-row call bitwise for
+  every width (OpenBLAS 0.3.21 on one thread: up to 7 rows, where ``x @ W.T`` diverges from 4).
+- ``chunked``: the layer's own product on chunks of rows narrower than its first divergent width
+  (quantized layers and biases too), where ``chunks_equal_rows`` says so; each chunk reads the
+  weights again.
 - ``one_row_products`` (below), else separate one-row calls (quantized layers too).
 
 ``one_row_products``: a float matrix is split into
@@ -66,12 +72,18 @@ class _RowExact:
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
     use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
+    chunk_rows: int = 0  # > 1: the layer's own product on chunks of at most this many rows
+    transposed: bool = False  # ``transposed_products``
 
     def __call__(self, x):
         call = super().__call__
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
+            if self.transposed:
+                return transposed_products(x, self.weight)
+            if self.chunk_rows:
+                return chunked(call, x, self.chunk_rows)
             if self.block_cols:
                 return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
@@ -84,12 +96,18 @@ class _RowExactEmbedding:
     exact_from: int = 2
     block_cols: int = 0
     use_kernel: bool = False
+    chunk_rows: int = 0
+    transposed: bool = False
 
     def as_linear(self, x):
         call = super().as_linear
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
+            if self.transposed:
+                return transposed_products(x, self.weight)
+            if self.chunk_rows:
+                return chunked(call, x, self.chunk_rows)
             if self.block_cols:
                 return one_row_products(x, self.weight, self.block_cols)
             return _by_rows(call, x)
@@ -98,6 +116,37 @@ class _RowExactEmbedding:
 
 def _by_rows(call, x):
     return mx.concatenate([call(x[..., i : i + 1, :]) for i in range(x.shape[-2])], axis=-2)
+
+
+def transposed_products(x: mx.array, weight: mx.array) -> mx.array:
+    """``x @ weight.T`` as ``(weight @ x.T).T``: the same sums, with the verify's T rows on the
+    BLAS's other operand side. OpenBLAS 0.3.21 (one thread) reduces this form's T columns like a
+    one-row ``x @ weight.T`` for T up to 7 (its ``x @ weight.T`` only up to 3 rows), so a verify
+    reads the weights once in one BLAS call. ``install`` checks it per layer."""
+    return mx.swapaxes(weight @ mx.swapaxes(x, -1, -2), -1, -2)
+
+
+def chunks(T: int, most: int):
+    """[start, stop) of T rows cut into the fewest chunks of at most ``most`` rows, as even as
+    can be (larger first): 4 rows by 3 -> 2 + 2, 5 -> 3 + 2, 7 -> 3 + 2 + 2."""
+    n = -(-T // most)
+    size, extra = divmod(T, n)
+    out, start = [], 0
+    for i in range(n):
+        stop = start + size + (i < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def chunked(call, x: mx.array, most: int) -> mx.array:
+    """``call`` (the layer's own product) on the rows of ``x`` in chunks of at most ``most``
+    rows (``chunks``). Where a BLAS reduces a product of up to ``most`` rows as it reduces one
+    row but a wider one otherwise (OpenBLAS 0.3.21, one thread: from 4 rows), each chunk is
+    exact and reads the weights once: a verify of T rows reads them ceil(T / most) times in as
+    many BLAS calls, where ``one_row_products`` makes T calls per column block."""
+    parts = [call(x[..., a:b, :]) for a, b in chunks(x.shape[-2], most)]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-2)
 
 
 def one_row_products(x: mx.array, weight: mx.array, block_cols: int) -> mx.array:
@@ -165,6 +214,19 @@ def kernel_equal_rows(fn, layer, max_width: int) -> bool:
     return _equal_to_rows(fn, lambda x: kernel_products(layer, x), K, max_width, mx.float32, 2468)
 
 
+def transposed_equal_rows(fn, weight: mx.array, max_width: int, dtype) -> bool:
+    """Whether ``transposed_products`` equals ``fn`` (the layer's own one-row call) row for row,
+    bitwise, for every width 2..max_width, on the layer's own weights."""
+    return _equal_to_rows(fn, lambda x: transposed_products(x, weight), weight.shape[1],
+                          max_width, dtype, 2791)
+
+
+def chunks_equal_rows(fn, max_width: int, chunk: int, in_dims: int, dtype) -> bool:
+    """Whether ``chunked`` with chunks of at most ``chunk`` rows equals ``fn`` (the layer's own
+    one-row call) row for row, bitwise, for every width 2..max_width."""
+    return _equal_to_rows(fn, lambda x: chunked(fn, x, chunk), in_dims, max_width, dtype, 3579)
+
+
 def block_columns(weight: mx.array) -> int:
     """Output columns per block of ``weight`` ([N, K]): 64 (measured best of 16..128 here, with
     BLIS, for K = 1024 and 3072), fewer where 64 rows of K would not fit BLOCK_BYTES (a multiple
@@ -230,11 +292,16 @@ def _install_adapter(layer, base, max_width: int, measured: Dict[Tuple, int]) ->
     if sig not in measured:
         inner = layer.linear
         dtype = inner.scales.dtype if hasattr(inner, "scales") else inner.weight.dtype
-        measured[sig] = first_divergent_width(layer, max_width, layer.lora_a.shape[0], dtype)
-    width = measured[sig]
+        in_dims = layer.lora_a.shape[0]
+        width = first_divergent_width(layer, max_width, in_dims, dtype)
+        chunk = width - 1 if width > 2 and chunks_equal_rows(layer, max_width, width - 1,
+                                                             in_dims, dtype) else 0
+        measured[sig] = (width, chunk)
+    width, chunk = measured[sig]
     if width:
         layer.__class__ = _row_exact_adapter(base)
         layer.exact_from = width
+        layer.chunk_rows = chunk
     elif type(layer) is not base:
         layer.__class__ = base
     return width
@@ -309,23 +376,30 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             dtype = layer.scales.dtype if quantized else layer.weight.dtype
             fn = layer.as_linear if embedding else layer
             width = first_divergent_width(fn, max_width, in_dims, dtype)
-            cols, kernel = 0, False
-            if width and dtype == mx.float32 and not quantized and "bias" not in layer \
-                    and row_kernel.available():
+            cols, kernel, chunk, flip = 0, False, 0, False
+            plain_float = not quantized and "bias" not in layer
+            if width and dtype == mx.float32 and plain_float and row_kernel.available():
                 kernel = kernel_equal_rows(fn, layer, max_width)
-            if width and not kernel and not quantized and "bias" not in layer:
+            if width and not kernel and plain_float:
+                flip = transposed_equal_rows(fn, layer.weight, max_width, dtype)
+            if width > 2 and not (kernel or flip) and chunks_equal_rows(fn, max_width, width - 1,
+                                                                        in_dims, dtype):
+                chunk = width - 1
+            if width and not (kernel or flip or chunk) and plain_float:
                 cols = block_columns(layer.weight)
                 if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                     cols = layer.weight.shape[0]  # one block: the one-row calls themselves
                     if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                         cols = 0
-            measured[sig] = (width, cols, kernel)
-        width, cols, kernel = measured[sig]
+            measured[sig] = (width, cols, kernel, chunk, flip)
+        width, cols, kernel, chunk, flip = measured[sig]
         if width:
             layer.__class__ = _SWAP[base]
             layer.exact_from = width
             layer.block_cols = cols
             layer.use_kernel = kernel
+            layer.chunk_rows = chunk
+            layer.transposed = flip
             switched[path] = width
         elif type(layer) is not base:
             layer.__class__ = base
@@ -333,12 +407,18 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
 
 
 def method(layer) -> str:
-    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``blocked``
+    """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``transposed``
+    (``transposed_products``), ``chunked`` (its own
+    product on chunks of rows narrower than its first divergent width), ``blocked``
     (``one_row_products`` over column blocks or the whole matrix), ``rows`` (separate one-row
     calls), or ``multi-row`` (not switched: the layer's own multi-row product)."""
     if not isinstance(layer, (_RowExact, _RowExactEmbedding)):
         return "multi-row"
-    return "kernel" if layer.use_kernel else "blocked" if layer.block_cols else "rows"
+    if layer.use_kernel:
+        return "kernel"
+    if layer.transposed:
+        return "transposed"
+    return "chunked" if layer.chunk_rows else "blocked" if layer.block_cols else "rows"
 
 
 def report(model: nn.Module) -> Dict[str, object]:

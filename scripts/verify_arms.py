@@ -14,6 +14,10 @@ Arms, alternated round by round on the same target, each with its own cache pref
   pinned    the kernel arm with every thread on one core for the whole verify (does pinning
             pay once the kernels are lazy?)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
+  chunked   the kernel arm with the layers it computes transposed
+            (``row_exact.transposed_products``) as chunks of rows narrower than their first
+            divergent width instead, where that is more than 2 (``row_exact.chunked``; OpenBLAS:
+            two products of 2 rows at width 4)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
   stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
             one token at a time, norms unfused): ``gdn_block``'s reference and fallback
@@ -43,6 +47,10 @@ machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kern
 With the rest of each decoder layer compiled too (``layer_block``; demo pair, same kind of
 machine state, w = 2 / 3 / 4): kernel 1.01 / 1.10 / 1.06, uncompiled_layers 1.12 / 1.16 / 1.16;
 realistic-size pair, w = 3: kernel 1.19, uncompiled_layers 1.23.
+With OpenBLAS (every projection first diverges at 4 rows; demo pair, contended, w = 4 / 5 / 6):
+kernel (= the installed transposed products) 1.01 / 1.13 / 1.26, chunked 1.52 / 1.62 / 1.62,
+blocked (what was installed before) 1.98 / 2.15 / 2.42, inexact 0.93 / 1.13 / 1.04; the
+realistic-size pair at w = 4: kernel 0.97, chunked 1.54, blocked 2.11.
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ import numpy as np  # noqa: E402
 from mlx_mtp import cpu_blas, cpu_pin, lazy_kernels, row_exact, row_kernel  # noqa: E402
 from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
 
-ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "inexact",
+ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "chunked",
+        "inexact",
         "stepwise", "no_gdn_kernel", "uncompiled_layers", "all_kernel", "all_kernel_body")
 KERNEL_ARMS = ("kernel", "unpinned", "eager", "pinned", "stepwise", "no_gdn_kernel",
                "uncompiled_layers")
@@ -82,8 +91,11 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     target.prepare(width)
     layers = [layer for _, layer in model.mlx_model.named_modules()
               if row_exact.method(layer) != "multi-row"]
-    chosen = {id(layer): (layer.use_kernel, layer.block_cols) for layer in layers}
+    chosen = {id(layer): (layer.use_kernel, layer.block_cols, layer.chunk_rows, layer.transposed)
+              for layer in layers}
     kernel_layers = [layer for layer in layers if layer.use_kernel]
+    # the layers chunked or transposed: either, or the blocked fallback
+    other_layers = [layer for layer in layers if layer.chunk_rows or layer.transposed]
     extra, head = (speed_candidates(model, width) if any(a.startswith("all_kernel") for a in arms)
                    else ([], target.lm_head_module))
     prompt = mx.array([[5 + i % 200 for i in range(prompt_len)]])
@@ -101,6 +113,14 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
             layer.use_kernel = arm in KERNEL_ARMS or all_kernel
             layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
+        for layer in other_layers:
+            _, _, chunk, flip = chosen[id(layer)]
+            if arm == "chunked" and layer.exact_from > 2:
+                chunk, flip = layer.exact_from - 1, False
+            elif arm == "blocked":
+                chunk, flip = 0, False
+            layer.chunk_rows, layer.transposed = chunk, flip
+            layer.block_cols = 0 if chunk or flip else row_exact.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
 
@@ -134,14 +154,16 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         layer_block.enabled = True
         row_exact.kernel_threads = default_threads
         for layer in layers:
-            layer.use_kernel, layer.block_cols = chosen[id(layer)]
+            layer.use_kernel, layer.block_cols, layer.chunk_rows, layer.transposed = \
+                chosen[id(layer)]
         switch(extra, False)
         target.exact = True
     ms = {arm: float(np.median(t[1:])) for arm, t in times.items()}
     return {
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
         "row_exact": row_exact.report(model.mlx_model),
-        "kernel_layers": len(kernel_layers), "kernel_threads": threads,
+        "kernel_layers": len(kernel_layers), "other_layers": len(other_layers),
+        "kernel_threads": threads,
         "kernels": lazy_kernels.mode(),
         "gdn_kernel": "available" if gdn_kernel.available() else
                       f"unavailable ({gdn_kernel.reason()})",

@@ -11,7 +11,8 @@ shape and dtype, weights passed in:
 - ``norm``: an RMSNorm (the input norms, the final norm): ``VerifyRMSNorm``.
 - ``tail``: a decoder layer after its mixer, ``h = x + r; out = h + mlp(norm(h))``: the whole
   of it (``WHOLE``, the MLP's products inside the graph) where the MLP's three projections are
-  plain products at this width, else (``SPLIT``) the residual + norm as one graph and the
+  plain products at this width (or row-exact ones as transposed products or row chunks,
+  ``product_rows``: plain MLX ops too), else (``SPLIT``) the residual + norm as one graph and the
   ``silu(gate) * up`` as another around the projections (row-exact layers compute some of them
   with eager C calls that cannot sit inside ``mx.compile``).
 - ``attn_pre`` / ``attn_post``: the gated attention's parts before its KV-cache update (head
@@ -73,17 +74,52 @@ def _ops():
         _active = saved
 
 
-def plain_product(linear, T: int) -> bool:
-    """Whether ``linear`` computes a T-row input as its own product ``x @ W.T`` here (so that
-    product can sit inside a compiled graph): an ``nn.Linear`` without bias, not switched to
-    row-exact products at this width in this verify."""
+TRANSPOSED = "transposed"
+
+
+def product_rows(linear, T: int):
+    """How ``linear`` computes a T-row input here, as products that can sit inside a compiled
+    graph: T (its own product ``x @ W.T``: an ``nn.Linear`` without bias, not switched to
+    row-exact products at this width in this verify), fewer (a row-exact layer ``chunked`` at
+    this width: ``x @ W.T`` on chunks of at most that many rows, ``row_exact.chunks``),
+    ``TRANSPOSED`` (``row_exact.transposed_products``), or 0 (none of these: the layer's own
+    call, outside the graph)."""
     if "bias" in linear:
-        return False
+        return 0
     if type(linear) is nn.Linear:
-        return True
+        return T
     if type(linear) is row_exact.RowExactLinear:
-        return not row_exact.active() or T < linear.exact_from
-    return False
+        if not row_exact.active() or T < linear.exact_from:
+            return T
+        if linear.use_kernel:
+            return 0
+        if linear.transposed:
+            return TRANSPOSED
+        if linear.chunk_rows:
+            return linear.chunk_rows
+    return 0
+
+
+def plain_product(linear, T: int) -> bool:
+    """Whether ``linear``'s T-row product can sit inside a compiled graph (``product_rows``)."""
+    return product_rows(linear, T) > 0
+
+
+def _rows_of(linears, T: int) -> Optional[Tuple]:
+    """``product_rows`` of each of ``linears``, or None where one cannot sit in a graph."""
+    rows = tuple(product_rows(p, T) for p in linears)
+    return rows if all(rows) else None
+
+
+def _mm(x: mx.array, w: mx.array, most) -> mx.array:
+    """``x @ w.T`` as ``product_rows`` says: whole, transposed, or on chunks of at most ``most``
+    rows."""
+    T = x.shape[-2]
+    if most == TRANSPOSED:
+        return row_exact.transposed_products(x, w)
+    if most >= T:
+        return x @ w.T
+    return mx.concatenate([x[..., a:b, :] @ w.T for a, b in row_exact.chunks(T, most)], axis=-2)
 
 
 def _sig(*arrays) -> Tuple:
@@ -159,19 +195,23 @@ def reference_tail(layer, x: mx.array, r: mx.array) -> mx.array:
     return h + layer.mlp(nn.RMSNorm.__call__(layer.post_attention_layernorm, h))
 
 
-def _mlp_plain(layer, T: int) -> bool:
+def _mlp_plain(layer, T: int) -> Optional[Tuple]:
+    """The MLP's three ``product_rows`` where all can sit inside a graph, else None."""
     mlp = layer.mlp
-    return (type(mlp) is _qwen3_next.Qwen3NextMLP
-            and all(plain_product(p, T) for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)))
+    if type(mlp) is not _qwen3_next.Qwen3NextMLP:
+        return None
+    return _rows_of((mlp.gate_proj, mlp.up_proj, mlp.down_proj), T)
 
 
-def _whole_fn(eps: float) -> Callable:
+def _whole_fn(eps: float, rows: Tuple) -> Callable:
+    g, u, d = rows
+
     def tail(x, r, norm_w, gate_w, up_w, down_w):
         h = x + r
         n = mx.fast.rms_norm(h, norm_w, eps)
-        return h + swiglu(n @ gate_w.T, n @ up_w.T) @ down_w.T
+        return h + _mm(swiglu(_mm(n, gate_w, g), _mm(n, up_w, u)), down_w, d)
 
-    return _compile(("tail", WHOLE, eps), lambda: tail)
+    return _compile(("tail", WHOLE, eps, rows), lambda: tail)
 
 
 def _residual_norm_fn(eps: float) -> Callable:
@@ -191,8 +231,9 @@ def compiled_tail(layer, x: mx.array, r: mx.array, choice: str) -> mx.array:
     norm = layer.post_attention_layernorm
     mlp = layer.mlp
     if choice == WHOLE:
-        return _whole_fn(norm.eps)(x, r, norm["weight"], mlp.gate_proj["weight"],
-                                   mlp.up_proj["weight"], mlp.down_proj["weight"])
+        whole = _whole_fn(norm.eps, _mlp_plain(layer, x.shape[-2]))
+        return whole(x, r, norm["weight"], mlp.gate_proj["weight"],
+                     mlp.up_proj["weight"], mlp.down_proj["weight"])
     h, n = _residual_norm_fn(norm.eps)(x, r, norm["weight"])
     if type(mlp) is _qwen3_next.Qwen3NextMLP:
         return h + mlp.down_proj(_swiglu_fn()(mlp.gate_proj(n), mlp.up_proj(n)))
@@ -204,7 +245,7 @@ def tail_choice(layer, x: mx.array, r: mx.array) -> Optional[str]:
     first equals ``reference_tail`` bitwise for this signature on seeded inputs with the layer's
     own weights (and its row-exact state); else None (the ops). Checked once per signature."""
     T = x.shape[-2]
-    whole = _mlp_plain(layer, T)
+    whole = _mlp_plain(layer, T)  # the products' rows are in the key: they shape the graph
     weights = [layer.post_attention_layernorm["weight"], *_arrays(layer.mlp)]
     key = ("tail", whole, type(layer.mlp).__name__, layer.post_attention_layernorm.eps,
            row_exact.active()) + _sig(x, r, *weights)
@@ -310,8 +351,8 @@ def reference_pre(layer, x: mx.array, offset: int):
     return layer.rope(queries, offset=offset), gate, layer.rope(keys, offset=offset), values
 
 
-def _attn_plain(layer, T: int, projections) -> bool:
-    return all(plain_product(getattr(layer, p), T) for p in projections)
+def _attn_plain(layer, T: int, projections) -> Optional[Tuple]:
+    return _rows_of([getattr(layer, p) for p in projections], T)
 
 
 def compiled_pre(layer, x: mx.array, inside: bool, offset: int):
@@ -330,8 +371,10 @@ def compiled_pre(layer, x: mx.array, inside: bool, offset: int):
     q_w, k_w = layer.q_norm["weight"], layer.k_norm["weight"]
     at = mx.array(offset, dtype=mx.int32)
     if inside:
-        fn = _compile(("attn_pre", True, shape, rope), lambda: lambda x, wq, wk, wv, qn, kn, o:
-                      heads(x @ wq.T, x @ wk.T, x @ wv.T, qn, kn, o))
+        q, k, v = _attn_plain(layer, x.shape[-2], ("q_proj", "k_proj", "v_proj"))
+        fn = _compile(("attn_pre", True, shape, rope, q, k, v),
+                      lambda: lambda x, wq, wk, wv, qn, kn, o:
+                      heads(_mm(x, wq, q), _mm(x, wk, k), _mm(x, wv, v), qn, kn, o))
         out = fn(x, layer.q_proj["weight"], layer.k_proj["weight"], layer.v_proj["weight"],
                  q_w, k_w, at)
     else:
@@ -358,7 +401,9 @@ def reference_post(layer, rows: List[mx.array], gate: mx.array) -> mx.array:
 def compiled_post(layer, rows: List[mx.array], gate: mx.array, inside: bool) -> mx.array:
     """``reference_post`` compiled; ``inside``: with the out product in the graph."""
     if inside:
-        fn = _compile(("attn_post", True), lambda: lambda rows, gate, wo: _merge(rows, gate) @ wo.T)
+        (o,) = _attn_plain(layer, gate.shape[-2], ("o_proj",))
+        fn = _compile(("attn_post", True, o),
+                      lambda: lambda rows, gate, wo: _mm(_merge(rows, gate), wo, o))
         return fn(rows, gate, layer.o_proj["weight"])
     return layer.o_proj(_compile(("attn_post", False), lambda: _merge)(rows, gate))
 
@@ -403,6 +448,6 @@ def attention_choices(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Op
     return _memo(layer, (x.shape, x.dtype, rows, plain), lambda: attention_choice(layer, x, rows))
 
 
-def _first_equal(ref, fn, plain: bool) -> Optional[bool]:
+def _first_equal(ref, fn, plain) -> Optional[bool]:
     return next((inside for inside in ((True, False) if plain else (False,))
                  if _all_equal(ref, fn(inside))), None)
