@@ -6,10 +6,13 @@ what ``MTPHead`` computes with fewer ops, on weights rearranged once when the dr
   - the two pre-``fc`` norms as one norm over ``[embeds, hidden]`` stacked (weight ``[2, H]``);
   - q, k, v and the output gate as one product, with q's and k's rows next to each other so
     q_norm and k_norm are one norm and RoPE is one call over the q and k heads together;
-  - the MLP's gate and up as one product;
-It computes differently from ``MTPHead`` (rounding only): drafts stay deterministic and the
-target verifies each one, so the output is unchanged. The head's own modules are untouched
-(saving, quantizing and ``carry`` still see ``MTPHead``); the merged weights are extra copies.
+  - the MLP's gate and up as one product.
+~95 graph nodes a compiled step instead of ~123 (11 products -> 8). Weights keep mlx's
+``[out, in]`` layout: stored ``[in, out]`` (``x @ W``, which pays for the draft vocabulary's LM
+head) the merged products measured slower here (3 rows ~1.15x). It computes what ``MTPHead``
+computes up to rounding: drafts stay deterministic and the target verifies each one, so the
+output is unchanged. The head's own modules are untouched (saving, quantizing and ``carry`` still
+see ``MTPHead``); the merged weights are copies taken when the drafter is built.
 """
 
 from __future__ import annotations
