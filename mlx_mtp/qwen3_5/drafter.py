@@ -19,6 +19,7 @@ from mlx_lm.models.cache import KVCache
 from ..draft_profile import DraftProfiler
 from ..interfaces import DrafterDefaults
 from .compiled_head import CompiledHead
+from .fused_head import FusedHead, fusable
 from .lm_head import DraftLMHead
 from .options import DraftOptions
 
@@ -81,7 +82,11 @@ class QwenMTPDrafter(DrafterDefaults):
         self.options = options
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
                               chunk=options.fused_chunk)
-        self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick)
+        # The merged head is built from the weights the head has now (a head quantized later,
+        # as ``quantize_drafter`` does to write a folder, is not drafted with).
+        fast = (FusedHead(head) if options.compiled and options.merged
+                and type(head) is MTPHead and fusable(head) else None)
+        self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick, fast=fast)
                          if options.compiled else None)
         # The embedding lookup, head and LM head + argmax of a step as one compiled call (not
         # with the fused chunked argmax, which exists to avoid the logits row).
@@ -201,6 +206,7 @@ class QwenMTPDrafter(DrafterDefaults):
         """What this drafter runs with (for ``--json`` and benchmark records)."""
         quantized = [m for _, m in self.head.named_modules() if hasattr(m, "bits")]
         return {"device_ids": self.options.device_ids, "compiled": self.compiled is not None,
+                "merged": self.compiled is not None and self.compiled.fast is not None,
                 "fused_argmax": self.lm.fused,
                 "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
                 "quantized_layers": len(quantized),
