@@ -33,7 +33,9 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert all(r["stats"]["phases_synced"] for name in rows for r in data["raw"][name])
     assert "MLX_MTP_SYNC_PHASES" not in os.environ
     # Each arm runs what it says.
-    assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "fused_argmax": True,
+    # (a quantized head runs unmerged: mlx_mtp.qwen3_5.fused_head merges plain products only)
+    assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "merged": False,
+                                    "fused_argmax": True,
                                     "vocab_size": 128,
                                     "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
                                     "fc_quantized": False}
