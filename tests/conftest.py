@@ -105,6 +105,18 @@ def cli(*args, check=True):
     return run_module("mlx_mtp.generate", *args, check=check)
 
 
+def draft_accept_draft(drafter, hidden, prompt):
+    """A drafter's ids over one round trip: prefill, six drafts, their entries trimmed, an accept
+    hook of three rows, six drafts again: ``(first drafts, the hook's seed, second drafts)``."""
+    drafter.prefill(hidden, prompt[1:])
+    first = drafter.draft(6)
+    for c in drafter.cache:
+        c.trim(drafter.in_round)
+    drafter.in_round = 0
+    drafter.accept(hidden[:, :3], prompt[2:5])
+    return first.tolist(), drafter.first_draft.tolist(), drafter.draft(6).tolist()
+
+
 def reference_greedy(path, prompt, max_tokens):
     """mlx-lm's own plain greedy decode of a pristine copy of the target."""
     model, _ = mlx_load_model(Path(path))

@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from conftest import draft_accept_draft, reference_greedy
 from mlx_lm.models.cache import KVCache
 
 import mlx_mtp
@@ -79,13 +79,7 @@ def test_drafts_and_output_with_and_without_compiling(dense_dir, monkeypatch):
     drafts = []
     for d in (on, off):
         d.reset()
-        d.prefill(h, p[1:])
-        first = d.draft(6)
-        for c in d.cache:
-            c.trim(d.in_round)
-        d.in_round = 0
-        d.accept(h[:, :3], p[2:5])  # an accept hook of three rows
-        drafts.append((first.tolist(), d.first_draft.tolist(), d.draft(6).tolist()))
+        drafts.append(draft_accept_draft(d, h, p))
     assert drafts[0] == drafts[1]
     assert calls == [1] * 5 + [3] + [1] * 5  # prefill eager; five steps, the hook, five steps
     ref = reference_greedy(dense_dir, PROMPT, 24)

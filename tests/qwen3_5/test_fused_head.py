@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from conftest import draft_accept_draft, reference_greedy
 from mlx_lm.models.cache import KVCache
 
 import mlx_mtp
@@ -91,14 +91,7 @@ def test_drafts_are_deterministic_and_the_output_is_plain_decode(dense_dir):
     h = target.hidden(p[None, :-1], cache)
     drafts = []
     for opts in (DraftOptions(), DraftOptions(), DraftOptions(merged=False)):
-        d = QwenMTPDrafter(model.drafter.head, target, opts)
-        d.prefill(h, p[1:])
-        first = d.draft(6)
-        for c in d.cache:
-            c.trim(d.in_round)
-        d.in_round = 0
-        d.accept(h[:, :3], p[2:5])  # an accept hook of three rows
-        drafts.append((first.tolist(), d.first_draft.tolist(), d.draft(6).tolist()))
+        drafts.append(draft_accept_draft(QwenMTPDrafter(model.drafter.head, target, opts), h, p))
     assert drafts[0] == drafts[1] == drafts[2]
     ref = reference_greedy(dense_dir, PROMPT, 24)
     assert model.drafter.describe()["merged"]
