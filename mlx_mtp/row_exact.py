@@ -68,15 +68,17 @@ def active() -> bool:
 BLOCK_BYTES = 1024 * 1024  # most bytes of weights one column block keeps in cache (an L2)
 
 
-class _RowExact:
+class _ExactRows:
+    """What ``install`` sets on a switched layer, and how the layer computes a verify block."""
+
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
     use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
     chunk_rows: int = 0  # > 1: the layer's own product on chunks of at most this many rows
     transposed: bool = False  # ``transposed_products``
 
-    def __call__(self, x):
-        call = super().__call__
+    def _exact(self, call, x):
+        """``call(x)`` (the layer's own product), its rows computed as one-row products would."""
         if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
@@ -90,28 +92,16 @@ class _RowExact:
         return call(x)
 
 
-class _RowExactEmbedding:
+class _RowExact(_ExactRows):
+    def __call__(self, x):
+        return self._exact(super().__call__, x)
+
+
+class _RowExactEmbedding(_ExactRows):
     """A tied LM head (``embed_tokens.as_linear``) is the same product in another method."""
 
-    exact_from: int = 2
-    block_cols: int = 0
-    use_kernel: bool = False
-    chunk_rows: int = 0
-    transposed: bool = False
-
     def as_linear(self, x):
-        call = super().as_linear
-        if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
-            if self.use_kernel and x.dtype == mx.float32:
-                return kernel_products(self, x)
-            if self.transposed:
-                return transposed_products(x, self.weight)
-            if self.chunk_rows:
-                return chunked(call, x, self.chunk_rows)
-            if self.block_cols:
-                return one_row_products(x, self.weight, self.block_cols)
-            return _by_rows(call, x)
-        return call(x)
+        return self._exact(super().as_linear, x)
 
 
 def _by_rows(call, x):
@@ -412,7 +402,7 @@ def method(layer) -> str:
     product on chunks of rows narrower than its first divergent width), ``blocked``
     (``one_row_products`` over column blocks or the whole matrix), ``rows`` (separate one-row
     calls), or ``multi-row`` (not switched: the layer's own multi-row product)."""
-    if not isinstance(layer, (_RowExact, _RowExactEmbedding)):
+    if not isinstance(layer, _ExactRows):
         return "multi-row"
     if layer.use_kernel:
         return "kernel"

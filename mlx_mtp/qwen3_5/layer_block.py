@@ -100,11 +100,6 @@ def product_rows(linear, T: int):
     return 0
 
 
-def plain_product(linear, T: int) -> bool:
-    """Whether ``linear``'s T-row product can sit inside a compiled graph (``product_rows``)."""
-    return product_rows(linear, T) > 0
-
-
 def _rows_of(linears, T: int) -> Optional[Tuple]:
     """``product_rows`` of each of ``linears``, or None where one cannot sit in a graph."""
     rows = tuple(product_rows(p, T) for p in linears)
