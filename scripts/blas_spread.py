@@ -162,12 +162,9 @@ def spread(xs: list) -> dict:
 
 def correlation(xs: list, ys: list) -> float:
     """Pearson's r (0 where either side does not vary)."""
-    mx_, my = statistics.fmean(xs), statistics.fmean(ys)
-    sx = sum((x - mx_) ** 2 for x in xs) ** 0.5
-    sy = sum((y - my) ** 2 for y in ys) ** 0.5
-    if sx == 0 or sy == 0:
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
         return 0.0
-    return sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / (sx * sy)
+    return statistics.correlation(xs, ys)
 
 
 def host_summary(host: list, runs: dict) -> dict:
@@ -193,8 +190,8 @@ def summarize(runs: list) -> dict:
 
 def one_process(stayed: list) -> dict:
     xs = [r["plain_tps"] for r in stayed]
-    return {"plain_tps": xs, "median": statistics.median(xs), "min": min(xs), "max": max(xs),
-            "spread": max(xs) / min(xs), "plain_within_15pct": max(xs) / min(xs) <= WITHIN,
+    s = spread(xs)
+    return {"plain_tps": xs, **s, "plain_within_15pct": s["spread"] <= WITHIN,
             "same_tokens": all(r["tokens"] == stayed[0]["tokens"] for r in stayed)}
 
 
