@@ -35,19 +35,29 @@ SUMMARY_TODO = "(to be written by the person who ran it)"
 # ------------------------------------------------------------------------------ flags and the run
 
 
-def add_record_args(p: argparse.ArgumentParser, summary: bool = True) -> None:
-    """The flags of a script that writes a record: where, its summary, and the idle check's."""
+def add_record_args(p: argparse.ArgumentParser, summary: bool = True, units: bool = False) -> None:
+    """The flags of a script that writes a record: where, its summary, and the idle check's
+    (``--retakes`` for a script that measures in units: ``idle_check.Watch.unit``)."""
     p.add_argument("--out", type=Path, default=RESULTS)
     if summary:
         p.add_argument("--summary", default=None, help="the record's 'What it says' paragraph")
     p.add_argument("--allow-busy", action="store_true", help=idle_check.ALLOW_BUSY_HELP)
     p.add_argument("--idle-window", type=float, default=2.0, help=idle_check.WINDOW_HELP)
+    if units:
+        p.add_argument("--retakes", type=int, default=24, help=idle_check.RETAKES_HELP)
+    p.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                   help=idle_check.WAIT_HELP)
 
 
 def watch(args) -> idle_check.Watch:
-    """Start the idle check before the run (refused at once on a busy machine unless
-    ``--allow-busy``)."""
-    return idle_check.Watch(args.idle_window, args.allow_busy)
+    """Start the idle check before the run (refused on a busy machine, at once or after
+    ``--wait-idle`` seconds, unless ``--allow-busy``)."""
+    retakes = getattr(args, "retakes", 0)
+    if retakes < 0 or args.wait_idle < 0:
+        sys.exit(f"error: --retakes and --wait-idle must be >= 0, got {retakes} and "
+                 f"{args.wait_idle:g}")
+    return idle_check.Watch(args.idle_window, args.allow_busy, retakes=retakes,
+                            wait_s=args.wait_idle)
 
 
 def finish(args, result: dict, watch: idle_check.Watch, render_fn,

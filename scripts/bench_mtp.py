@@ -137,7 +137,7 @@ def mtp_decode(model, prompt: mx.array, n: int, block_size, sampler=None,
 # ------------------------------------------------------------------------------ the run
 
 
-def run(args) -> dict:
+def run(args, watch=None) -> dict:
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
                                     require_head=max(_widest(b, args)
                                                      for b in args.block_sizes) > 1)
@@ -149,28 +149,35 @@ def run(args) -> dict:
     plain_decode(model.mlx_model, warm, 8, sampler)
     for bs in args.block_sizes:
         mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed, args.max_block_size)
-    run_index = 0
+    unit = watch.unit if watch is not None else (lambda label, measure: measure())
 
     raw = {"classic": [], **{_arm(bs): [] for bs in args.block_sizes}}
     exact = {bs: True for bs in args.block_sizes}
     for pair in range(args.pairs):
-        for name, prompt in prompts.items():
+        for p_index, (name, prompt) in enumerate(prompts.items()):
             order = args.block_sizes if pair % 2 == 0 else list(reversed(args.block_sizes))
             arms = [("classic", None)] + [(_arm(bs), bs) for bs in order]
             if pair % 2:
                 arms = arms[1:] + arms[:1]  # alternate which arm goes first
-            results = {}
-            for arm, bs in arms:
-                run_index += 1
-                mx.random.seed(args.seed + run_index)  # the plain arm draws from the global stream
-                if bs is None:
-                    toks, ps, gs = plain_decode(model.mlx_model, prompt, n, sampler)
-                    results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
-                else:
-                    toks, ps, gs, st = mtp_decode(model, prompt, n, bs, sampler, args.acceptance,
-                                                  args.seed + run_index, args.max_block_size)
-                    results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
-                                    "stats": st.to_dict()}
+            # run i of the whole record (from 1) seeds with seed + i; a retaken pair reuses its own
+            first = (pair * len(prompts) + p_index) * len(arms) + 1
+
+            def measure():
+                results = {}
+                for i, (arm, bs) in enumerate(arms):
+                    seed = args.seed + first + i
+                    mx.random.seed(seed)  # the plain arm draws from the global stream
+                    if bs is None:
+                        toks, ps, gs = plain_decode(model.mlx_model, prompt, n, sampler)
+                        results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
+                    else:
+                        toks, ps, gs, st = mtp_decode(model, prompt, n, bs, sampler,
+                                                      args.acceptance, seed, args.max_block_size)
+                        results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
+                                        "stats": st.to_dict()}
+                return results
+
+            results = unit(f"pair {pair} {name}", measure)
             for arm, bs in arms:
                 r = results[arm]
                 r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
@@ -180,12 +187,12 @@ def run(args) -> dict:
                                                                    if k != "tokens"}})
             print(f"pair {pair} {name}: " + ", ".join(
                 f"{a} {results[a]['tps']:.1f}" for a, _ in arms), flush=True)
-    synced = synced_pass(args, model, prompts, sampler)
+    synced = synced_pass(args, model, prompts, sampler, unit)
     bw = bandwidth_gbs()
     return summarize(args, model, raw, exact, bw, synced)
 
 
-def synced_pass(args, model, prompts: dict, sampler) -> list:
+def synced_pass(args, model, prompts: dict, sampler, unit=None) -> list:
     """After the pairs, ``--synced-runs`` runs per prompt of the plain arm and of each MTP arm
     with ``MLX_MTP_SYNC_PHASES=1``: each phase then waits for its own device work, so the split
     says what the verify alone costs and what the draft and accept hook cost, which the queued
@@ -195,15 +202,21 @@ def synced_pass(args, model, prompts: dict, sampler) -> list:
     before = os.environ.get(SYNC_PHASES_ENV)
     os.environ[SYNC_PHASES_ENV] = "1"
     try:
+        unit = unit or (lambda label, measure: measure())
         for rep in range(args.synced_runs):
             for name, prompt in prompts.items():
-                toks, _, gs = plain_decode(model.mlx_model, prompt, args.max_tokens, sampler)
-                out.append({"arm": "classic", "prompt": name, "tps": (len(toks) - 1) / gs})
-                for bs in args.block_sizes:
-                    t, _, g, st = mtp_decode(model, prompt, args.max_tokens, bs, sampler,
-                                             args.acceptance, args.seed + rep, args.max_block_size)
-                    out.append({"arm": _arm(bs), "prompt": name, "tps": (len(t) - 1) / g,
-                                "identical": t == toks, "stats": st.to_dict()})
+                def measure():
+                    toks, _, gs = plain_decode(model.mlx_model, prompt, args.max_tokens, sampler)
+                    rows = [{"arm": "classic", "prompt": name, "tps": (len(toks) - 1) / gs}]
+                    for bs in args.block_sizes:
+                        t, _, g, st = mtp_decode(model, prompt, args.max_tokens, bs, sampler,
+                                                 args.acceptance, args.seed + rep,
+                                                 args.max_block_size)
+                        rows.append({"arm": _arm(bs), "prompt": name, "tps": (len(t) - 1) / g,
+                                     "identical": t == toks, "stats": st.to_dict()})
+                    return rows
+
+                out += unit(f"synced {rep} {name}", measure)
     finally:
         if before is None:
             del os.environ[SYNC_PHASES_ENV]
@@ -600,7 +613,7 @@ def main(argv=None):
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
-    bench_common.add_record_args(p)
+    bench_common.add_record_args(p, units=True)
     args = p.parse_args(argv)
     if args.render:
         return bench_common.rerender_record(args.render, render, "mtp", args.summary)
@@ -617,7 +630,7 @@ def main(argv=None):
         p.error("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1, --synced-runs >= 0 "
                 "and block sizes >= 1 are required")
     watch = bench_common.watch(args)
-    return bench_common.finish(args, run(args), watch, render, "mtp")
+    return bench_common.finish(args, run(args, watch), watch, render, "mtp")
 
 
 if __name__ == "__main__":

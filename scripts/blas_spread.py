@@ -4,7 +4,8 @@ Each round starts, for every BLAS arm (in alternating order), fresh processes of
 run on the demo pair, ``python -m mlx_mtp.generate --no-mtp --json`` and the same with MTP, and
 one that times a 512x512 f32 matmul (median of 50 after a warm-up). Per arm the record gives the
 plain and MTP tok/s of every process, their max/min (the spread), the worst process, and the matmul
-medians; the machine's idle check (scripts/idle_check.py) runs around the whole thing.
+medians; the machine's idle check (scripts/idle_check.py) runs around the whole thing and
+judges each round on its own (a round that was not quiet is run again).
 
     python scripts/blas_spread.py [--processes 5] [--arms default,blis,openblas,...]
 
@@ -253,7 +254,7 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=256, help="the CLI's default is 256")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
     p.add_argument("--topic", default="blas-spread")
-    bench_common.add_record_args(p)
+    bench_common.add_record_args(p, units=True)
     args = p.parse_args(argv)
     available = arms()
     names = args.arms.split(",") if args.arms else list(available)
@@ -268,17 +269,26 @@ def main(argv=None):
     staying, stayed = StayingProcess(args), []
     staying.measure()  # its first run pays the process's one-time costs, as a fresh one does
     host = []
-    for i in range(args.processes):
-        host.append(run_one([sys.executable, "-c", HOST_PROBE], {}, args.timeout))
-        print(f"round {i} host probe: cache {host[-1]['cache_gbs']:.1f} GB/s, memory "
-              f"{host[-1]['memory_gbs']:.1f} GB/s", flush=True)
+
+    def one_round(i):
+        probe = run_one([sys.executable, "-c", HOST_PROBE], {}, args.timeout)
+        print(f"round {i} host probe: cache {probe['cache_gbs']:.1f} GB/s, memory "
+              f"{probe['memory_gbs']:.1f} GB/s", flush=True)
+        got = {}
         for arm in (names if i % 2 == 0 else list(reversed(names))):
-            runs[arm].append(measure(args, available[arm]))
-            r = runs[arm][-1]
+            r = got[arm] = measure(args, available[arm])
             print(f"round {i} {arm}: plain {r['plain_tps']:.1f} tok/s, MTP {r['mtp_tps']:.1f}, "
                   f"matmul {r['matmul_ms']:.2f} ms", flush=True)
-        stayed.append(staying.measure())
-        print(f"round {i} one process: plain {stayed[-1]['plain_tps']:.1f} tok/s", flush=True)
+        kept = staying.measure()
+        print(f"round {i} one process: plain {kept['plain_tps']:.1f} tok/s", flush=True)
+        return probe, got, kept
+
+    for i in range(args.processes):  # each round one unit of the idle check (retaken if not quiet)
+        probe, got, kept = watch.unit(f"round {i}", lambda: one_round(i))
+        host.append(probe)
+        for arm in names:
+            runs[arm].append(got[arm])
+        stayed.append(kept)
     staying.close()
     result = {**bench_common.record_setup(args.topic), "processes": args.processes,
               "max_tokens": args.max_tokens, "arm_env": {a: available[a] for a in names},

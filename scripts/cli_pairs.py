@@ -6,7 +6,7 @@ with ``--no-mtp`` (mlx-lm's own plain decode), MTP first in even pairs and plain
 and takes the ratio of their ``generation_tps``. What a user who types the command sees, process
 luck included (``scripts/blas_spread.py`` measures that luck on its own). ``--cli-args`` adds flags
 to both commands (e.g. ``"--max-tokens 128"`` for the issue-12 record's length). The idle check
-(``scripts/idle_check.py``) runs around the whole thing.
+(``scripts/idle_check.py``) runs around the whole thing and judges each pair on its own.
 
     python scripts/cli_pairs.py [--pairs 5] [--cli-args="--max-tokens 128"] [--topic cli-default]
 
@@ -63,13 +63,16 @@ def run_process(cmd: list, timeout: float) -> dict:
     return {**{k: out.get(k) for k in keep}, "process_wall_s": wall}
 
 
-def measure(args) -> list:
-    """``args.pairs`` pairs, alternating which arm starts first."""
+def measure(args, watch=None) -> list:
+    """``args.pairs`` pairs, alternating which arm starts first; each pair one unit of the idle
+    check (retaken when the machine was not quiet during it)."""
     cli_args = shlex.split(args.cli_args)
+    unit = watch.unit if watch is not None else (lambda label, measure: measure())
     pairs = []
     for i in range(args.pairs):
         order = ARMS if i % 2 == 0 else ARMS[::-1]
-        runs = {arm: run_process(cli_command(cli_args, arm), args.timeout) for arm in order}
+        runs = unit(f"pair {i}", lambda: {arm: run_process(cli_command(cli_args, arm),
+                                                           args.timeout) for arm in order})
         m, p = runs["mtp"], runs["plain"]
         pair = {"pair": i, "first": order[0], "mtp": m, "plain": p,
                 "ratio": m["generation_tps"] / p["generation_tps"],
@@ -151,7 +154,7 @@ def main(argv=None):
                         "(default: none, the CLI's default run)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
     p.add_argument("--topic", default="cli-default")
-    bench_common.add_record_args(p)
+    bench_common.add_record_args(p, units=True)
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs: expected at least 1, got {args.pairs}")
@@ -159,7 +162,7 @@ def main(argv=None):
     if bad:
         p.error(f"--cli-args: {', '.join(sorted(bad))} is set by the script itself")
     watch = bench_common.watch(args)
-    pairs = measure(args)
+    pairs = measure(args, watch)
     result = {**bench_common.record_setup(args.topic), "pairs": args.pairs,
               "cli_args": args.cli_args, "bar": BAR, "results": summarize(pairs),
               "covers": COVERS, "runs": pairs}

@@ -14,6 +14,15 @@ beside one is not a result (shared/design/benchmarks.md). What is looked at:
 The benchmark scripts use ``Watch`` around their run and refuse to write a record when the machine
 was not idle, unless ``--allow-busy``, which labels the record "contended: not a result".
 
+On a virtual machine the neighbours come and go within minutes (hypervisor steal of 0.1-0.25 cores
+for a few minutes, then 0.01), so a run of several minutes is rarely quiet from end to end. A script
+that measures in units (``Watch.unit``: one alternating pair of arms, one round of processes) has
+each unit judged on its own: the CPU time of other processes and the steal during it, and a
+bandwidth probe after it. A unit that was not quiet is measured again (at most ``--retakes`` times in
+a run) and the discarded attempt's time leaves the run's figures; the record lists every retake and
+why. Units alternate their arms, so dropping a whole unit favours no arm. ``--wait-idle S`` waits up
+to S seconds for a quiet idle window before the run (and after it) instead of refusing at once.
+
     python scripts/idle_check.py --calibrate     # on an idle machine: store its idle bandwidth
     python scripts/idle_check.py                 # check now (10 s window), print the verdict
 """
@@ -39,6 +48,10 @@ LABEL = "contended: not a result"
 ALLOW_BUSY_HELP = ("write the record although the machine was not idle; it is labelled "
                    f"'{LABEL}'")
 WINDOW_HELP = "seconds of the idle windows before and after the run (default 2)"
+RETAKES_HELP = ("units of the run (an alternating pair, a round) measured again when the machine "
+                "was not quiet during them, at most this many in the run (default 24; 0: none)")
+WAIT_HELP = ("wait up to S seconds for a quiet idle window before the run and after it, instead "
+             "of refusing at once (default 0)")
 
 
 @dataclass(frozen=True)
@@ -204,14 +217,43 @@ def window_reasons(name: str, iv: dict, bw: Optional[float], idle_gbs: Optional[
     return reasons
 
 
+def unit_reasons(iv: dict, bw: Optional[float], idle_gbs: Optional[float],
+                 limits: Limits = Limits()) -> List[str]:
+    """Reasons one unit of a run (``iv``: its ``interval()``; ``bw``: the probe after it) was not
+    quiet (empty: keep it): the run's mean limits, applied to the unit alone."""
+    reasons = []
+    if iv["others_cores"] > limits.others_mean_cores:
+        reasons.append(f"other processes used {iv['others_cores']:.2f} cores" + _top(iv))
+    if iv["steal_cores"] > limits.steal_mean_cores:
+        reasons.append(f"the hypervisor stole {iv['steal_cores']:.2f} cores")
+    if idle_gbs and bw is not None and bw < limits.bandwidth_ratio * idle_gbs:
+        reasons.append(f"memory bandwidth after it was {bw:.1f} GB/s, under "
+                       f"{limits.bandwidth_ratio:.0%} of this machine's idle {idle_gbs:.1f} GB/s")
+    return reasons
+
+
+def without(total: dict, dropped: List[dict]) -> dict:
+    """``total`` (an ``interval()`` of the run) less the ``dropped`` intervals inside it: the
+    cores averaged over the time that remains."""
+    wall = total["wall_s"] - sum(d["wall_s"] for d in dropped)
+    if wall <= 0:
+        return {**total, "wall_s": 0.0}
+    out = {**total, "wall_s": round(wall, 3)}
+    for k in ("others_cores", "steal_cores", "own_cores"):
+        used = total[k] * total["wall_s"] - sum(d[k] * d["wall_s"] for d in dropped)
+        out[k] = round(max(used, 0.0) / wall, 4)
+    return out
+
+
 def decide(before: dict, during: dict, after: dict, bw_before: Optional[float],
            bw_after: Optional[float], idle_gbs: Optional[float],
            limits: Limits = Limits()) -> List[str]:
     """Reasons the machine was not idle (empty: idle). ``before`` / ``after`` are ``interval()``s
-    of the idle windows; ``during`` has the run's ``interval()`` under "total" and the sampled
-    intervals' ``others_cores`` under "samples"."""
+    of the idle windows; ``during`` has the run's ``interval()`` under "total" (and, where units
+    were retaken, the run without the discarded attempts under "kept", which is then judged) and
+    the sampled intervals' ``others_cores`` under "samples"."""
     reasons = []
-    total = during["total"]
+    total = during.get("kept") or during["total"]
     if total["others_cores"] > limits.others_mean_cores:
         reasons.append(f"other processes used {total['others_cores']:.2f} cores on average during "
                        f"the run{_top(total)}")
@@ -233,43 +275,89 @@ class Watch:
     after it (bandwidth probe + idle window): the record's ``idle_check`` dict."""
 
     def __init__(self, window_s: float = 2.0, allow_busy: bool = False, sample_s: float = 2.0,
-                 limits: Limits = Limits(), probe: bool = True, baseline: Optional[Path] = None):
+                 limits: Limits = Limits(), probe: bool = True, baseline: Optional[Path] = None,
+                 retakes: int = 0, wait_s: float = 0.0):
         self.window_s, self.sample_s, self.limits, self.probe = window_s, sample_s, limits, probe
+        self.allow_busy, self.retakes, self.wait_s = allow_busy, retakes, wait_s
         self.idle_gbs = idle_bandwidth(baseline)
-        a = read_proc()
-        time.sleep(window_s)
-        b = read_proc()
-        self.before = interval(a, b)
+        self.waits: List[dict] = []  # idle windows that were not quiet, waited out
+        self.before, b, self.bw_before, early = self._window("before")
         self.load_before = {"loadavg": list(b.loadavg), "running": b.running}
-        self.bw_before = bandwidth_probe() if probe else None
-        early = window_reasons("before", self.before, self.bw_before, self.idle_gbs, limits)
         if early and not allow_busy:  # no point running: refuse now
             settle({"verdict": "contended", "reasons": early}, allow_busy=False)
-        self.samples: List[float] = []
+        self.units: List[dict] = []  # every unit judged (``unit``), retaken or kept
+        self._dropped: List[Tuple[float, float, dict]] = []  # (start, end, interval) retaken
+        self.samples: List[Tuple[float, float, float]] = []  # (start, end, others' cores)
         self._stop = threading.Event()
         self._start = read_proc()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
+    def _window(self, name: str):
+        """An idle window and its probe; while not quiet, again every 15 s for up to ``wait_s``
+        seconds: (interval, last reading, probe GB/s, reasons of the last window)."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            a = read_proc()
+            time.sleep(self.window_s)
+            b = read_proc()
+            iv = interval(a, b)
+            bw = bandwidth_probe() if self.probe else None
+            reasons = window_reasons(name, iv, bw, self.idle_gbs, self.limits)
+            if not reasons or self.allow_busy or time.monotonic() >= deadline:
+                return iv, b, bw, reasons
+            self.waits.append({"window": name, "reasons": reasons})
+            print(f"waiting for an idle machine ({'; '.join(reasons)})", flush=True)
+            time.sleep(min(15.0, max(deadline - time.monotonic(), 0.0)))
+
+    def unit(self, label: str, measure):
+        """``measure()`` as one unit of the run, judged on its own (``unit_reasons``): one that
+        was not quiet is measured again while the run has retakes left (``--retakes``), and the
+        discarded attempt's time leaves the run's figures (never with ``--allow-busy``, which
+        keeps everything). Returns the kept attempt's result."""
+        while True:
+            a = read_proc()
+            out = measure()
+            b = read_proc()
+            iv = interval(a, b, top=3)
+            bw = bandwidth_probe() if self.probe else None
+            reasons = unit_reasons(iv, bw, self.idle_gbs, self.limits)
+            retake = bool(reasons) and not self.allow_busy and self.retakes > 0
+            self.units.append({"unit": label, "wall_s": iv["wall_s"],
+                               "others_cores": iv["others_cores"],
+                               "steal_cores": iv["steal_cores"], "bandwidth_gbs": bw,
+                               "reasons": reasons, "retaken": retake})
+            if not retake:
+                return out
+            self.retakes -= 1
+            self._dropped.append((a.t, b.t, iv))
+            print(f"retaking {label}: {'; '.join(reasons)}", flush=True)
+
     def _sample(self):
         last = self._start
         while not self._stop.wait(self.sample_s):
             now = read_proc()
-            self.samples.append(interval(last, now, top=0)["others_cores"])
+            self.samples.append((last.t, now.t, interval(last, now, top=0)["others_cores"]))
             last = now
+
+    def _kept_samples(self) -> List[float]:
+        """The sampled intervals less those mostly inside a retaken unit's attempt."""
+        def dropped(t0, t1):
+            inside = sum(max(0.0, min(t1, e) - max(t0, s)) for s, e, _ in self._dropped)
+            return inside > 0.5 * (t1 - t0)
+        return [v for t0, t1, v in self.samples if not dropped(t0, t1)]
 
     def finish(self) -> dict:
         self._stop.set()
         self._thread.join()
         end = read_proc()
         total = interval(self._start, end)
-        bw_after = bandwidth_probe() if self.probe else None
-        a = read_proc()
-        time.sleep(self.window_s)
-        b = read_proc()
-        after = interval(a, b)
+        after, b, bw_after, _ = self._window("after")
         during = {"total": total, "sample_s": self.sample_s,
-                  "samples": [round(s, 3) for s in self.samples]}
+                  "samples": [round(s, 3) for s in self._kept_samples()],
+                  "units": self.units, "retaken": len(self._dropped)}
+        if self._dropped:
+            during["kept"] = without(total, [iv for _, _, iv in self._dropped])
         reasons = decide(self.before, during, after, self.bw_before, bw_after, self.idle_gbs,
                          self.limits)
         return {
@@ -280,6 +368,7 @@ class Watch:
             "after": {**after, "loadavg": list(b.loadavg), "running": b.running,
                       "bandwidth_gbs": bw_after},
             "idle_bandwidth_gbs": self.idle_gbs,
+            "waits": self.waits,
         }
 
 
@@ -335,12 +424,38 @@ def markdown(check: Optional[dict]) -> List[str]:
         f"{max(samples or [0.0]):.2f} in a {check['during']['sample_s']:g} s interval "
         f"({len(samples)} intervals); steal {d['steal_cores']:.2f}; this run "
         f"{d['own_cores']:.2f} cores" + (f"; top others: {comp}" if comp else ""),
+        *_retake_lines(check),
         window("After", check["after"]),
         f"- Idle figure: {f'{idle:.1f} GB/s' if idle else 'none for this machine (not compared)'}; "
         f"limits: others {lim['others_mean_cores']} cores mean / {lim['others_peak_cores']} peak, "
         f"steal {lim['steal_mean_cores']}, bandwidth >= {lim['bandwidth_ratio']:.0%} of idle",
         "",
     ]
+    return lines
+
+
+def _retake_lines(check: dict) -> List[str]:
+    """The units retaken and the idle windows waited out, if any (records before these had
+    neither)."""
+    during = check["during"]
+    units = during.get("units") or []
+    lines = []
+    if units:
+        retaken = [u for u in units if u["retaken"]]
+        lines.append(f"- Units judged on their own: {len(units) - len(retaken)} kept, "
+                     f"{len(retaken)} retaken (not quiet: measured again, the attempt dropped)")
+        lines += [f"  - retaken: {u['unit']} ({u['wall_s']:.0f} s): {'; '.join(u['reasons'])}"
+                  for u in retaken]
+        unquiet_kept = [u for u in units if u["reasons"] and not u["retaken"]]
+        lines += [f"  - kept although not quiet (no retakes left, or --allow-busy): {u['unit']}: "
+                  f"{'; '.join(u['reasons'])}" for u in unquiet_kept]
+    kept = during.get("kept")
+    if kept:
+        lines.append(f"- During, without the retaken attempts ({kept['wall_s']:.0f} s): others "
+                     f"{kept['others_cores']:.2f} cores on average; steal {kept['steal_cores']:.2f}"
+                     " (what the verdict judges)")
+    lines += [f"- Waited for an idle machine {w['window']} the run: {'; '.join(w['reasons'])}"
+              for w in check.get("waits") or []]
     return lines
 
 

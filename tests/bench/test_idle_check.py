@@ -173,3 +173,107 @@ def test_allow_busy_writes_a_labelled_record_naming_the_neighbour(pair, burner, 
     md = js[0].with_suffix(".md").read_text()
     assert md.split("\n")[2].startswith("**CONTENDED: NOT A RESULT**: other processes used ")
     assert "## Idle check" in md and "- Verdict: **contended** (contended: not a result): " in md
+
+
+def test_a_unit_of_the_run_is_judged_alone():
+    assert ic.unit_reasons(quiet(0.05, 0.08), 12.0, 14.0) == []
+    assert ic.unit_reasons(quiet(0.2, 0.3, [{"pid": 9, "name": "cc1", "cores": 0.2}]), 9.0,
+                           14.0) == [
+        "other processes used 0.20 cores (top: cc1[9] 0.20)",
+        "the hypervisor stole 0.30 cores",
+        "memory bandwidth after it was 9.0 GB/s, under 75% of this machine's idle 14.0 GB/s"]
+    # 100 s at 0.1 steal and 0.05 others, less a 20 s attempt at 0.4 steal and 0.1 others:
+    # 10 - 8 = 2 steal-seconds and 5 - 2 = 3 others-seconds over 80 s.
+    total = {**quiet(0.05, 0.1), "wall_s": 100.0}
+    kept = ic.without(total, [{**quiet(0.1, 0.4), "wall_s": 20.0}])
+    assert kept["wall_s"] == 80.0 and kept["steal_cores"] == pytest.approx(0.025)
+    assert kept["others_cores"] == pytest.approx(0.0375)
+    # "kept" is what the verdict judges where units were retaken.
+    run = {**run_total(0.0, [], steal=0.3), "kept": quiet(0.0, 0.02)}
+    assert ic.decide(quiet(), run, quiet(), None, None, None) == []
+
+
+class FakeProc:
+    """/proc as the Watch reads it: a clock, the machine's steal and a neighbour's CPU time
+    (``busy_until``: it uses a whole core until then), moved by the test and by ``sleep``."""
+
+    def __init__(self, busy_until=0.0):
+        self.t, self.steal, self.user, self.busy_until = 0.0, 0.0, 0.0, busy_until
+
+    def read(self, root=None, proc=None):
+        cpu = {k: 0.0 for k in ic.CPU_FIELDS}
+        cpu["steal"], cpu["user"] = self.steal, self.user
+        return ic.Reading(self.t, cpu, {}, set(), (0.0, 0.0, 0.0), 1)
+
+    def sleep(self, s):
+        self.user += max(0.0, min(self.t + s, self.busy_until) - self.t)
+        self.t += s
+
+
+@pytest.mark.parametrize("retakes, allow_busy", [(1, False), (0, False), (3, True)])
+def test_a_unit_the_hypervisor_stole_from_is_measured_again(monkeypatch, retakes, allow_busy):
+    fake = FakeProc()
+    monkeypatch.setattr(ic, "read_proc", fake.read)
+    attempts = []
+
+    def measure():  # 10 s; the first attempt loses 3 s to the hypervisor (0.3 cores)
+        attempts.append(len(attempts))
+        fake.t += 10.0
+        fake.steal += 3.0 if len(attempts) == 1 else 0.0
+        return f"attempt {len(attempts)}"
+
+    w = ic.Watch(window_s=0.0, sample_s=1000.0, probe=False, retakes=retakes,
+                 allow_busy=allow_busy)
+    got = w.unit("pair 0 code", measure)
+    check = w.finish()
+    units = check["during"]["units"]
+    if retakes and not allow_busy:
+        assert got == "attempt 2" and attempts == [0, 1] and w.retakes == 0
+        assert [(u["unit"], u["reasons"], u["retaken"]) for u in units] == [
+            ("pair 0 code", ["the hypervisor stole 0.30 cores"], True), ("pair 0 code", [], False)]
+        assert check["during"]["retaken"] == 1 and check["during"]["total"]["steal_cores"] == 0.15
+        assert check["during"]["kept"]["steal_cores"] == 0.0
+        assert check["verdict"] == "idle"
+        md = "\n".join(ic.markdown(check))
+        assert ("- Units judged on their own: 1 kept, 1 retaken (not quiet: measured again, the "
+                "attempt dropped)\n  - retaken: pair 0 code (10 s): the hypervisor stole 0.30 "
+                "cores\n- During, without the retaken attempts (10 s): others 0.00 cores on "
+                "average; steal 0.00 (what the verdict judges)") in md
+    else:  # no retakes left, or --allow-busy: the attempt is kept and the run judged with it
+        assert got == "attempt 1" and attempts == [0]
+        assert [u["retaken"] for u in units] == [False] and "kept" not in check["during"]
+        assert check["verdict"] == "contended"
+        assert check["reasons"] == ["the hypervisor stole 0.30 cores during the run"]
+        assert ("  - kept although not quiet (no retakes left, or --allow-busy): pair 0 code: "
+                "the hypervisor stole 0.30 cores") in "\n".join(ic.markdown(check))
+
+
+def test_retakes_and_wait_idle_must_not_be_negative(tmp_path):
+    r = bench(["scripts/cli_pairs.py", "--pairs", "1", "--retakes", "-1"], tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip() == "error: --retakes and --wait-idle must be >= 0, got -1 and 0"
+
+
+def test_wait_idle_waits_out_a_busy_window(monkeypatch):
+    """A neighbour busy for the first 20 s: with --wait-idle 60 the before window is tried
+    again every 15 s until quiet; with 0 the run is refused at once."""
+    fake = FakeProc(busy_until=20.0)
+    monkeypatch.setattr(ic, "read_proc", fake.read)
+    monkeypatch.setattr(ic.time, "sleep", fake.sleep)
+    monkeypatch.setattr(ic.time, "monotonic", lambda: fake.t)
+    w = ic.Watch(window_s=2.0, sample_s=1000.0, probe=False, wait_s=60.0)
+    assert fake.t == 36.0  # windows at 0, 17 (busy), 34 (quiet)
+    assert [x["window"] for x in w.waits] == ["before", "before"]
+    assert w.waits[0]["reasons"] == ["other processes used 1.00 cores before the run"]
+    check = w.finish()
+    assert check["verdict"] == "idle" and len(check["waits"]) == 2
+    assert ("- Waited for an idle machine before the run: other processes used 1.00 cores "
+            "before the run") in "\n".join(ic.markdown(check))
+    fake2 = FakeProc(busy_until=20.0)
+    monkeypatch.setattr(ic, "read_proc", fake2.read)
+    monkeypatch.setattr(ic.time, "sleep", fake2.sleep)
+    monkeypatch.setattr(ic.time, "monotonic", lambda: fake2.t)
+    with pytest.raises(SystemExit) as e:
+        ic.Watch(window_s=2.0, sample_s=1000.0, probe=False, wait_s=0.0)
+    assert str(e.value.code).startswith("error: the machine was not idle: other processes used "
+                                        "1.00 cores before the run. No record written")
