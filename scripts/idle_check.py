@@ -18,9 +18,10 @@ On a virtual machine the neighbours come and go within minutes (hypervisor steal
 for a few minutes, then 0.01), so a run of several minutes is rarely quiet from end to end. A script
 that measures in units (``Watch.unit``: one alternating pair of arms, one round of processes) has
 each unit judged on its own: the CPU time of other processes and the steal during it, and a
-bandwidth probe after it. A unit that was not quiet is measured again (at most ``--retakes`` times in
-a run) and the discarded attempt's time leaves the run's figures; the record lists every retake and
-why. Units alternate their arms, so dropping a whole unit favours no arm. ``--wait-idle S`` waits up
+bandwidth probe after it. A unit that was not quiet is measured again after a 20 s pause (at
+most ``--retakes`` times in a run) and the discarded attempt's time leaves the run's figures; the
+record lists every retake and why. Units alternate their arms, so dropping a whole unit favours no
+arm. ``--wait-idle S`` waits up
 to S seconds for a quiet idle window before the run (and after it) instead of refusing at once.
 
     python scripts/idle_check.py --calibrate     # on an idle machine: store its idle bandwidth
@@ -50,6 +51,7 @@ ALLOW_BUSY_HELP = ("write the record although the machine was not idle; it is la
 WINDOW_HELP = "seconds of the idle windows before and after the run (default 2)"
 RETAKES_HELP = ("units of the run (an alternating pair, a round) measured again when the machine "
                 "was not quiet during them, at most this many in the run (default 24; 0: none)")
+RETAKE_PAUSE_S = 20.0  # idle seconds before a retake
 WAIT_HELP = ("wait up to S seconds for a quiet idle window before the run and after it, instead "
              "of refusing at once (default 0)")
 
@@ -331,7 +333,8 @@ class Watch:
                 return out
             self.retakes -= 1
             self._dropped.append((a.t, b.t, iv))
-            print(f"retaking {label}: {'; '.join(reasons)}", flush=True)
+            print(f"retaking {label} in {RETAKE_PAUSE_S:g} s: {'; '.join(reasons)}", flush=True)
+            time.sleep(RETAKE_PAUSE_S)  # a busy stretch lasts minutes: let it pass, not the budget
 
     def _sample(self):
         last = self._start

@@ -8,11 +8,16 @@
 # records are not taken on a machine known to be busy. Each command is the one in the old
 # record's json ("command", "env"); records are named <topic>-<host>-<date of the run>, so a
 # re-take gets today's date and the superseded file of an earlier date is git rm'ed.
-# The README quotes only these re-taken records (update it after).
+# The README quotes only these re-taken records (update it after). Each script waits up to 10
+# minutes for a quiet machine before and after its run; those that measure in units (an
+# alternating pair, a round: bench_mtp.py, cli_pairs.py, blas_spread.py) measure a unit the
+# machine was not quiet for again, up to 60 times a run (scripts/idle_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD"
 PY=${PYTHON:-python}
+WAIT=(--wait-idle 600)
+UNITS=(--wait-idle 600 --retakes 60)
 STDLIB=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 BLIS=$($PY -c 'from mlx_mtp import cpu_blas; print(next(p for n, p in cpu_blas.find() if n == "BLIS"))')
 OPENBLAS=$($PY -c 'from mlx_mtp import cpu_blas; print(next(p for n, p in cpu_blas.find() if n == "OpenBLAS"))')
@@ -38,57 +43,57 @@ $PY scripts/idle_check.py --calibrate
 # T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
 retake demo-pair-blis-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
-  --pairs 6 --max-tokens 128
+  --pairs 6 --max-tokens 128 "${UNITS[@]}"
 # issue 16: auto against the blocks that can be best, with enough pairs to tell a loss from noise
 retake demo-pair-blis-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
-  --pairs 10 --max-tokens 128
+  --pairs 10 --max-tokens 128 "${UNITS[@]}"
 retake demo-pair-openblas-vm-2026-12-01 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
-  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,auto \
-  --pairs 5 --max-tokens 128
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
+  --pairs 5 --max-tokens 128 "${UNITS[@]}"
 
 # T=0.6 speculative sampling with BLIS against plain sampling; blocks up to 6 since block
 # verification keeps more drafts the longer the block.
 retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-speculative-sampling \
-  --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128
+  --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128 "${UNITS[@]}"
 
 # T=1.0 speculative sampling with BLIS.
 # auto at T > 0 (Gumbel-coupled keyed draws) against fixed blocks (speculative sampling)
 retake demo-pair-blis-T0.6-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-auto --temp 0.6 --seed 0 \
-  --block-sizes 3,4,auto --pairs 5 --max-tokens 128
+  --block-sizes 3,4,auto --pairs 5 --max-tokens 128 "${UNITS[@]}"
 retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T1.0-speculative-sampling \
-  --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128
+  --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128 "${UNITS[@]}"
 
 # The CLI's default run against --no-mtp, alternating pairs of fresh processes (issue 12's CLI bar).
-retake cli-default-vm-2026-12-01 -- $PY scripts/cli_pairs.py --pairs 5
+retake cli-default-vm-2026-12-01 -- $PY scripts/cli_pairs.py --pairs 5 "${UNITS[@]}"
 
 # Drafter phases: the random pair, and the trained demo pair with the draft vocabulary it ships
 # (mlx_mtp/demo_pair/mtp/draft_vocab: 4096 ids, built by
 # python -m mlx_mtp.draft_vocab build --model mlx_mtp/demo_pair --size 4096 --corpus FILES over the
 # 48 standard-library files of mlx_mtp/demo_pair/mtp/draft_vocab/draft_vocab.json's "corpus").
 retake drafter-phases-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
-  $PY scripts/bench_drafter.py --max-tokens 24 --pairs 5
+  $PY scripts/bench_drafter.py --max-tokens 24 --pairs 5 "${WAIT[@]}"
 retake drafter-phases-demo-pair-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
-  $PY scripts/bench_drafter.py --model mlx_mtp/demo_pair --pairs 5 --topic drafter-phases-demo-pair
+  $PY scripts/bench_drafter.py --model mlx_mtp/demo_pair --pairs 5 --topic drafter-phases-demo-pair "${WAIT[@]}"
 
 # The exactness probe's cost.
 retake probe-cost-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
-  $PY scripts/probe_cost.py --record --repeats 5
+  $PY scripts/probe_cost.py --record --repeats 5 "${WAIT[@]}"
 
 # The spread across fresh processes per BLAS choice, with the one-process control (issue 17).
-retake blas-spread-vm-2026-12-01 -- $PY scripts/blas_spread.py --processes 5 --max-tokens 128
+retake blas-spread-vm-2026-12-01 -- $PY scripts/blas_spread.py --processes 5 --max-tokens 128 "${UNITS[@]}"
 
 # Converted folders (issue 15), a target split over 2 local processes (issue 18), the server.
-retake convert-demo-pair-vm-2026-12-01 -- $PY scripts/bench_convert.py --pairs 3 --max-tokens 128
-retake split-vm-2026-12-01 -- $PY scripts/bench_split.py --pairs 3 --max-tokens 128
+retake convert-demo-pair-vm-2026-12-01 -- $PY scripts/bench_convert.py --pairs 3 --max-tokens 128 "${WAIT[@]}"
+retake split-vm-2026-12-01 -- $PY scripts/bench_split.py --pairs 3 --max-tokens 128 "${WAIT[@]}"
 retake server-demo-pair-vm-2026-12-01 -- \
-  $PY scripts/bench_server.py --pairs 5 --max-tokens 128 --clients 4 --requests 3
+  $PY scripts/bench_server.py --pairs 5 --max-tokens 128 --clients 4 --requests 3 "${WAIT[@]}"
 
 # A realistic-size random pair (issue 12), built as in shared/design/round-cost.md into $BIG_PAIR.
 if [ -n "${BIG_PAIR:-}" ]; then
   retake big-pair-blis-vm-2026-12-01 -- $PY scripts/bench_mtp.py --model "$BIG_PAIR" \
-    --topic big-pair-blis --block-sizes 1,2,3,auto --pairs 2 --max-tokens 96
+    --topic big-pair-blis --block-sizes 1,2,3,auto --pairs 2 --max-tokens 96 "${UNITS[@]}"
 fi

@@ -180,12 +180,19 @@ def test_auto_against_each_fixed_block_pair_by_pair():
         "5": {"median": 90 / 100, "min": 90 / 100, "max": 88 / 80, "pairs": 3}}
     assert bench_mtp.hardest_fixed(row["auto_vs_fixed_paired"]) == "5"
     assert row["auto_block_sizes"] == {"2": 3, "6": 30}
+    # held out: block 5 is the best over the other two pairs for every pair (95 / 105 / 90
+    # against block 3's 80 / 85 / 75), so its ratios are the paired ones
+    assert row["auto_vs_best_fixed_held_out"] == {"median": 90 / 100, "min": 90 / 100,
+                                                  "max": 88 / 80, "pairs": 3, "chosen": {"5": 3}}
     lines = bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw})
     assert lines[3] == ("| prompt | classic tok/s | block 3 tok/s | block 5 tok/s "
                         "| block auto tok/s | auto / best fixed | that block, paired "
+                        "| auto / best fixed, held out "
                         "| auto / plain | widths auto chose (width: rounds) |")
     assert lines[5] == ("| code | 50.0 | 80.0 | 100.0 | 90.0 | 0.90x (block 5) | 0.90x (0.90-1.10) "
-                        "| 1.80x | 2: 3, 6: 30 |")
+                        "| 0.90x (0.90-1.10) | 1.80x | 2: 3, 6: 30 |")
+    assert lines[7].startswith("\"auto / best fixed, held out\": for each pair, the fixed block ")
+    assert lines[7].endswith("Blocks so chosen: code 5: 3.")
     assert "## Auto against each fixed block, pair by pair" in lines
     assert lines[-3:-1] == ["| prompt | vs block 3 | vs block 5 | hardest block, paired |",
                             "|---|---|---|---|"]
@@ -202,7 +209,7 @@ def test_a_record_from_before_the_paired_comparison_still_renders():
     [row] = bench_mtp.per_prompt(SimpleNamespace(prompts={"code": "x"},
                                                  block_sizes=[3, 5, "auto"]), raw)
     new = bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw})
-    del row["auto_vs_fixed_paired"]
+    del row["auto_vs_fixed_paired"], row["auto_vs_best_fixed_held_out"]
     assert bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw}) == new
     old = bench_mtp._per_prompt_lines({"per_prompt": [row]})
     assert old == ["", "## Per prompt (medians over pairs)", "",
@@ -210,3 +217,20 @@ def test_a_record_from_before_the_paired_comparison_still_renders():
                    "| auto / best fixed | auto / plain | widths auto chose (width: rounds) |",
                    "|---|---|---|---|---|---|---|---|",
                    "| code | 50.0 | 80.0 | 100.0 | 90.0 | 0.90x (block 5) | 1.80x | 2: 3, 6: 30 |"]
+
+
+def test_held_out_best_fixed_block_is_chosen_on_the_other_pairs():
+    """Blocks 3 and 5 about equal, noisy: the best of the medians measured on the same runs
+    (block 3: 90 against 88) makes auto look 1.00x; chosen on the other pairs, each pair's
+    block is 5, 3, 5 and auto is 90/88, 90/80, 90/85 of it."""
+    tps = {"classic": (50, 50, 50), "mtp3": (100, 80, 90), "mtp5": (88, 95, 85),
+           "mtpauto": (90, 90, 90)}
+    raw = {arm: [{"pair": i, "prompt": "p", "tps": float(t)} for i, t in enumerate(ts)]
+           for arm, ts in tps.items()}
+    # pair 0: others' medians 85 (3) / 90 (5) -> 5; pair 1: 95 / 86.5 -> 3; pair 2: 90 / 91.5 -> 5
+    got = bench_mtp.held_out_vs_best(raw, "p", [3, 5])
+    assert got == {"median": 90 / 85, "min": 90 / 88, "max": 90 / 80, "pairs": 3,
+                   "chosen": {"5": 2, "3": 1}}
+    assert bench_mtp.held_out_vs_best(raw, "other prompt", [3, 5]) == {}
+    one = {arm: runs[:1] for arm, runs in raw.items()}
+    assert bench_mtp.held_out_vs_best(one, "p", [3, 5]) == {}  # one pair: nothing to hold out
