@@ -21,8 +21,8 @@ each unit judged on its own: the CPU time of other processes and the steal durin
 bandwidth probe after it. A unit that was not quiet is measured again after a 20 s pause (at
 most ``--retakes`` times in a run) and the discarded attempt's time leaves the run's figures; the
 record lists every retake and why. Units alternate their arms, so dropping a whole unit favours no
-arm. ``--wait-idle S`` waits up
-to S seconds for a quiet idle window before the run (and after it) instead of refusing at once.
+arm. ``--wait-idle S`` waits up to S seconds for a quiet idle window before the run (and after it)
+instead of refusing at once.
 
     python scripts/idle_check.py --calibrate     # on an idle machine: store its idle bandwidth
     python scripts/idle_check.py                 # check now (10 s window), print the verdict
@@ -332,9 +332,10 @@ class Watch:
             if not retake:
                 return out
             self.retakes -= 1
-            self._dropped.append((a.t, b.t, iv))
             print(f"retaking {label} in {RETAKE_PAUSE_S:g} s: {'; '.join(reasons)}", flush=True)
             time.sleep(RETAKE_PAUSE_S)  # a busy stretch lasts minutes: let it pass, not the budget
+            c = read_proc()  # the pause is dropped with the attempt (its idle time would dilute)
+            self._dropped.append((a.t, c.t, interval(a, c, top=0)))
 
     def _sample(self):
         last = self._start

@@ -235,13 +235,14 @@ def test_a_unit_the_hypervisor_stole_from_is_measured_again(monkeypatch, retakes
         # the run: 10 s attempt + 20 s pause + 10 s attempt; 3 steal-seconds, all in the first
         assert check["during"]["retaken"] == 1 and check["during"]["total"]["wall_s"] == 40.0
         assert check["during"]["total"]["steal_cores"] == 0.075
-        assert check["during"]["kept"] == {**check["during"]["total"], "wall_s": 30.0,
+        # kept: the second attempt alone (the pause goes with the dropped attempt)
+        assert check["during"]["kept"] == {**check["during"]["total"], "wall_s": 10.0,
                                            "steal_cores": 0.0}
         assert check["verdict"] == "idle"
         md = "\n".join(ic.markdown(check))
         assert ("- Units judged on their own: 1 kept, 1 retaken (not quiet: measured again, the "
                 "attempt dropped)\n  - retaken: pair 0 code (10 s): the hypervisor stole 0.30 "
-                "cores\n- During, without the retaken attempts (30 s): others 0.00 cores on "
+                "cores\n- During, without the retaken attempts (10 s): others 0.00 cores on "
                 "average; steal 0.00 (what the verdict judges)") in md
     else:  # no retakes left, or --allow-busy: the attempt is kept and the run judged with it
         assert got == "attempt 1" and attempts == [0]
