@@ -41,7 +41,7 @@ retake() {
 $PY scripts/idle_check.py --calibrate
 
 # T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
-retake demo-pair-blis-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
   --pairs 6 --max-tokens 128 "${UNITS[@]}"
 # issue 16: auto against the blocks that can be best, with enough pairs to tell a loss from noise
