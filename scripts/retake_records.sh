@@ -48,7 +48,7 @@ retake demo-pair-blis-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
 retake demo-pair-blis-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
   --pairs 10 --max-tokens 128 "${UNITS[@]}"
-retake demo-pair-openblas-vm-2026-12-01 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
+retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
   --pairs 5 --max-tokens 128 "${UNITS[@]}"
 
