@@ -532,26 +532,23 @@ def result_cells(row: dict) -> str:
             f"{_identical_text(row.get('identical_to_classic'))}")
 
 
-def _paired_of(r: dict, p: dict) -> dict:
-    """A per-prompt row's paired comparison: stored, or computed from the record's raw runs (a
-    record from before the field)."""
-    if "auto_vs_fixed_paired" in p:
-        return p["auto_vs_fixed_paired"]
+def _stored_or_raw(r: dict, p: dict, key: str, compute) -> dict:
+    """A per-prompt row's comparison ``key``: stored, or ``compute``d from the record's raw runs
+    (a record from before the field); {} where neither can give it."""
+    if key in p:
+        return p[key]
     if "best_fixed" not in p or "raw" not in r:
         return {}
     fixed = [a for a in p["mtp_tps"] if a != AUTO]
-    return paired_vs_fixed(r["raw"], p["prompt"], [int(a) for a in fixed])
+    return compute(r["raw"], p["prompt"], [int(a) for a in fixed])
+
+
+def _paired_of(r: dict, p: dict) -> dict:
+    return _stored_or_raw(r, p, "auto_vs_fixed_paired", paired_vs_fixed)
 
 
 def _held_out_of(r: dict, p: dict) -> dict:
-    """A per-prompt row's held-out comparison: stored, or computed from the record's raw runs
-    (a record from before the field)."""
-    if "auto_vs_best_fixed_held_out" in p:
-        return p["auto_vs_best_fixed_held_out"]
-    if "best_fixed" not in p or "raw" not in r:
-        return {}
-    fixed = [a for a in p["mtp_tps"] if a != AUTO]
-    return held_out_vs_best(r["raw"], p["prompt"], [int(a) for a in fixed])
+    return _stored_or_raw(r, p, "auto_vs_best_fixed_held_out", held_out_vs_best)
 
 
 def _ratio_range(c: dict) -> str:
