@@ -149,7 +149,7 @@ def run(args, watch=None) -> dict:
     plain_decode(model.mlx_model, warm, 8, sampler)
     for bs in args.block_sizes:
         mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed, args.max_block_size)
-    unit = watch.unit if watch is not None else (lambda label, measure: measure())
+    unit = bench_common.idle_check.Watch.runner(watch)
 
     raw = {"classic": [], **{_arm(bs): [] for bs in args.block_sizes}}
     exact = {bs: True for bs in args.block_sizes}
@@ -192,17 +192,17 @@ def run(args, watch=None) -> dict:
     return summarize(args, model, raw, exact, bw, synced)
 
 
-def synced_pass(args, model, prompts: dict, sampler, unit=None) -> list:
+def synced_pass(args, model, prompts: dict, sampler, unit) -> list:
     """After the pairs, ``--synced-runs`` runs per prompt of the plain arm and of each MTP arm
     with ``MLX_MTP_SYNC_PHASES=1``: each phase then waits for its own device work, so the split
     says what the verify alone costs and what the draft and accept hook cost, which the queued
     (default) runs fold into the verify. These runs are not in the tok/s above (the syncs cost
-    time); their plain runs give the step the verify is divided by."""
+    time); their plain runs give the step the verify is divided by. Each prompt's runs are one
+    unit of the idle check (``unit``: ``Watch.runner``)."""
     out = []
     before = os.environ.get(SYNC_PHASES_ENV)
     os.environ[SYNC_PHASES_ENV] = "1"
     try:
-        unit = unit or (lambda label, measure: measure())
         for rep in range(args.synced_runs):
             for name, prompt in prompts.items():
                 def measure():

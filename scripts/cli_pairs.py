@@ -67,7 +67,7 @@ def measure(args, watch=None) -> list:
     """``args.pairs`` pairs, alternating which arm starts first; each pair one unit of the idle
     check (retaken when the machine was not quiet during it)."""
     cli_args = shlex.split(args.cli_args)
-    unit = watch.unit if watch is not None else (lambda label, measure: measure())
+    unit = bench_common.idle_check.Watch.runner(watch)
     pairs = []
     for i in range(args.pairs):
         order = ARMS if i % 2 == 0 else ARMS[::-1]

@@ -213,10 +213,16 @@ def window_reasons(name: str, iv: dict, bw: Optional[float], idle_gbs: Optional[
     if iv["others_cores"] > limits.others_peak_cores:
         reasons.append(f"other processes used {iv['others_cores']:.2f} cores {name} the run"
                        + _top(iv))
+    return reasons + _low_bandwidth(f"{name} the run", bw, idle_gbs, limits)
+
+
+def _low_bandwidth(when: str, bw: Optional[float], idle_gbs: Optional[float],
+                   limits: Limits) -> List[str]:
+    """The reason a probe ``bw`` taken ``when`` says the machine was busy, if it does."""
     if idle_gbs and bw is not None and bw < limits.bandwidth_ratio * idle_gbs:
-        reasons.append(f"memory bandwidth {name} the run was {bw:.1f} GB/s, under "
-                       f"{limits.bandwidth_ratio:.0%} of this machine's idle {idle_gbs:.1f} GB/s")
-    return reasons
+        return [f"memory bandwidth {when} was {bw:.1f} GB/s, under "
+                f"{limits.bandwidth_ratio:.0%} of this machine's idle {idle_gbs:.1f} GB/s"]
+    return []
 
 
 def unit_reasons(iv: dict, bw: Optional[float], idle_gbs: Optional[float],
@@ -228,10 +234,7 @@ def unit_reasons(iv: dict, bw: Optional[float], idle_gbs: Optional[float],
         reasons.append(f"other processes used {iv['others_cores']:.2f} cores" + _top(iv))
     if iv["steal_cores"] > limits.steal_mean_cores:
         reasons.append(f"the hypervisor stole {iv['steal_cores']:.2f} cores")
-    if idle_gbs and bw is not None and bw < limits.bandwidth_ratio * idle_gbs:
-        reasons.append(f"memory bandwidth after it was {bw:.1f} GB/s, under "
-                       f"{limits.bandwidth_ratio:.0%} of this machine's idle {idle_gbs:.1f} GB/s")
-    return reasons
+    return reasons + _low_bandwidth("after it", bw, idle_gbs, limits)
 
 
 def without(total: dict, dropped: List[dict]) -> dict:
@@ -336,6 +339,11 @@ class Watch:
             time.sleep(RETAKE_PAUSE_S)  # a busy stretch lasts minutes: let it pass, not the budget
             c = read_proc()  # the pause is dropped with the attempt (its idle time would dilute)
             self._dropped.append((a.t, c.t, interval(a, c, top=0)))
+
+    @staticmethod
+    def runner(watch: Optional["Watch"]):
+        """``watch.unit``, or with no watch (a run that writes no record) a plain call."""
+        return watch.unit if watch is not None else (lambda label, measure: measure())
 
     def _sample(self):
         last = self._start
