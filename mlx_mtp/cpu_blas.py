@@ -10,11 +10,12 @@ system library with RTLD_GLOBAL *before* ``mlx.core`` is first imported makes ML
 that library. This module must not import mlx.
 
 ``verify_threads()``: the multi-row products of a speculative round (verify, accept hook) are a
-few rows against small matrices, where a second BLAS thread costs more in hand-off than it saves
+few rows against small matrices, where a second BLIS thread costs more in hand-off than it saves
 (measured with BLIS on the demo pair, on a contended 2-core machine: a 3-token verify 3.2x a
-decode step with 2 threads, 1.3x with 1). One-row products (decode) do not depend on the thread count, so the round loop runs with
-``MLX_MTP_VERIFY_THREADS`` threads (default 1; ``0`` = leave the count alone), and everything that
-measures a verify's exactness (``row_exact.install``, the probe's block arm) does so too.
+decode step with 2 threads, 1.3x with 1). One-row products (decode) do not depend on the thread
+count, so the round loop runs with ``MLX_MTP_VERIFY_THREADS`` threads (unset: 1 with BLIS,
+OpenBLAS's own count, which one thread slows down; ``0`` = leave the count alone), and everything
+that measures a verify's exactness (``row_exact.install``, the probe's block arm) does so too.
 """
 
 from __future__ import annotations
@@ -199,10 +200,27 @@ def verify_thread_count(environ=None) -> int:
     return int(value)
 
 
+# A round's BLAS threads where MLX_MTP_VERIFY_THREADS is unset, per library (else 1). OpenBLAS
+# keeps its own count: 0.3.21 on one thread ran the demo head's 3-row products ~5x and its
+# 8192 x 256 LM head ~2x slower than on its default two (idle 2-core VM), so one round thread
+# cost the accept hook 2.2 ms against 1.7 and a block-3 round ~8%, the probe equal either way.
+ROUND_THREADS_DEFAULT = {"OpenBLAS": 0}
+
+
+def round_thread_count(environ=None) -> int:
+    """The BLAS thread count a round runs with (``verify_threads``): ``MLX_MTP_VERIFY_THREADS``
+    if set, else the bound library's default (``ROUND_THREADS_DEFAULT``, else 1); 0 = the
+    library's own count."""
+    environ = os.environ if environ is None else environ
+    if environ.get(VERIFY_THREADS_ENV, "").strip() == "":
+        return ROUND_THREADS_DEFAULT.get(STATE.name, 1)
+    return verify_thread_count(environ)
+
+
 @contextmanager
 def verify_threads():
-    """Run the body with the BLAS thread count for a round's multi-row products (see above)."""
-    n = verify_thread_count()
+    """Run the body with the BLAS thread count for a round's work (``round_thread_count``)."""
+    n = round_thread_count()
     api = _thread_api() if n else None
     if api is None:
         yield

@@ -271,7 +271,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     # verify of the realistic-size pair). Not across split ranks (two could pin to one core),
     # nor with more than one verify thread (they would share the core).
     pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and split is None
-           and cpu_blas.verify_thread_count() == 1)
+           and cpu_blas.round_thread_count() == 1)
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()

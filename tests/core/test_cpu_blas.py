@@ -148,12 +148,25 @@ def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
         default = cpu_blas.blis_threads(n)
         assert (out["name"], out["before"], out["inside"]) == (lib, -1, 1)
         assert out["jc_before"] == out["jc_after"] == default  # the split is put back
-    else:  # OpenBLAS: all cores by default
+    else:  # OpenBLAS: all cores by default, and rounds keep them (one thread is slower)
+        assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, n, n)
+        out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path, MLX_MTP_VERIFY_THREADS="1")
         assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, 1, n)
     out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path, MLX_MTP_VERIFY_THREADS="0")
     assert out["before"] == out["inside"] == out["after"]
     out, _ = run(THREADS, MLX_MTP_CPU_BLAS="off")
     assert (out["name"], out["inside"]) == ("bundled", None)  # nothing to set
+
+
+def test_the_rounds_thread_count_defaults_per_library(monkeypatch):
+    for name, want in [("BLIS", 1), ("OpenBLAS", 0), ("custom", 1), ("bundled", 1)]:
+        monkeypatch.setattr(cpu_blas.STATE, "name", name)
+        assert cpu_blas.round_thread_count({}) == want
+        assert cpu_blas.round_thread_count({"MLX_MTP_VERIFY_THREADS": "3"}) == 3
+        assert cpu_blas.round_thread_count({"MLX_MTP_VERIFY_THREADS": "1"}) == 1
+        assert cpu_blas.verify_thread_count({}) == 1  # the row kernel's: 1 whatever the library
+    with pytest.raises(mlx_mtp.MTPError, match="MLX_MTP_VERIFY_THREADS must be a whole number"):
+        cpu_blas.round_thread_count({"MLX_MTP_VERIFY_THREADS": "two"})
 
 
 def test_a_bad_verify_thread_count_is_one_line_naming_the_variable():
