@@ -189,13 +189,16 @@ def test_a_verify_through_the_lazy_kernel_is_not_pinned(wide_dir, block_size):
 
 
 def test_no_pinning_where_the_verify_makes_no_kernel_call(monkeypatch):
-    """The demo pair's verify runs no eager kernel (no row-exact layer, 64 KB recurrent states):
-    nothing is pinned, so the queued draft and accept hook keep their overlap with Python."""
+    """The demo pair's verify makes no eager kernel call (64 KB recurrent states; its layers
+    either need no row kernel, as with BLIS on an AVX2 host, or run it as a lazy op, as its down
+    projections do with BLIS on an AVX-512 host): nothing is pinned, so the queued draft and
+    accept hook keep their overlap with Python."""
     needs_two_cores()
     model = mlx_mtp.load_model(DEMO)
     full = len(os.sched_getaffinity(0))
     _, seen, _ = _run(model, 3)
-    assert not any(row_exact.method(m) == "kernel" for _, m in model.mlx_model.named_modules())
+    kernel = any(row_exact.method(m) == "kernel" for _, m in model.mlx_model.named_modules())
+    assert not kernel or lazy_kernels.available()
     assert ("verify", full, full) in seen and {(a, b) for _, a, b in seen} == {(full, full)}
 
 
