@@ -45,7 +45,7 @@ retake demo-pair-blis-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
   --pairs 6 --max-tokens 128 "${UNITS[@]}"
 # issue 16: auto against the blocks that can be best, with enough pairs to tell a loss from noise
-retake demo-pair-blis-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
   --pairs 10 --max-tokens 128 "${UNITS[@]}"
 retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
@@ -85,6 +85,8 @@ retake probe-cost-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
 
 # The spread across fresh processes per BLAS choice, with the one-process control (issue 17).
 retake blas-spread-vm-2026-12-01 -- $PY scripts/blas_spread.py --processes 5 --max-tokens 128 "${UNITS[@]}"
+# issue 17's bar: the default BLAS alone, the CLI's default run (256 tokens)
+retake blas-spread-vm-2026-12-02 -- $PY scripts/blas_spread.py --processes 5 --arms default "${UNITS[@]}"
 
 # Converted folders (issue 15), a target split over 2 local processes (issue 18), the server.
 retake convert-demo-pair-vm-2026-12-01 -- $PY scripts/bench_convert.py --pairs 3 --max-tokens 128 "${WAIT[@]}"

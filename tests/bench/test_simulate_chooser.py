@@ -307,13 +307,13 @@ def test_verify_steps_replace_the_records_verify_costs(capsys):
     assert "| random |" in out
 
 
-AUTO_RECORD = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-vm-2026-12-01.json"
+AUTO_RECORD = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-vm-2026-12-02.json"
 
 
 def test_a_record_without_block_1_takes_the_plain_step_from_mlx_lm_and_own_costs_split_arms():
     """The auto record ran blocks 3-6 and auto, no block 1: the plain step is its measured mlx-lm
     step. ``auto_costs`` (``--verify-arm own``): the fixed arms replay on the fixed arms' verify
-    costs, auto on its own rounds' (dearer at widths 3 and 6 in that record)."""
+    costs, auto on its own rounds'."""
     record = json.loads(AUTO_RECORD.read_text())
     fixed = sim.costs_from_record(AUTO_RECORD, "fixed")
     auto = sim.costs_from_record(AUTO_RECORD, "auto")
