@@ -68,7 +68,7 @@ retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="
   --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128 "${UNITS[@]}"
 
 # The CLI's default run against --no-mtp, alternating pairs of fresh processes (issue 12's CLI bar).
-retake cli-default-vm-2026-12-01 -- $PY scripts/cli_pairs.py --pairs 5 "${UNITS[@]}"
+retake cli-default-vm-2026-12-02 -- $PY scripts/cli_pairs.py --pairs 5 "${UNITS[@]}"
 
 # Drafter phases: the random pair, and the trained demo pair with the draft vocabulary it ships
 # (mlx_mtp/demo_pair/mtp/draft_vocab: 4096 ids, built by
