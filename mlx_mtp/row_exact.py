@@ -186,9 +186,9 @@ def kernel_products(layer, x: mx.array) -> mx.array:
 
 def kernel_threads() -> int:
     """The kernel's threads: ``MLX_MTP_VERIFY_THREADS`` (default 1 whatever the library, unlike
-    the round's BLAS count; 0 = the bound library's count). Each output is computed by one thread, so the bytes do not
-    depend on it. More than one thread measured much slower on a busy 2-core machine (threads
-    waiting for descheduled ones); not yet measured idle."""
+    the round's BLAS count; 0 = the bound library's count). Each output is computed by one
+    thread, so the bytes do not depend on it. More than one thread measured much slower on a
+    busy 2-core machine (threads waiting for descheduled ones); not yet measured idle."""
     n = cpu_blas.verify_thread_count()
     return n if n else (cpu_blas.STATE.threads or 1)
 

@@ -18,8 +18,9 @@ round's time (what both the clock and the chooser see) is multiplied by a seeded
 factor exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top.
 
 The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
-``verify_ms_by_width`` of an arm (``--verify-arm``; ``fixed`` takes each width from the fixed
-arm that verified it most, else auto's; ``own`` gives each arm its own: the fixed blocks the
+``verify_ms_by_width`` of an arm (``--verify-arm``: ``auto``, the default, takes a width auto
+never verified from the fixed arm that ran it as its block; ``fixed`` takes each width from the
+fixed arm that verified it most, else auto's; ``own`` gives each arm its own: the fixed blocks the
 fixed arms', auto its own rounds', for a record where auto's verifies ran dearer than the fixed
 arms' at the same width: 25.6 ms against 23.7 at width 3 in the auto record), the round split of the
 fixed arms, the plain step (block 1's, else the record's mlx-lm step), the drafter step
@@ -93,10 +94,13 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
     auto = rows["auto"]
     fixed = [r for b, r in rows.items() if b != "auto" and r["block_size"] > 1]
     verify = {int(w): ms for w, ms in auto["verify_ms_by_width"].items()}
+    own = {r["block_size"]: r["verify_ms_by_width"][str(r["block_size"])] for r in fixed}
     if verify_arm == "fixed":  # each width from the fixed arm that ran it as its own block
-        for r in fixed:
-            verify[r["block_size"]] = r["verify_ms_by_width"][str(r["block_size"])]
+        verify.update(own)
         verify[1] = statistics.median(r["verify_ms_by_width"]["1"] for r in fixed)
+    else:  # a width auto never verified in the record: the fixed arm's that ran it as its block
+        for w, ms in own.items():
+            verify.setdefault(w, ms)
     # accept hook ms per round against the pairs it consumed (tokens per round): a line
     pts = [(r["tokens_per_round"], r["round_ms"]["accept"]) for r in fixed]
     (x0, y0), (x1, y1) = min(pts), max(pts)

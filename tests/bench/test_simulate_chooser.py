@@ -37,7 +37,10 @@ def test_traces_reproduce_the_records_fixed_block_runs():
 def test_cost_model_is_the_records():
     record = {str(r["block_size"]): r for r in json.loads(sim.RECORD.read_text())["rows"]}
     c = sim.costs_from_record(sim.RECORD)
-    assert c.verify == {int(w): ms for w, ms in record["auto"]["verify_ms_by_width"].items()}
+    auto = {int(w): ms for w, ms in record["auto"]["verify_ms_by_width"].items()}
+    # auto's own verify costs; a width it never verified from the fixed arm that ran it as its block
+    assert c.verify == {w: auto[w] if w in auto else record[str(w)]["verify_ms_by_width"][str(w)]
+                        for w in range(1, 7)}
     assert c.plain_step == record["1"]["round_ms"]["residual"]
     # the accept hook line passes through the fixed blocks of fewest and most tokens per round
     fixed_blocks = [b for b in record if b not in ("1", "auto")]
@@ -63,6 +66,21 @@ def test_cost_model_is_the_records():
     assert all(record[b]["drafter_step_ms"] is None for b in fixed_blocks)
     per_step = sorted(record[b]["round_ms"]["draft"] / (int(b) - 2) for b in ("3", "4", "5", "6"))
     assert c.draft_step == pytest.approx((per_step[1] + per_step[2]) / 2)  # median of four
+
+
+def test_a_width_auto_never_verified_costs_what_its_fixed_arm_measured(tmp_path):
+    record = json.loads(sim.RECORD.read_text())
+    for r in record["rows"]:
+        if r["block_size"] == "auto":
+            r["verify_ms_by_width"] = {w: ms for w, ms in r["verify_ms_by_width"].items()
+                                       if w not in ("4", "5")}
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    rows = {str(r["block_size"]): r for r in record["rows"]}
+    c = sim.costs_from_record(path)
+    assert c.verify[4] == rows["4"]["verify_ms_by_width"]["4"]
+    assert c.verify[5] == rows["5"]["verify_ms_by_width"]["5"]
+    assert c.verify[6] == rows["auto"]["verify_ms_by_width"]["6"]
 
 
 def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
