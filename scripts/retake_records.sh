@@ -50,7 +50,7 @@ retake demo-pair-blis-auto-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   --pairs 10 --max-tokens 128 "${UNITS[@]}"
 retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
-  --pairs 5 --max-tokens 128 "${UNITS[@]}"
+  --pairs 8 --synced-runs 3 --max-tokens 128 "${UNITS[@]}"
 
 # T=0.6 speculative sampling with BLIS against plain sampling; blocks up to 6 since block
 # verification keeps more drafts the longer the block.
