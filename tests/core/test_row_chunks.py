@@ -3,6 +3,7 @@ otherwise (OpenBLAS 0.3.21 on one thread: from 4 rows): a verify block computed 
 ``(W @ x.T).T`` (transposed: OpenBLAS reduces up to 7 such columns like one row) or as the layer's
 own products on chunks of at most c rows, bitwise equal to one-row products."""
 
+import functools
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OPENBLAS = next((p for name, p in cpu_blas.find() if name == "OpenBLAS"), None)
 
 
+@functools.lru_cache(maxsize=None)
 def openblas_core() -> str:
     """The kernel family OpenBLAS picked for this CPU (``openblas_get_corename``): how its
     multi-row products reduce depends on it."""
@@ -210,11 +212,12 @@ def test_openblas_verify_equals_decode_steps_bitwise_at_every_width(form):
     inside in both."""
     out = run_openblas(VERIFY_CHECK, form)
     assert out["widths"] == {str(w): [True, True] for w in range(2, 7)}
-    if form == "installed" and not avx512_openblas():
+    avx512 = avx512_openblas()
+    if form == "installed" and not avx512:
         assert set(out["methods"]) == {"multi-row", "transposed"}
     else:  # the fallback, or AVX-512 kernels where the transposed form is no better (above)
         assert set(out["methods"]) == {"multi-row", "chunked"}
-        if avx512_openblas():
+        if avx512:
             assert out["methods"]["chunked"] == CHUNKED_AVX512[6]
     assert set(out["choices"]) == {"(True, True)", "whole"}
 
