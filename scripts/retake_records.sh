@@ -54,7 +54,7 @@ retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
 
 # T=0.6 speculative sampling with BLIS against plain sampling; blocks up to 6 since block
 # verification keeps more drafts the longer the block.
-retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-speculative-sampling \
   --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128 "${UNITS[@]}"
 
@@ -96,6 +96,6 @@ retake server-demo-pair-vm-2026-12-01 -- \
 
 # A realistic-size random pair (issue 12), built as in shared/design/round-cost.md into $BIG_PAIR.
 if [ -n "${BIG_PAIR:-}" ]; then
-  retake big-pair-blis-vm-2026-12-01 -- $PY scripts/bench_mtp.py --model "$BIG_PAIR" \
+  retake big-pair-blis-vm-2026-12-02 -- $PY scripts/bench_mtp.py --model "$BIG_PAIR" \
     --topic big-pair-blis --block-sizes 1,2,3,auto --pairs 2 --max-tokens 96 "${UNITS[@]}"
 fi

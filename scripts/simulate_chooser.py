@@ -29,7 +29,7 @@ the device work of queued drafts being inside the verify it overlaps).
 
 For a pair without recorded traces, ``--acceptance`` draws synthetic ones from its per-position
 acceptance (independent positions: no text's structure), e.g. the realistic-size pair:
-``--record benchmark_results/big-pair-blis-vm-2026-12-01.json --acceptance 0.6,0.4,0.1,0.1,0.15
+``--record benchmark_results/big-pair-blis-vm-2026-12-02.json --acceptance 0.6,0.4,0.1,0.1,0.15
 --max-tokens 96``.
 
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \

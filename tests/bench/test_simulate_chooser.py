@@ -149,7 +149,7 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs(tmp_path):
     """Two noisy fixed arms can say the hook cost less at more tokens per round: the model then
     takes it flat at their median instead of a falling line (the realistic-size record's arms,
     with the hook's ms set to fall, as an earlier take of that record had them)."""
-    record = json.loads((sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-01.json")
+    record = json.loads((sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-02.json")
                         .read_text())
     rows = {str(r["block_size"]): r for r in record["rows"]}
     assert rows["3"]["tokens_per_round"] > rows["2"]["tokens_per_round"]
@@ -253,7 +253,7 @@ def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(caps
 
 
 def test_synthetic_run_prints_a_table(capsys):
-    path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-01.json"
+    path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-02.json"
     sim.main(["--record", str(path), "--acceptance", "0.6,0.4,0.1,0.1,0.15", "--max-tokens",
               "96", "--seeds", "1"])
     out = capsys.readouterr().out
