@@ -48,6 +48,11 @@ retake demo-pair-blis-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
 retake demo-pair-blis-auto-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
   --pairs 10 --max-tokens 128 "${UNITS[@]}"
+# issue 16: auto on three more code prompts, where blocks 3-5 beat 6
+retake demo-pair-blis-auto-code-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code \
+  --prompts-json tests/data/demo_pair_code_prompts.json --block-sizes 3,4,5,6,auto \
+  --pairs 6 --max-tokens 128 "${UNITS[@]}"
 retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
   --pairs 8 --synced-runs 3 --max-tokens 128 "${UNITS[@]}"
@@ -60,10 +65,10 @@ retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-02 MLX_MTP_CPU_BLAS="
 
 # T=1.0 speculative sampling with BLIS.
 # auto at T > 0 (Gumbel-coupled keyed draws) against fixed blocks (speculative sampling)
-retake demo-pair-blis-T0.6-auto-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-T0.6-auto-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-auto --temp 0.6 --seed 0 \
   --block-sizes 3,4,auto --pairs 5 --max-tokens 128 "${UNITS[@]}"
-retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-01 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T1.0-speculative-sampling \
   --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128 "${UNITS[@]}"
 
