@@ -18,6 +18,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..draft_profile import DraftProfiler
 from ..interfaces import DrafterDefaults
+from . import row_products
 from .compiled_head import CompiledHead
 from .fused_head import FusedHead, fusable
 from .lm_head import DraftLMHead
@@ -80,11 +81,13 @@ class QwenMTPDrafter(DrafterDefaults):
         self.head = head
         self.target = target
         self.options = options
+        # The products of the compiled step through the row kernel (with OpenBLAS, by default).
+        self.row_kernel = options.compiled and row_products.resolve(options.row_kernel)
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
-                              chunk=options.fused_chunk)
+                              chunk=options.fused_chunk, rows_by_kernel=self.row_kernel)
         # The merged head is built from the weights the head has now (a head quantized later,
         # as ``quantize_drafter`` does to write a folder, is not drafted with).
-        fast = (FusedHead(head) if options.compiled and options.merged
+        fast = (FusedHead(head, row_kernel=self.row_kernel) if options.compiled and options.merged
                 and type(head) is MTPHead and fusable(head) else None)
         self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick, fast=fast)
                          if options.compiled else None)
@@ -207,6 +210,7 @@ class QwenMTPDrafter(DrafterDefaults):
         quantized = [m for _, m in self.head.named_modules() if hasattr(m, "bits")]
         return {"device_ids": self.options.device_ids, "compiled": self.compiled is not None,
                 "merged": self.compiled is not None and self.compiled.fast is not None,
+                "row_kernel": self.row_kernel,
                 "fused_argmax": self.lm.fused,
                 "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
                 "quantized_layers": len(quantized),

@@ -24,6 +24,8 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.qwen3_next import Qwen3NextAttention, Qwen3NextMLP
 
+from . import row_products
+
 
 def _plain(*linears) -> bool:
     return all(type(m) is nn.Linear and "bias" not in m for m in linears)
@@ -50,7 +52,7 @@ def _rms(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 
 
 class FusedLayer(nn.Module):
-    def __init__(self, layer):
+    def __init__(self, layer, row_kernel: bool = False):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         nh, nkv, hd = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
@@ -70,11 +72,15 @@ class FusedLayer(nn.Module):
         self.inter = mlp.gate_proj.weight.shape[0]
         self.w_gu = mx.concatenate([mlp.gate_proj.weight, mlp.up_proj.weight], axis=0)
         self.w_down = mlp.down_proj.weight
+        # x @ W.T of each product: the BLAS, or the row kernel (``row_products``)
+        self.mm_qkvg, self.mm_o, self.mm_gu, self.mm_down = (
+            row_products.matmul_for(w, row_kernel)
+            for w in (self.w_qkvg, self.w_o, self.w_gu, self.w_down))
 
     def __call__(self, x: mx.array, mask: Optional[mx.array], cache) -> mx.array:
         B, L, _ = x.shape
         nh, nkv, hd = self.nh, self.nkv, self.hd
-        y = self.in_norm(x) @ self.w_qkvg.T
+        y = self.mm_qkvg(self.in_norm(x))
         qk_end, gate_end = (nh + nkv) * hd, (2 * nh + nkv) * hd
         qk = y[..., :qk_end].reshape(B, L, nh + nkv, hd)
         qk = _rms(qk, self.w_qk_norm, self.eps_qk).transpose(0, 2, 1, 3)
@@ -86,28 +92,30 @@ class FusedLayer(nn.Module):
         out = scaled_dot_product_attention(queries, keys, values, cache=cache,
                                            scale=self.scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        h = x + (out * mx.sigmoid(gate)) @ self.w_o.T
-        gu = self.post_norm(h) @ self.w_gu.T
-        return h + (nn.silu(gu[..., :self.inter]) * gu[..., self.inter:]) @ self.w_down.T
+        h = x + self.mm_o(out * mx.sigmoid(gate))
+        gu = self.mm_gu(self.post_norm(h))
+        return h + self.mm_down(nn.silu(gu[..., :self.inter]) * gu[..., self.inter:])
 
 
 class FusedHead(nn.Module):
-    """Called like ``MTPHead``: ``head(embeds, hidden, caches) -> g``."""
+    """Called like ``MTPHead``: ``head(embeds, hidden, caches) -> g``. ``row_kernel``: its
+    products through the row kernel where the weights fit (``row_products``)."""
 
-    def __init__(self, head):
+    def __init__(self, head, row_kernel: bool = False):
         super().__init__()
         self.pre_norm = mx.stack([head.pre_fc_norm_embedding.weight,
                                   head.pre_fc_norm_hidden.weight])
         self.eps = head.pre_fc_norm_embedding.eps
         self.w_fc = head.fc.weight
-        self.layers = [FusedLayer(layer) for layer in head.layers]
+        self.mm_fc = row_products.matmul_for(self.w_fc, row_kernel)
+        self.layers = [FusedLayer(layer, row_kernel) for layer in head.layers]
         self.norm = head.norm
         mx.eval(self.parameters())
 
     def __call__(self, embeds: mx.array, hidden: mx.array, cache: List) -> mx.array:
         B, L, H = embeds.shape
         x = _rms(mx.stack([embeds, hidden], axis=-2), self.pre_norm, self.eps)
-        x = x.reshape(B, L, 2 * H) @ self.w_fc.T
+        x = self.mm_fc(x.reshape(B, L, 2 * H))
         for layer, c in zip(self.layers, cache):
             x = layer(x, mask=create_attention_mask(x, c), cache=c)
         return self.norm(x)

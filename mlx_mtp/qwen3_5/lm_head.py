@@ -14,7 +14,9 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import row_kernel
 from ..errors import MTPError
+from . import row_products
 
 
 @dataclass
@@ -31,6 +33,7 @@ class HeadTensors:
     bits: int = 0
     mode: str = "affine"
     transposed: bool = False
+    row_kernel: bool = False  # whole-head products through the row kernel (``row_products``)
 
     @classmethod
     def of(cls, module: nn.Module) -> "HeadTensors":
@@ -47,8 +50,11 @@ class HeadTensors:
     def take(self, ids: mx.array) -> "HeadTensors":
         """A contiguous copy of rows ``ids``. Unquantized rows are stored transposed: the one-row
         product ``x @ W`` (no transpose) is the faster BLAS path (with BLIS, a 4096 x 256 f32
-        head ~0.6x the time of ``x @ W.T``), and the copy costs no more memory either way."""
+        head ~0.6x the time of ``x @ W.T``), and the copy costs no more memory either way; with
+        ``row_kernel`` they stay rows, as the kernel reads them."""
         pick = (lambda a: None if a is None else mx.contiguous(a[ids]))
+        if self.row_kernel:
+            return HeadTensors(pick(self.weight), bias=pick(self.bias), row_kernel=True)
         if self.scales is None and not self.transposed:
             return HeadTensors(mx.contiguous(self.weight[ids].T), bias=pick(self.bias),
                                transposed=True)
@@ -58,7 +64,9 @@ class HeadTensors:
     def matmul(self, x: mx.array, start: int = 0, stop: Optional[int] = None) -> mx.array:
         """``x @ rows[start:stop].T`` (+ bias): the same op the module itself runs."""
         s = slice(start, stop)
-        if self.transposed:
+        if self.row_kernel and start == 0 and stop is None:
+            out = row_kernel.products(x, self.weight, self.weight.shape[0])
+        elif self.transposed:
             out = x @ self.weight[:, s]
         elif self.scales is not None:
             out = mx.quantized_matmul(
@@ -96,7 +104,7 @@ class DraftLMHead:
     """
 
     def __init__(self, target, ids: Optional[mx.array] = None, fused: bool = False,
-                 chunk: int = 8192):
+                 chunk: int = 8192, rows_by_kernel: bool = False):
         self.target = target
         self.ids = None if ids is None else ids.astype(mx.uint32)
         self.fused = fused
@@ -106,6 +114,11 @@ class DraftLMHead:
                            "needs the whole LM head: not available with --split tensor on a "
                            "target whose LM head is not tied (mlx-lm splits it by vocabulary)")
         full = HeadTensors.of(target.lm_head_module)
+        # ``rows_by_kernel``: the row kernel (``row_products``) for an unquantized head it takes
+        # whole; not for the fused chunked argmax, which projects row chunks
+        rows = full.rows if ids is None else ids.shape[0]
+        full.row_kernel = (rows_by_kernel and not fused and full.scales is None
+                           and full.bias is None and row_products.fits(rows, full.weight.dtype))
         self.tensors = full if ids is None else full.take(self.ids)
         if ids is not None:
             mx.eval(self.tensors.weight, self.tensors.scales, self.tensors.biases)

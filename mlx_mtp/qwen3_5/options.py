@@ -21,6 +21,13 @@ Defaults are what measured best on the device it was measured on (the Linux CPU 
                 q/k/v/gate and MLP gate/up products merged and its paired norms / RoPE calls as
                 one (~95 graph nodes a step instead of ~123). On: draft step ~0.8x, accept hook
                 ~0.8-0.9x on the demo pair, no slower on a 280M pair; acceptance unchanged.
+  row_kernel    issue 12 part 4: the compiled step's products (the merged head's and a whole
+                unquantized LM head's) through the row kernel as a lazy op
+                (``mlx_mtp.qwen3_5.row_products``), each weight row read once. None: on where
+                the loaded CPU BLAS is OpenBLAS (which packs the weights for every few-row
+                product: draft 0.79 -> 0.70 ms, accept hook 1.17 -> 1.09 ms a block-3 round on
+                the demo pair) and the lazy row kernel runs; BLIS measured no change. Drafts may
+                differ in a near tie, never the output.
   bits          phase 3: quantize the head's projections at load (affine, ``group_size``; ``fc``
                 stays unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar
                 loop on x86 and made the drafter step ~1.4x slower; acceptance A/B pending.
@@ -50,6 +57,7 @@ class DraftOptions:
     bits: Optional[int] = None
     group_size: int = 64
     quantize_fc: bool = False
+    row_kernel: Optional[bool] = None
 
     def __post_init__(self):
         if self.bits is not None and self.bits not in QUANT_BITS:
