@@ -35,7 +35,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     # Each arm runs what it says.
     # (a quantized head runs unmerged: mlx_mtp.qwen3_5.fused_head merges plain products only)
     assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "merged": False,
-                                    "fused_argmax": True,
+                                    "row_kernel": False, "fused_argmax": True,
                                     "vocab_size": 128,
                                     "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
                                     "fc_quantized": False}
