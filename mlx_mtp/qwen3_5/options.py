@@ -69,3 +69,8 @@ class DraftOptions:
         if (not isinstance(self.fused_chunk, int) or self.fused_chunk < 8
                 or self.fused_chunk % 8):
             raise MTPError(f"fused_chunk must be a positive multiple of 8, got {self.fused_chunk!r}")
+        if self.row_kernel not in (None, True, False):
+            raise MTPError(f"row_kernel must be None, True or False, got {self.row_kernel!r}")
+        if self.row_kernel and not self.compiled:
+            raise MTPError("row_kernel=True runs the compiled draft step's products: it needs "
+                           "compiled=True")

@@ -101,3 +101,15 @@ def test_output_is_plain_decode_with_the_kernel(dense_dir):
         out = [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=24,
                                                    block_size=bs, stats=RunStats())]
         assert out == ref, bs
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(row_kernel=True, compiled=False),
+     "row_kernel=True runs the compiled draft step's products: it needs compiled=True"),
+    (dict(row_kernel="yes"), "row_kernel must be None, True or False, got 'yes'"),
+])
+def test_bad_options_are_errors(kwargs, msg):
+    with pytest.raises(MTPError) as e:
+        DraftOptions(**kwargs)
+    assert str(e.value) == msg
+    assert DraftOptions(row_kernel=False, compiled=False).row_kernel is False  # off: fine
