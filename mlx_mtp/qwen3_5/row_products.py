@@ -28,7 +28,7 @@ def problem() -> Optional[str]:
         return "the default device is not the CPU"
     if not row_kernel.available():
         return f"the row kernel is unavailable ({row_kernel.reason()})"
-    if lazy_kernels.load() is None:
+    if not lazy_kernels.available():
         return f"the lazy kernels are unavailable ({lazy_kernels.reason()})"
     return None
 
