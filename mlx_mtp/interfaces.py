@@ -38,6 +38,10 @@ class Target(Protocol):
         """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]`` (or ``input_embeddings``
         in their place); advances the cache by T."""
 
+    def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """``hidden`` of one token ``ids [1, 1]``, bitwise, by the cheapest path the target has
+        (not undoable): plain decode steps and rounds without drafts."""
+
     def embed(self, ids: mx.array) -> mx.array:
         """The input embedding of ``ids`` as the first layer sees it."""
 

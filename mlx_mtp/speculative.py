@@ -383,7 +383,7 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
                                          else contextlib.nullcontext()):
                 block = bonus if drafts is None else mx.concatenate([bonus, drafts])
                 # One token (no drafts) needs no rollback: a plain step.
-                h = target.verify(block[None], cache) if k > 0 else target.hidden(block[None], cache)
+                h = target.verify(block[None], cache) if k > 0 else target.decode(block[None], cache)
                 logits = target.logits(h[0])
                 if processors:
                     logits = sampling.process_rows(logits, history, block, processors)
@@ -447,14 +447,14 @@ def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, proce
     """``n`` one-token steps after ``emitted`` tokens, pipelined like mlx-lm's ``generate_step``:
     step i + 1 is queued (``mx.async_eval``) before step i's token is read, so building the graph
     overlaps the compute. No capture, no rollback, one host read per token. Each step is what a
-    round without drafts computes (``target.hidden`` of the last token, the draw at its
+    round without drafts computes (``target.decode`` of the last token, the draw at its
     position: keyed under ``auto``). Block size 1 runs the whole generation this way; under
     ``auto`` a stretch the chooser gave no drafts does, the chooser observing each step and the
     drafter getting the (hidden, id) pairs later (``deferred``). Yields the tokens; returns
     ``(y, history)`` for the next round."""
 
     def step(y, history, pos):
-        h = target.hidden(y[None], cache)
+        h = target.decode(y[None], cache)
         logits = target.logits(h[0])
         if processors:
             logits = sampling.process_rows(logits, history, y, processors)

@@ -49,6 +49,11 @@ class TrunkTarget:
             return self.trunk(ids, cache, input_embeddings=input_embeddings)
         return self.trunk(ids, cache)
 
+    def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """A one-token forward (``ids [1, 1]``) that need not be undone: ``hidden`` here; a
+        family with a cheaper path bitwise equal to it overrides this."""
+        return self.hidden(ids, cache)
+
     @property
     def tied_head(self) -> bool:
         return bool(getattr(self.lm, "tie_word_embeddings", self.args.tie_word_embeddings))

@@ -4,8 +4,9 @@
 models is per-op overhead: mlx-lm's uncompiled ops for the RMSNorms (on the CPU
 ``mx.fast.rms_norm`` runs as ~8 separate ops: 77 norms a forward of the demo pair), the residual
 adds, the MLP's ``silu(gate) * up`` and the attention layer's head split, q/k norms and output
-gate. Inside a verify only (``compiling()``, entered by the target's ``verify``; plain decode and
-prefill stay mlx-lm's own code), these run as ``mx.compile``d functions, one per width, layer
+gate. Inside a verify (``compiling()``, entered by the target's ``verify``, and by its ``decode``,
+the loop's one-token steps: the same pieces at width 1; prefill and ``hidden``, the exactness
+probe's reference chain, stay mlx-lm's own code), these run as ``mx.compile``d functions, one per width, layer
 shape and dtype, weights passed in:
 
 - ``norm``: an RMSNorm (the input norms, the final norm): ``VerifyRMSNorm``.

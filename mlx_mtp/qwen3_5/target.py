@@ -215,6 +215,16 @@ class Qwen3_5Target(TrunkTarget):
         with layer_block.compiling():
             return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
 
+    def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """A one-token step through the verify's compiled pieces (``gdn_block``, ``layer_block``:
+        each checked bitwise against mlx-lm's ops, else the ops run), fewer and fused ops than
+        mlx-lm's decode step; the rollback stash it keeps is dropped (a step is never undone)."""
+        h = self.verify(ids, cache)
+        for c in cache:
+            if isinstance(c, SpecArraysCache):
+                c.stash = None
+        return h
+
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""
         for layer, c in zip(self.layers, cache):

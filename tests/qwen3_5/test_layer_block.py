@@ -205,7 +205,8 @@ def test_a_failing_norm_check_runs_the_ops(monkeypatch):
 
 
 def test_outside_a_verify_the_layers_are_mlx_lms(monkeypatch):
-    """Prefill and plain decode (``hidden``) never reach a compiled piece or a check."""
+    """Prefill and ``hidden`` (the probe's chain: mlx-lm's decode) never reach a compiled piece
+    or a check."""
     target = target_of(DEMO)
     for name in ("tail", "attention_choices", "norm_equal"):
         monkeypatch.setattr(layer_block, name, lambda *a, name=name: pytest.fail(f"{name} ran"))
@@ -247,13 +248,42 @@ def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, reques
     assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_decode_step_equals_mlx_lms_bitwise(kind, request, monkeypatch):
+    """``decode`` (the loop's one-token steps: block 1, rounds without drafts) runs the pieces,
+    and over 12 steps its hidden states, logits and every cache array equal ``hidden``'s (mlx-lm's
+    own layers) bitwise, with no rollback stash left behind."""
+    path = path_of(kind, request)
+    targets = [target_of(path), target_of(path)]
+    caches = [t.make_cache() for t in targets]
+    prompt = mx.array([[5 + i % 50 for i in range(20)]])
+    for t, c in zip(targets, caches):
+        mx.eval(t.hidden(prompt, c))
+    tails = []
+    tail = layer_block.tail
+    monkeypatch.setattr(layer_block, "tail", lambda *a: tails.append(1) or tail(*a))
+    y = mx.array([[7]])
+    for step in range(12):
+        outs = []
+        for t, c, forward in zip(targets, caches, ("decode", "hidden")):
+            h = getattr(t, forward)(y, c)
+            logits = t.logits(h[0])
+            mx.eval(h, logits, t.cache_state(c))
+            outs.append([h, logits, *t.cache_state(c)])
+        assert all_bitwise(outs[0], outs[1]), (kind, step)
+        assert all(getattr(c, "stash", None) is None for c in caches[0])
+        y = mx.argmax(outs[0][1], axis=-1)[None]
+    assert len(tails) == 12 * len(targets[0].layers)  # every decode step ran the pieces
+    assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
+
+
 @pytest.mark.parametrize("kind", ["demo", "wide", "next"])
 def test_greedy_output_is_mlx_lms_with_the_pieces(kind, request):
     path = path_of(kind, request)
     model = mlx_mtp.load_model(path)
     prompt = load_tokenizer(path).encode(CODE_PROMPT)
     ref = reference_greedy(path, prompt, 20)
-    for bs in (2, 3, 4, 6):
+    for bs in (1, 2, 3, 4, 6, "auto"):  # block 1 and auto's rounds without drafts: decode
         got = [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=20,
                                                    block_size=bs)]
         assert got == ref, (kind, bs)
@@ -282,6 +312,13 @@ for T in (2, 3, 4):
         outs.append([h, *t.cache_state(c)])
     equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
 choices = sorted({str(v) for k, v in layer_block._checked.items() if k[0] in ("tail", "attn")})
+layer_block.enabled = True
+outs = []
+for c, forward in zip(caches, (t.decode, t.hidden)):  # a one-token step, mlx-lm's as reference
+    h = forward(mx.array([[13]]), c)
+    mx.eval(h, t.cache_state(c))
+    outs.append([h, *t.cache_state(c)])
+equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
 from mlx_mtp import row_exact
 kernel = row_exact.report(model.mlx_model)["layers"].get("kernel", 0)
 print(json.dumps({"blas": cpu_blas.STATE.name, "equal": equal, "choices": choices,
@@ -291,8 +328,9 @@ print(json.dumps({"blas": cpu_blas.STATE.name, "equal": equal, "choices": choice
 
 @pytest.mark.parametrize("name,value", blas_bindings())
 def test_the_pieces_equal_the_ops_with_every_blas_binding(name, value):
-    """The demo pair's verifies at widths 2-4 with and without the pieces, in a fresh process
-    per binding: hidden states and caches bitwise equal, and the checks chose compiled pieces."""
+    """The demo pair's verifies at widths 2-4 with and without the pieces, then a ``decode`` step
+    against mlx-lm's, in a fresh process per binding: hidden states and caches bitwise equal,
+    and the checks chose compiled pieces."""
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
     env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
     r = subprocess.run([sys.executable, "-c", BINDING_CHECK, str(DEMO)], capture_output=True,
@@ -301,7 +339,7 @@ def test_the_pieces_equal_the_ops_with_every_blas_binding(name, value):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if sys.platform.startswith("linux"):
         assert out["blas"] == name
-    assert out["equal"] == [True, True, True]
+    assert out["equal"] == [True, True, True, True]
     # Every signature found a compiled piece with its products inside (with OpenBLAS the demo
     # pair's products are row-exact from width 3 or 4, as transposed products or chunks inside
     # the graphs); where BLIS needs the row kernel for a projection (the down projections on an
