@@ -219,7 +219,8 @@ class Qwen3_5Target(TrunkTarget):
         """A one-token step through the verify's compiled pieces (``gdn_block``, ``layer_block``:
         each checked bitwise against mlx-lm's ops, else the ops run), fewer and fused ops than
         mlx-lm's decode step; the rollback stash it keeps is dropped (a step is never undone)."""
-        h = self.verify(ids, cache)
+        with layer_block.compiling():
+            h = self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
         for c in cache:
             if isinstance(c, SpecArraysCache):
                 c.stash = None

@@ -115,9 +115,9 @@ def test_a_bad_switch_value_is_a_one_line_error(dense_dir, monkeypatch):
 
 def _run(model, block_size):
     """Tokens, caches and, for every forward of the target (verify, or a plain one: prefill and
-    one-token rounds), (kind, cores the thread may use when it starts, when it returns)."""
+    one-token steps), (kind, cores the thread may use when it starts, when it returns)."""
     target, seen = model.target, []
-    verify, hidden = type(target).verify, type(target).hidden
+    verify, hidden, decode = type(target).verify, type(target).hidden, type(target).decode
 
     def record(fn, kind):
         def wrapped(*args, **kwargs):
@@ -128,12 +128,13 @@ def _run(model, block_size):
         return wrapped
 
     target.verify, target.hidden = record(verify, "verify"), record(hidden, "step")
+    target.decode = record(decode, "step")
     try:
         cache = mlx_mtp.make_prompt_cache(model)
         out = [t for t, _ in mlx_mtp.generate_step(mx.array(PROMPT), model, max_tokens=N,
                                                    block_size=block_size, prompt_cache=cache)]
     finally:
-        del target.verify, target.hidden
+        del target.verify, target.hidden, target.decode
     state = target.cache_state(cache)
     mx.eval(state)
     return out, seen, [bytes(memoryview(x)) for x in state]
