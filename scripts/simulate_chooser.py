@@ -97,7 +97,9 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
     own = {r["block_size"]: r["verify_ms_by_width"][str(r["block_size"])] for r in fixed}
     if verify_arm == "fixed":  # each width from the fixed arm that ran it as its own block
         verify.update(own)
-        verify[1] = statistics.median(r["verify_ms_by_width"]["1"] for r in fixed)
+        ones = [r["verify_ms_by_width"]["1"] for r in fixed if "1" in r["verify_ms_by_width"]]
+        if ones:  # else auto's (fixed arms of 3+ drafts that never ran short of the budget)
+            verify[1] = statistics.median(ones)
     else:  # a width auto never verified in the record: the fixed arm's that ran it as its block
         for w, ms in own.items():
             verify.setdefault(w, ms)

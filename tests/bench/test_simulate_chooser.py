@@ -347,6 +347,25 @@ def test_a_record_without_block_1_takes_the_plain_step_from_mlx_lm_and_own_costs
     assert got["fixed"][4] == sim.replay(L, 128, fixed, sim.Noise(0, 0.0), fixed=4)["tps"]
 
 
+def test_fixed_costs_take_width_1_from_the_fixed_arms_that_verified_one_token(tmp_path):
+    """In the code-prompt auto record blocks 5 and 6 never ran a one-token round (the budget's
+    last round was wider): ``fixed`` costs take width 1 from blocks 3 and 4 (it failed with a
+    KeyError); with no fixed arm that ran one, auto's."""
+    path = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-code-vm-2026-12-02.json"
+    record = json.loads(path.read_text())
+    rows = {str(r["block_size"]): r for r in record["rows"]}
+    assert [b for b in ("3", "4", "5", "6") if "1" in rows[b]["verify_ms_by_width"]] == ["3", "4"]
+    fixed = sim.costs_from_record(path, "fixed")
+    assert fixed.verify[1] == pytest.approx((rows["3"]["verify_ms_by_width"]["1"]
+                                             + rows["4"]["verify_ms_by_width"]["1"]) / 2)
+    assert fixed.verify[4] == rows["4"]["verify_ms_by_width"]["4"]
+    for b in ("3", "4"):
+        del rows[b]["verify_ms_by_width"]["1"]
+    bare = tmp_path / "record.json"
+    bare.write_text(json.dumps(record))
+    assert sim.costs_from_record(bare, "fixed").verify[1] == rows["auto"]["verify_ms_by_width"]["1"]
+
+
 def test_own_costs_from_the_command_line(capsys):
     sim.main(["--seeds", "1", "--record", str(AUTO_RECORD), "--verify-arm", "own"])
     out = capsys.readouterr().out
