@@ -216,14 +216,9 @@ def test_outside_a_verify_the_layers_are_mlx_lms(monkeypatch):
     assert layer_block._checked == {}
 
 
-@pytest.mark.parametrize("kind,exact", [(k, True) for k in KINDS] + [("demo", False),
-                                                                     ("wide", False)])
-def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, request, monkeypatch):
-    """Widths 1..6 in turn on one cache: the hidden states and every cache array after each
-    verify (a full accept, then a rollback to one token) bitwise equal to the same verifies with
-    the pieces off, and the pieces ran; also with the gate overridden (``exact=False``: no
-    row-exact products, one multi-query attention)."""
-    path = path_of(kind, request)
+def two_prefilled(path, exact, monkeypatch):
+    """Two targets of the checkpoint at ``path``, each with a cache holding the same 20-token
+    prompt, and a list that counts the compiled layer tails run from here on."""
     targets = [target_of(path, exact=exact), target_of(path, exact=exact)]
     caches = [t.make_cache() for t in targets]
     prompt = mx.array([[5 + i % 50 for i in range(20)]])
@@ -232,6 +227,17 @@ def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, reques
     tails = []
     tail = layer_block.tail
     monkeypatch.setattr(layer_block, "tail", lambda *a: tails.append(1) or tail(*a))
+    return targets, caches, tails
+
+
+@pytest.mark.parametrize("kind,exact", [(k, True) for k in KINDS] + [("demo", False),
+                                                                     ("wide", False)])
+def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, request, monkeypatch):
+    """Widths 1..6 in turn on one cache: the hidden states and every cache array after each
+    verify (a full accept, then a rollback to one token) bitwise equal to the same verifies with
+    the pieces off, and the pieces ran; also with the gate overridden (``exact=False``: no
+    row-exact products, one multi-query attention)."""
+    targets, caches, tails = two_prefilled(path_of(kind, request), exact, monkeypatch)
     for T in range(1, 7):
         ids = mx.array([[11 + 3 * T + j for j in range(T)]])
         outs = []
@@ -253,15 +259,7 @@ def test_a_decode_step_equals_mlx_lms_bitwise(kind, request, monkeypatch):
     """``decode`` (the loop's one-token steps: block 1, rounds without drafts) runs the pieces,
     and over 12 steps its hidden states, logits and every cache array equal ``hidden``'s (mlx-lm's
     own layers) bitwise, with no rollback stash left behind."""
-    path = path_of(kind, request)
-    targets = [target_of(path), target_of(path)]
-    caches = [t.make_cache() for t in targets]
-    prompt = mx.array([[5 + i % 50 for i in range(20)]])
-    for t, c in zip(targets, caches):
-        mx.eval(t.hidden(prompt, c))
-    tails = []
-    tail = layer_block.tail
-    monkeypatch.setattr(layer_block, "tail", lambda *a: tails.append(1) or tail(*a))
+    targets, caches, tails = two_prefilled(path_of(kind, request), True, monkeypatch)
     y = mx.array([[7]])
     for step in range(12):
         outs = []
