@@ -30,16 +30,17 @@ What it measures, from the session's own rounds (nothing is assumed about the de
   it) says it is cheaper: pooled with that line, the line worth ``pooling`` samples. One slow
   round does not keep a width out of use; a width that looks cheap is chosen, so measured.
 Exploration, deterministic (no random numbers; the same measurements give the same choices):
-- the choice values deeper acceptance optimistically: a_j + ``optimism`` / (n_j + 1) (at most
-  1) for j >= 2, a_j in the current context, n_j the rounds of this generation that judged
-  draft j (all contexts, not decayed); a deeper draft that few rounds judged gets tried, and its
-  own counts then decide (on a 128-token run an early rejection at a deep position, never judged
-  again, otherwise kept the block narrow). The bonus fades with the judgments, so once a deep
-  draft is measured its measurement decides: counted with the decay (at most 10 rounds' worth
-  at 0.9) it stayed near 0.4 / sqrt(11) = 0.12 or above for good, and kept the block wide where
-  deep drafts are kept less often than the first (simulated auto / best fixed block, three more
-  code prompts 0.97 / 0.89 / 0.92, the realistic-size pair 0.87-0.89; with this bonus 0.95 /
-  0.93 / 0.95 and 0.90-0.93, prose 0.96 against 0.97: README, *How it was tuned*).
+- the choice values deeper acceptance optimistically: a_j + ``optimism`` / (n_j + 1) ** 0.75
+  (at most 1) for j >= 2, a_j in the current context, n_j the rounds of this generation that
+  judged draft j (all contexts, not decayed); a deeper draft that few rounds judged gets tried,
+  and its own counts then decide (on a 128-token run an early rejection at a deep position,
+  never judged again, otherwise kept the block narrow). The bonus fades with the judgments, so
+  once a deep draft is measured its measurement decides: counted with the decay (at most 10
+  rounds' worth at 0.9) as 0.4 / sqrt(n_j + 1) it stayed at 0.12 or above for good and kept
+  the block wide where deep drafts are kept less often than the first (code3: 0.88x the best
+  fixed block); fading as 1 / (n_j + 1) it let a context whose deep drafts were rejected once
+  narrow the block on prose, whose deep drafts are kept more often than its first (0.88-0.92x);
+  the power 0.75 between them measured best over seven prompts (README, *How it was tuned*).
   Position 1 is judged by every drafting round and re-checked by the probes below: no bonus
   there, so text the head cannot predict does not keep drafting on hope;
 - an unmeasured width is valued on the straight line through the measured ones (between two
@@ -103,6 +104,9 @@ from .errors import MTPError
 AUTO = "auto"
 PROBE_FIRST = 4  # rounds without drafts before the first probe
 DEFAULT_MAX_BLOCK_SIZE = 6
+# How fast the exploration bonus of a deep draft fades with its judgments: 0.5 kept the block
+# too wide on code, 1 too narrow on prose (module docstring)
+BONUS_POWER = 0.75
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -158,7 +162,7 @@ class BlockChooser:
     """
 
     def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
-                 decay: float = 0.9, optimism: float = 0.3, pooling: float = 2.0,
+                 decay: float = 0.9, optimism: float = 0.4, pooling: float = 2.0,
                  cost_window: int = 5, stale_rounds: int = 64, probe_every: int = 32,
                  context_weight: Optional[float] = 2.0, min_evidence: int = 3,
                  round_costs: Optional[RoundCosts] = None):
@@ -236,10 +240,11 @@ class BlockChooser:
                 zip(self.context_hits[self.context], tests, pooled)]
 
     def optimistic_acceptance(self) -> List[float]:
-        """What the choice uses: a_1, then a_j + optimism / (n_j + 1), at most 1 (a_j in the
-        current context, n_j the rounds that judged draft j, all contexts, not decayed)."""
+        """What the choice uses: a_1, then a_j + optimism / (n_j + 1) ** BONUS_POWER, at most 1
+        (a_j in the current context, n_j the rounds that judged draft j, all contexts, not
+        decayed)."""
         a = self.context_acceptance()
-        return a[:1] + [min(1.0, x + self.optimism / (n + 1.0))
+        return a[:1] + [min(1.0, x + self.optimism / (n + 1.0) ** BONUS_POWER)
                         for x, n in zip(a[1:], self.judged[1:])]
 
     def _fresh(self, w: int) -> bool:
