@@ -262,11 +262,11 @@ def test_one_stalled_round_does_not_stop_drafting():
                                                     1, 5, 5, 5, 3]
 
 
-def test_a_context_judged_once_does_not_stop_drafting():
+def test_stopping_weighs_draft_1_at_least_at_the_pooled_estimate():
     """A rejection in context 0 (the last round kept nothing) drops that context's estimate of
-    draft 1 below what drafting needs; while that context's own counts judged draft 1 fewer than
-    ``min_evidence`` times, the choice between drafting and not values draft 1 at least at the
-    pooled estimate."""
+    draft 1 below what drafting needs; the choice between drafting and not values draft 1 at
+    least at the pooled estimate, however often the context judged it (its table decays on its
+    own rounds only: an opening's rejections would stop drafting for good)."""
     def session(**kw):
         c = BlockChooser(1, **kw)
         c.observe(0, 0, 0.010)
@@ -285,9 +285,10 @@ def test_a_context_judged_once_does_not_stop_drafting():
     # in context: 1.4238 / 0.015 = 94.9 a second, below no drafts' 100; pooled: 1.6357 / 0.015
     # = 109.0: one draft
     assert c.choose() == 1
-    assert session(min_evidence=0).choose() == 0  # the context's estimate alone: no drafts
-    # judged there 4 times (decayed: 3.439, the last a kept draft), the context's own estimate
-    # decides
+    assert session(min_evidence=0).choose() == 1  # not the timed-rounds rule: still pooled
+    assert session(context_weight=None).choose() == 1  # no contexts: the pooled estimate
+    # judged there 4 times (decayed: 3.439, the last a kept draft): the context's own estimate
+    # would stop, the pooled one keeps drafting
     c = session()
     c.observe(1, 0, 0.015)  # context 0 again: rejected
     c.observe(1, 0, 0.015)  # context 0 again: rejected
@@ -296,6 +297,11 @@ def test_a_context_judged_once_does_not_stop_drafting():
     assert c.context_tests[0] == [pytest.approx(3.439)]
     a = c.context_acceptance()[0]
     assert (1 + a) / 0.015 < 1 / 0.010 < (1 + c.acceptance()[0]) / 0.015
+    assert c.choose() == 1
+    # once the pooled estimate falls below what drafting needs too, no drafts
+    for _ in range(3):
+        c.observe(1, 0, 0.015)
+    assert (1 + c.acceptance()[0]) / 0.015 < 1 / 0.010
     assert c.choose() == 0
 
 
