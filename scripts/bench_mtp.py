@@ -645,7 +645,7 @@ def main(argv=None):
                    help="the widest block the auto arm may choose")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration)")
+    p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration, random)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (both arms)")
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
