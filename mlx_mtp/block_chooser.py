@@ -384,28 +384,31 @@ class BlockChooser:
         new width-1 sample inside the stretch does not reopen the choice until it ends."""
         return max(1, self._stretch)
 
-    @staticmethod
-    def _judge(hits: List[float], tests: List[float], drafts: int, accepted: int) -> None:
-        for j in range(min(accepted + 1, drafts)):  # drafts past the first rejection: unjudged
-            tests[j] += 1.0
-            hits[j] += j < accepted
+    def count(self, drafts: int, accepted: int) -> None:
+        """Counts a drafting round's judgments (``drafts`` > 0 made, the first ``accepted`` kept;
+        those past the first rejection unjudged): every position's counts fade by ``decay``,
+        then the round's count, in the pooled table, the undecayed ``judged`` and the table of
+        the context the round was chosen in (that table alone fades). ``observe`` calls it;
+        ``scripts/simulate_chooser.py --judge-all`` overrides it to count every draft."""
+        judged = range(min(accepted + 1, drafts))
+        tables = [(self.hits, self.tests)]
+        if self.context is not None and self.context_weight is not None:
+            tables.append((self.context_hits.setdefault(self.context, [0.0] * self.max_drafts),
+                           self.context_tests.setdefault(self.context, [0.0] * self.max_drafts)))
+        for hits, tests in tables:
+            hits[:] = [h * self.decay for h in hits]
+            tests[:] = [t * self.decay for t in tests]
+            for j in judged:
+                tests[j] += 1.0
+                hits[j] += j < accepted
+        for j in judged:
+            self.judged[j] += 1
 
     def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
         """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
         self.round += 1
         if drafts:  # a drafting round: all evidence fades, then its own judgments count
-            self.tests = [t * self.decay for t in self.tests]
-            self.hits = [h * self.decay for h in self.hits]
-            self._judge(self.hits, self.tests, drafts, accepted)
-            for j in range(min(accepted + 1, drafts)):
-                self.judged[j] += 1
-            if self.context is not None and self.context_weight is not None:
-                # the context it was chosen in: that table alone fades and counts
-                hits = self.context_hits.setdefault(self.context, [0.0] * self.max_drafts)
-                tests = self.context_tests.setdefault(self.context, [0.0] * self.max_drafts)
-                hits[:] = [h * self.decay for h in hits]
-                tests[:] = [t * self.decay for t in tests]
-                self._judge(hits, tests, drafts, accepted)
+            self.count(drafts, accepted)
         self.context = accepted if drafts else None
         w = drafts + 1
         self.samples[w].append(wall_s)

@@ -35,7 +35,13 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
         [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed|own] [--offsets 20] \
         [--verify-steps 1,1.25,1.25,1.25,1.35,1.45] [--session] \
-        [--chooser decay=0.8,context_weight=none]
+        [--chooser decay=0.8,context_weight=none] [--max-tokens 256] [--judge-all]
+
+``--max-tokens N`` replays recorded traces cut to their first N tokens (a 512-token trace as a
+256-token generation). ``--judge-all`` replays auto with a chooser that learns as if every
+drafting round had drafted and verified all its drafts for free (``JudgeAll``): with
+``--sigma 0`` (round times without noise) and ``--chooser optimism=0`` (no exploration bonus)
+what is left of auto's gap to the best fixed block is neither exploration nor measurement.
 
 ``--session`` gives every auto run one shared ``RoundCosts`` (the round costs a session's
 earlier generations measured), the runs in a record's order. ``--chooser`` replays auto with
@@ -140,6 +146,28 @@ def synthetic_traces(acceptance: List[float], max_tokens: int, prompts: int = 4,
     return {"max_tokens": max_tokens, "drafts": len(acceptance), "prompts": out}
 
 
+def cut_traces(traces: dict, max_tokens: int) -> dict:
+    """The traces of the first ``max_tokens`` tokens of each run: L(p) of every position p whose
+    drafts a generation of that many tokens could still make (max_tokens - 1 of them)."""
+    prompts = {name: {**t, "L": t["L"][: max_tokens - 1],
+                      **({"tokens": t["tokens"][:max_tokens]} if "tokens" in t else {})}
+               for name, t in traces["prompts"].items()}
+    return {**traces, "max_tokens": max_tokens, "prompts": prompts}
+
+
+class JudgeAll(BlockChooser):
+    """A chooser that learns as if every drafting round had drafted and verified all its
+    ``max_drafts`` drafts, for free: ``replay`` sets ``oracle`` to the kept length of K drafts at
+    the round's position (min(L(p), K)) before each ``observe``, and the round's judgments count
+    that instead of its own (its cost and context stay its own). An upper bound on what measuring
+    acceptance could tell a chooser (``--judge-all``)."""
+
+    oracle: Optional[int] = None
+
+    def count(self, drafts: int, accepted: int) -> None:
+        super().count(self.max_drafts, self.oracle)
+
+
 class Noise:
     def __init__(self, seed: int, sigma: float, spike_every: int = 0, spike: float = 1.0):
         self.rng = random.Random(seed)
@@ -182,6 +210,8 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
         else:
             k = min(fixed - 1, limit)
         a = min(L[p], k)
+        if isinstance(chooser, JudgeAll):
+            chooser.oracle = min(L[p], chooser.max_drafts)
         ms = costs.round_ms(k, a)
         if k == 0 and chooser is None:
             ms += costs.accept(1)  # a fixed arm's last round still runs the accept hook
@@ -285,8 +315,9 @@ def main(argv=None):
     ap.add_argument("--traces", default=str(TRACES))
     ap.add_argument("--acceptance", help="instead of --traces: synthetic traces from this "
                     "per-position acceptance, comma-separated (e.g. 0.6,0.4,0.1,0.1,0.15)")
-    ap.add_argument("--max-tokens", type=int, default=128,
-                    help="tokens per run of the --acceptance traces (default 128)")
+    ap.add_argument("--max-tokens", type=int,
+                    help="tokens per run: of the --acceptance traces (default 128), or the "
+                         "recorded --traces cut to their first MAX_TOKENS (default: all)")
     ap.add_argument("--record", default=str(RECORD))
     ap.add_argument("--verify-arm", choices=("auto", "fixed", "own"), default="auto",
                     help="verify cost per width: the record's auto arm's, the fixed arms' (each "
@@ -308,11 +339,14 @@ def main(argv=None):
                          "the generations of one session can: seed by seed, each prompt in turn")
     ap.add_argument("--chooser", help="auto's BlockChooser settings, KEY=VALUE comma-separated "
                     "(e.g. decay=0.8,context_weight=none; default: its defaults)")
+    ap.add_argument("--judge-all", action="store_true",
+                    help="auto learns as if every drafting round had judged all its drafts for "
+                         "free (JudgeAll: what measuring acceptance could tell it at best)")
     args = ap.parse_args(argv)
-    make_chooser = BlockChooser
+    make_chooser = JudgeAll if args.judge_all else BlockChooser
     if args.chooser:
         try:
-            make_chooser = functools.partial(BlockChooser, **chooser_settings(args.chooser))
+            make_chooser = functools.partial(make_chooser, **chooser_settings(args.chooser))
         except ValueError as e:
             ap.error(f"--chooser: {e}")
     if args.acceptance:
@@ -323,11 +357,18 @@ def main(argv=None):
         if not acceptance or not all(0.0 <= a <= 1.0 for a in acceptance):
             ap.error(f"--acceptance: expected comma-separated numbers in [0, 1], "
                      f"got {args.acceptance!r}")
+        if args.max_tokens is None:
+            args.max_tokens = 128
         if args.max_tokens < 2:
             ap.error(f"--max-tokens: expected at least 2, got {args.max_tokens}")
         traces = synthetic_traces(acceptance, args.max_tokens)
     else:
         traces = json.loads(Path(args.traces).read_text())
+        if args.max_tokens is not None:
+            if not 2 <= args.max_tokens <= traces["max_tokens"]:
+                ap.error(f"--max-tokens: expected 2 to {traces['max_tokens']} (the traces' "
+                         f"tokens), got {args.max_tokens}")
+            traces = cut_traces(traces, args.max_tokens)
     if not 1 <= args.offsets < traces["max_tokens"]:
         ap.error(f"--offsets: expected 1 to {traces['max_tokens'] - 1} (the traces' tokens "
                  f"less one), got {args.offsets}")

@@ -252,6 +252,75 @@ def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(caps
     assert "| random |" in capsys.readouterr().out
 
 
+def test_the_512_token_traces_extend_the_128_token_ones():
+    """tests/data/demo_pair_traces_512.json: the same greedy texts, longer (every trace of the
+    128-token files is its first 127 positions), plus the CLI's default prompt."""
+    long = json.loads((sim.ROOT / "tests" / "data" / "demo_pair_traces_512.json").read_text())
+    assert (long["max_tokens"], long["drafts"]) == (512, 5)
+    assert list(long["prompts"]) == ["code", "prose", "enumeration", "random", "cli-default",
+                                     "code2", "code3", "code4"]
+    for name in ("demo_pair_traces.json", "demo_pair_code_traces.json"):
+        short = json.loads((sim.ROOT / "tests" / "data" / name).read_text())
+        for prompt, tr in short["prompts"].items():
+            assert tr["L"] == long["prompts"][prompt]["L"][:127]
+            assert tr["tokens"] == long["prompts"][prompt]["tokens"][:128]
+    assert all(len(tr["L"]) == 511 for tr in long["prompts"].values())
+
+
+def test_max_tokens_cuts_recorded_traces(capsys):
+    long = json.loads((sim.ROOT / "tests" / "data" / "demo_pair_traces_512.json").read_text())
+    cut = sim.cut_traces(long, 128)
+    assert cut["max_tokens"] == 128 and list(cut["prompts"]) == list(long["prompts"])
+    short = json.loads(sim.TRACES.read_text())
+    for prompt, tr in short["prompts"].items():
+        assert cut["prompts"][prompt]["L"] == tr["L"]
+        assert cut["prompts"][prompt]["tokens"] == tr["tokens"]
+    assert long["max_tokens"] == 512  # the input is left as it was
+    # through the command line: the 128-token cut replays as the 128-token file does
+    path = str(sim.ROOT / "tests" / "data" / "demo_pair_traces_512.json")
+    sim.main(["--traces", path, "--max-tokens", "128", "--seeds", "1"])
+    rows = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")}
+    sim.main(["--seeds", "1"])
+    want = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")}
+    assert [rows[k] for k in want] == list(want.values())
+    with pytest.raises(SystemExit) as e:
+        sim.main(["--max-tokens", "129"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--max-tokens: expected 2 to 128 (the traces' tokens), got 129")
+
+
+def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
+    """``JudgeAll`` counts min(L(p), K) of K drafts (``oracle``) instead of the round's own
+    judgments; its cost samples and context stay the round's."""
+    c = sim.JudgeAll(3)
+    c.oracle = 2  # of 3 drafts here, the target would keep 2
+    c.observe(1, 1, 0.01)  # the round drafted 1 and kept it
+    assert (c.tests, c.hits, c.judged) == ([1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1, 1, 1])
+    assert c.context == 1 and list(c.samples[2]) == [0.01]
+    own = BlockChooser(3)
+    own.observe(1, 1, 0.01)
+    assert (own.tests, own.hits, own.judged) == ([1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1, 0, 0])
+    # replayed: every drafting round's judgments reach draft 5 on a trace that keeps all five
+    chooser = sim.JudgeAll(5)
+    costs = sim.costs_from_record(sim.RECORD)
+    got = sim.replay([5] * 40, 41, costs, sim.Noise(0, 0.0), chooser=chooser)
+    drafting = sum(n for w, n in got["widths"].items() if w > 1)
+    assert got["widths"][2] >= 1  # the second round drafts one, and is judged on five
+    assert chooser.judged == [drafting] * 5
+    # the command line's auto column is JudgeAll's (with --chooser settings on top)
+    traces = json.loads(sim.TRACES.read_text())
+    want = sim.simulate(traces, costs, 1, 0.15,
+                        make_chooser=lambda k: sim.JudgeAll(k, optimism=0.0))["code"]["auto"]
+    sim.main(["--seeds", "1", "--judge-all", "--chooser", "optimism=0"])
+    auto = [line.split(" | ")[7] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| code")]
+    assert auto == [f"{want:.1f}"]
+    assert want != sim.simulate(traces, costs, 1, 0.15)["code"]["auto"]
+
+
 def test_synthetic_run_prints_a_table(capsys):
     path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-02.json"
     sim.main(["--record", str(path), "--acceptance", "0.6,0.4,0.1,0.1,0.15", "--max-tokens",
