@@ -57,7 +57,7 @@ Exploration, deterministic (no random numbers; the same measurements give the sa
   measured widths, the line through them; above the widest, the line through the two widest,
   never cheaper than the widest); with width 1 alone measured, width 2 at width 1's cost, so
   the second round drafts once. From the third round the choice goes straight to the width the
-  line and the acceptance say, and its own measurement then decides. (Valuing only the next
+  line and the acceptance say (within the bonus's reach), and its own measurement then decides. (Valuing only the next
   width up, at the cost of the one below, climbed one width a round: a 128-token run of the
   demo pair spent its first five rounds at narrow widths, and a pair whose verify costs 1.7x a
   step at width 2 tried every width up to the widest.)
