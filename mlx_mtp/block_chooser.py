@@ -12,10 +12,11 @@ What it measures, from the session's own rounds (nothing is assumed about the de
   rounds weigh more, and the evidence about a position no recent round reached fades); rounds
   without drafts leave the counts as they are. ``decay`` 0.98 keeps about 50 drafting rounds'
   worth; 0.9 (before) kept about 10, whose noise moved the choice between widths a few percent
-  apart (replayed on 256-token traces of seven prompts, the worst prompt's auto / best fixed
-  block 0.943 -> 0.958, README: *How it was tuned*). The estimate shrinks the counts towards a prior
-  worth ``prior_weight`` rounds: ``prior`` for position 1, the estimate of position j - 1 for
-  position j (a deeper draft is assumed as good as the one before it until measured).
+  apart (replayed on 256-token traces of the seven demo prompts, the worst prompt's auto / best
+  fixed block 0.944 -> 0.948 alone, 0.957 with the reach below; README: *How it was tuned*).
+  The estimate shrinks the counts towards a prior worth ``prior_weight`` rounds: ``prior`` for
+  position 1, the estimate of position j - 1 for position j (a deeper draft is assumed as good
+  as the one before it until measured).
 - acceptance in context: the same counts kept apart per number of drafts the previous round kept
   (when it drafted), each table decaying by ``decay`` on its own rounds, and shrunk towards the
   estimate above with ``context_weight`` rounds. The choice uses the estimate of the context it
@@ -51,16 +52,17 @@ Exploration, deterministic (no random numbers; the same measurements give the sa
   where verify and drafting are (on the realistic-size pair a width-6 round costs 1.6x a
   width-3 one; real runs in one process, no record: auto / its best fixed block, mean over
   four prompts 0.920 -> 0.931 there (worst prompt 0.882 -> 0.875, within its noise), 0.966 ->
-  0.975 over seven demo prompts at 256 tokens, worst demo prompt 0.924 -> 0.934). Its cost: where deep drafts are kept more often than
-  the first (prose) a block that starts narrow widens slowly or not at all;
+  0.975 over seven demo prompts at 256 tokens, worst demo prompt 0.924 -> 0.934). Its cost:
+  where deep drafts are kept more often than the first (prose) a block that starts narrow
+  widens slowly or not at all;
 - an unmeasured width is valued on the straight line through the measured ones (between two
   measured widths, the line through them; above the widest, the line through the two widest,
   never cheaper than the widest); with width 1 alone measured, width 2 at width 1's cost, so
   the second round drafts once. From the third round the choice goes straight to the width the
-  line and the acceptance say (within the bonus's reach), and its own measurement then decides. (Valuing only the next
-  width up, at the cost of the one below, climbed one width a round: a 128-token run of the
-  demo pair spent its first five rounds at narrow widths, and a pair whose verify costs 1.7x a
-  step at width 2 tried every width up to the widest.)
+  line and the acceptance say (within the bonus's reach), and its own measurement then
+  decides. (Valuing only the next width up, at the cost of the one below, climbed one width a
+  round: a 128-token run of the demo pair spent its first five rounds at narrow widths, and a
+  pair whose verify costs 1.7x a step at width 2 tried every width up to the widest.)
 - a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
   rounds, or the unmeasured width just above it where a wider one was measured, is valued at
   most at the cost of the dearest measured width below it (hill-climbing: an outlier sample or
