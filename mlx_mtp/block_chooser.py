@@ -263,7 +263,9 @@ class BlockChooser:
         """What the choice uses: a_1, then a_j + optimism / (n_j + 1) ** BONUS_POWER, at most 1
         (a_j in the current context, n_j the rounds that judged draft j, all contexts, not
         decayed)."""
-        a = self.context_acceptance()
+        return self._with_bonus(self.context_acceptance())
+
+    def _with_bonus(self, a: List[float]) -> List[float]:
         return a[:1] + [min(1.0, x + self.optimism / (n + 1.0) ** BONUS_POWER)
                         for x, n in zip(a[1:], self.judged[1:])]
 
@@ -340,9 +342,9 @@ class BlockChooser:
         costs = self.costs()[: limit + 1]
         # the bonus may widen the block by at most explore_reach drafts beyond what the measured
         # acceptance alone picks (a wide round is dear where the verify and drafting are)
-        limit = min(limit, max(1, best_drafts(self.context_acceptance()[:limit], costs)
-                               + self.explore_reach))
-        acceptance = self.optimistic_acceptance()[:limit]
+        measured = self.context_acceptance()
+        limit = min(limit, max(1, best_drafts(measured[:limit], costs) + self.explore_reach))
+        acceptance = self._with_bonus(measured)[:limit]
         costs = costs[: limit + 1]
         k = best_drafts(acceptance, costs)
         neighbours = self._neighbours(k, limit)

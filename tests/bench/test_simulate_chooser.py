@@ -201,6 +201,16 @@ def test_bad_arguments_name_the_flag(argv, msg, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(msg)
 
 
+def table_rows(out):
+    """The simulator's printed table: row text by its first cell."""
+    return {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
+
+
+def auto_column(out):
+    """The auto column of the code prompt's row(s) in the simulator's printed table."""
+    return [line.split(" | ")[7] for line in out.splitlines() if line.startswith("| code")]
+
+
 def test_chooser_settings_replay_auto_with_them(capsys):
     assert sim.chooser_settings("decay=0.8, context_weight=none,min_evidence=0") == {
         "decay": 0.8, "context_weight": None, "min_evidence": 0}
@@ -209,9 +219,6 @@ def test_chooser_settings_replay_auto_with_them(capsys):
     traces = json.loads(sim.TRACES.read_text())
     costs = sim.costs_from_record(sim.RECORD)
     argv = ["--seeds", "2", "--offsets", "3"]
-
-    def auto_column(out):
-        return [line.split(" | ")[7] for line in out.splitlines() if line.startswith("| code")]
 
     want = {}
     for text, make in (("", BlockChooser),
@@ -283,11 +290,9 @@ def test_max_tokens_cuts_recorded_traces(capsys):
     # through the command line: the 128-token cut replays as the 128-token file does
     path = str(sim.ROOT / "tests" / "data" / "demo_pair_traces_512.json")
     sim.main(["--traces", path, "--max-tokens", "128", "--seeds", "1"])
-    rows = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines()
-            if line.startswith("| ")}
+    rows = table_rows(capsys.readouterr().out)
     sim.main(["--seeds", "1"])
-    want = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines()
-            if line.startswith("| ")}
+    want = table_rows(capsys.readouterr().out)
     assert [rows[k] for k in want] == list(want.values())
     with pytest.raises(SystemExit) as e:
         sim.main(["--max-tokens", "129"])
@@ -319,9 +324,7 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
     want = sim.simulate(traces, costs, 1, 0.15,
                         make_chooser=lambda k: sim.JudgeAll(k, optimism=0.0))["code"]["auto"]
     sim.main(["--seeds", "1", "--judge-all", "--chooser", "optimism=0"])
-    auto = [line.split(" | ")[7] for line in capsys.readouterr().out.splitlines()
-            if line.startswith("| code")]
-    assert auto == [f"{want:.1f}"]
+    assert auto_column(capsys.readouterr().out) == [f"{want:.1f}"]
     assert want != sim.simulate(traces, costs, 1, 0.15)["code"]["auto"]
 
 
