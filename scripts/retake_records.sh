@@ -62,6 +62,15 @@ retake demo-pair-blis-auto-code-256-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code-256 \
   --prompts-json tests/data/demo_pair_code_prompts.json --block-sizes 3,4,5,6,auto \
   --pairs 6 --max-tokens 256 "${UNITS[@]}"
+# issue 16 at 512 tokens: where the replays say a chooser that measures can reach the best fixed
+# block (README: *Where the limit is*)
+retake demo-pair-blis-auto-512-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-512 --block-sizes 3,4,5,6,auto \
+  --pairs 8 --max-tokens 512 "${UNITS[@]}"
+retake demo-pair-blis-auto-code-512-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code-512 \
+  --prompts-json tests/data/demo_pair_code_prompts.json --block-sizes 3,4,5,6,auto \
+  --pairs 6 --max-tokens 512 "${UNITS[@]}"
 retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
   --pairs 8 --synced-runs 3 --max-tokens 128 "${UNITS[@]}"
