@@ -43,6 +43,11 @@ drafting round had drafted and verified all its drafts for free (``JudgeAll``): 
 ``--sigma 0`` (round times without noise) and ``--chooser optimism=0`` (no exploration bonus)
 what is left of auto's gap to the best fixed block is neither exploration nor measurement.
 
+``--round-spread`` prints instead, per prompt and fixed block, how many tokens a round emits
+along the trace from its start (rounds, mean, standard deviation, and the mean's standard error
+as a fraction of it): how well one generation's own rounds can measure a block's yield (no
+costs, no record read).
+
 ``--session`` gives every auto run one shared ``RoundCosts`` (the round costs a session's
 earlier generations measured), the runs in a record's order. ``--chooser`` replays auto with
 other ``BlockChooser`` settings (its numeric keyword arguments; ``none`` for
@@ -268,6 +273,33 @@ def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=
     return out
 
 
+def round_yields(L: List[int], n: int, block: int) -> List[int]:
+    """Tokens each round emits along a fixed-``block`` run of ``n`` tokens over trace ``L`` (the
+    first token from the prefill, as ``replay``; its last rounds cut by the token budget)."""
+    emitted, p, out = 1, 0, []
+    while emitted < n:
+        a = min(L[p], block - 1, n - emitted - 1)
+        out.append(a + 1)
+        emitted += a + 1
+        p += a + 1
+    return out
+
+
+def spread_table(traces: dict, max_block_size: int = 6) -> str:
+    """Per prompt and fixed block 2..``max_block_size``: rounds, tokens per round (mean and
+    standard deviation) and the mean's standard error over its rounds as a fraction of it."""
+    lines = ["| prompt | block | rounds | tokens / round | sd | standard error / mean |",
+             "|---|---|---|---|---|---|"]
+    n = traces["max_tokens"]
+    for name, t in traces["prompts"].items():
+        for b in range(2, max_block_size + 1):
+            y = round_yields(t["L"], n, b)
+            mean, sd = statistics.mean(y), statistics.stdev(y) if len(y) > 1 else 0.0
+            lines.append(f"| {name} | {b} | {len(y)} | {mean:.2f} | {sd:.2f} | "
+                         f"{sd / math.sqrt(len(y)) / mean:.3f} |")
+    return "\n".join(lines)
+
+
 def table(result: dict, max_block_size: int = 6) -> str:
     head = ("| prompt | " + " | ".join(f"block {b}" for b in range(1, max_block_size + 1))
             + " | auto | auto / best fixed | worst seed | widths auto chose |")
@@ -342,6 +374,9 @@ def main(argv=None):
     ap.add_argument("--judge-all", action="store_true",
                     help="auto learns as if every drafting round had judged all its drafts for "
                          "free (JudgeAll: what measuring acceptance could tell it at best)")
+    ap.add_argument("--round-spread", action="store_true",
+                    help="print, per prompt and fixed block, the tokens a round emits along the "
+                         "trace (mean, sd, standard error / mean) instead of replaying")
     args = ap.parse_args(argv)
     make_chooser = JudgeAll if args.judge_all else BlockChooser
     if args.chooser:
@@ -372,6 +407,9 @@ def main(argv=None):
     if not 1 <= args.offsets < traces["max_tokens"]:
         ap.error(f"--offsets: expected 1 to {traces['max_tokens'] - 1} (the traces' tokens "
                  f"less one), got {args.offsets}")
+    if args.round_spread:
+        print(spread_table(traces, args.max_block_size))
+        return
     own = args.verify_arm == "own"
     costs = costs_from_record(Path(args.record), "fixed" if own else args.verify_arm)
     auto_costs = costs_from_record(Path(args.record), "auto") if own else None

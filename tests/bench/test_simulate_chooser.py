@@ -328,6 +328,31 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
     assert want != sim.simulate(traces, costs, 1, 0.15)["code"]["auto"]
 
 
+def test_round_spread_gives_each_fixed_blocks_yield_per_round(capsys):
+    """``round_yields`` walks a fixed block's rounds over a trace as ``replay`` does; the table
+    gives their count, mean, sd and the mean's standard error as a fraction of the mean."""
+    L = [3, 0, 5, 1, 2, 0, 4, 4, 0, 1, 5, 5, 5]
+    # block 3 (2 drafts), 10 tokens, the first from the prefill: rounds at p = 0, 3, 5, 6 keep
+    # min(L(p), 2) = 2, 1, 0, 2 drafts and emit one more each
+    assert sim.round_yields(L, 10, 3) == [3, 2, 1, 3]
+    # 9 tokens: the round at p = 6 may keep only 9 - 7 - 1 = 1 (the token budget)
+    assert sim.round_yields(L, 9, 3) == [3, 2, 1, 2]
+    assert sum(sim.round_yields(L, 10, 6)) == 9  # every token after the first, whatever block
+    costs = sim.costs_from_record(sim.RECORD)
+    for b in (2, 3, 4, 5, 6):
+        got = sim.replay(L, 10, costs, sim.Noise(0, 0.0), fixed=b)
+        assert len(sim.round_yields(L, 10, b)) == sum(got["widths"].values())
+    # through the command line: the row of block 5 on the code trace
+    traces = json.loads(sim.TRACES.read_text())
+    y = sim.round_yields(traces["prompts"]["code"]["L"], 128, 5)
+    mean, sd = statistics.mean(y), statistics.stdev(y)
+    sim.main(["--round-spread"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| code | 5 |")]
+    assert rows == [["| code", "5", str(len(y)), f"{mean:.2f}", f"{sd:.2f}",
+                     f"{sd / len(y) ** 0.5 / mean:.3f} |"]]
+
+
 def test_synthetic_run_prints_a_table(capsys):
     path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-02.json"
     sim.main(["--record", str(path), "--acceptance", "0.6,0.4,0.1,0.1,0.15", "--max-tokens",
