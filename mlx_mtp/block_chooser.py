@@ -246,12 +246,12 @@ class BlockChooser:
             out.append(prior)
         return out
 
-    def context_acceptance(self) -> List[float]:
+    def context_acceptance(self, pooled: Optional[List[float]] = None) -> List[float]:
         """The estimates in the current context (the drafts the last round kept): that context's
-        counts shrunk towards ``acceptance()`` with ``context_weight`` rounds; ``acceptance()``
-        itself where the context has no counts yet, the last round drafted none, or contexts are
-        off."""
-        pooled = self.acceptance()
+        counts shrunk towards ``acceptance()`` (``pooled``, if the caller has it) with
+        ``context_weight`` rounds; ``acceptance()`` itself where the context has no counts yet,
+        the last round drafted none, or contexts are off."""
+        pooled = self.acceptance() if pooled is None else pooled
         tests = self.context_tests.get(self.context)
         if tests is None or self.context_weight is None:
             return pooled
@@ -342,7 +342,8 @@ class BlockChooser:
         costs = self.costs()[: limit + 1]
         # the bonus may widen the block by at most explore_reach drafts beyond what the measured
         # acceptance alone picks (a wide round is dear where the verify and drafting are)
-        measured = self.context_acceptance()
+        pooled = self.acceptance()
+        measured = self.context_acceptance(pooled)
         limit = min(limit, max(1, best_drafts(measured[:limit], costs) + self.explore_reach))
         acceptance = self._with_bonus(measured)[:limit]
         costs = costs[: limit + 1]
@@ -352,7 +353,7 @@ class BlockChooser:
             costs = self.costs(neighbours)[: limit + 1]
             k = best_drafts(acceptance, costs)
         if k == 0:
-            k = self._unless_weak_evidence(acceptance, costs)
+            k = self._unless_weak_evidence(acceptance, costs, pooled[0])
         if k == 0:
             return self._undrafted()
         if self._probed:  # the round after a probe brought drafting back
@@ -360,15 +361,17 @@ class BlockChooser:
             self.probe_gap = min(PROBE_FIRST, self.probe_every)
         return k
 
-    def _unless_weak_evidence(self, acceptance: List[float], costs: List[Optional[float]]) -> int:
+    def _unless_weak_evidence(self, acceptance: List[float], costs: List[Optional[float]],
+                              pooled_first: float) -> int:
         """The arithmetic gave no drafts: keep it only on enough evidence, else the best drafting
-        choice. With contexts on, draft 1 is valued at least at the pooled estimate (a context's
+        choice. With contexts on, draft 1 is valued at least at the pooled estimate
+        (``pooled_first``, ``acceptance()[0]`` as ``choose`` computed it; a context's
         own table, one rejection or an opening's, does not stop drafting); and while the session
         holds fewer than ``min_evidence`` round times of drafting widths, the arithmetic's no
         drafts is overruled (one stalled round does not price drafting out: the median of one
         sample is that sample)."""
         if self.context_weight is not None:
-            acceptance = [max(acceptance[0], self.acceptance()[0])] + acceptance[1:]
+            acceptance = [max(acceptance[0], pooled_first)] + acceptance[1:]
             k = best_drafts(acceptance, costs)
             if k:
                 return k
