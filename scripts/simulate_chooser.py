@@ -35,7 +35,8 @@ acceptance (independent positions: no text's structure), e.g. the realistic-size
     python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
         [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed|own] [--offsets 20] \
         [--verify-steps 1,1.25,1.25,1.25,1.35,1.45] [--session] \
-        [--chooser decay=0.8,context_weight=none] [--max-tokens 256] [--judge-all]
+        [--chooser decay=0.8,context_weight=none] [--max-tokens 256] [--judge-all] \
+        [--round-spread]
 
 ``--max-tokens N`` replays recorded traces cut to their first N tokens (a 512-token trace as a
 256-token generation). ``--judge-all`` replays auto with a chooser that learns as if every
