@@ -30,9 +30,11 @@ What it measures, from the session's own rounds (nothing is assumed about the de
   context's first judgments: see ``min_evidence`` below).
   ``context_weight=None`` switches it off.
 - cost: per width, the median of its last ``cost_window`` round times, lowered where the straight
-  line through its measured neighbours' medians (for the widest measured width: the two below
-  it) says it is cheaper: pooled with that line, the line worth ``pooling`` samples. One slow
-  round does not keep a width out of use; a width that looks cheap is chosen, so measured.
+  line through its measured drafting neighbours' medians (for the widest measured width: the two
+  below it, the line never below the nearer one's) says it is cheaper: pooled with that line,
+  the line worth ``pooling`` samples. One slow round does not keep a width out of use; a width
+  that looks cheap is chosen, so measured. Width 1 (the plain step, no drafts) is no point on
+  that line (``pooled``).
 Exploration, deterministic (no random numbers; the same measurements give the same choices):
 - the choice values deeper acceptance optimistically: a_j + ``optimism`` / (n_j + 1) ** 0.75
   (at most 1) for j >= 2, a_j in the current context, n_j the rounds of this generation that
@@ -275,12 +277,18 @@ class BlockChooser:
 
     def pooled(self) -> Dict[int, float]:
         """Per measured width: its median, or, where cheaper, that median pooled with the line
-        through the medians of the measured widths on either side (for the widest measured
-        width: the two below it), the line worth ``pooling`` samples. Only ever lower: a width
-        that one slow round made look dear gets tried again, while one that looks cheap is
-        chosen and so measured (an error that way corrects itself)."""
-        widths = sorted(self.median)
-        out = {w: self.median[w] for w in widths}
+        through the medians of the measured drafting widths on either side (for the widest
+        measured width: the two below it, the line never below the nearer one's median), the
+        line worth ``pooling`` samples. Only ever lower: a width that one slow round made look
+        dear gets tried again, while one that looks cheap is chosen and so measured (an error
+        that way corrects itself). Width 1 is no point on the line: its round is the plain
+        one-token step, without drafts or accept hook, and can cost more than a width-2 round
+        (the demo pair's first round, cold, cost 18 ms against width 2's 12.5: the line through
+        them put width 6 at -10 ms, and pooled with it a width-6 round of 21 ms looked cheaper
+        than width 2 for the rest of a CLI run, kept at width 6 where drafts 4 and 5 were kept
+        5% and 2% of the time)."""
+        widths = sorted(w for w in self.median if w > 1)
+        out = dict(self.median)
         for i, w in enumerate(widths):
             if 0 < i < len(widths) - 1:
                 lo, hi = widths[i - 1], widths[i + 1]
@@ -289,6 +297,8 @@ class BlockChooser:
             else:
                 continue
             line = self.median[lo] + (self.median[hi] - self.median[lo]) * (w - lo) / (hi - lo)
+            if w > hi:  # extrapolated: a wider round does not cost less than a narrower one
+                line = max(line, self.median[hi])
             n = len(self.samples[w])
             out[w] = min(self.median[w],
                          (n * self.median[w] + self.pooling * line) / (n + self.pooling))

@@ -95,7 +95,9 @@ def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
     # noise-free, the chooser's rounds on a trace are what BlockChooser chooses there
     L = traces["prompts"]["random"]["L"]
     got = sim.replay(L, 128, costs, sim.Noise(0, 0.0), chooser=BlockChooser(5))
-    assert got["widths"] == {1: 1, 2: 2, 6: 21}  # widths 1 and 2, then the widest
+    # widths 1 and 2, the widest, width 5 once (unmeasured beside the choice: tried), then the
+    # widest; the last round, width 3, cut by the token budget
+    assert got["widths"] == {1: 1, 2: 1, 3: 1, 5: 1, 6: 20}
     sim.main(["--seeds", "1"])
     out = capsys.readouterr().out
     assert "| enumeration |" in out and "auto / best fixed" in out
