@@ -69,7 +69,7 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402  (pure Python)
@@ -190,42 +190,41 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
            chooser: Optional[BlockChooser] = None, max_drafts: int = 5) -> dict:
     """One generation of ``n`` tokens (the first from the prefill, untimed, as the record's
     tok/s): ``fixed`` block size, or the ``chooser``'s rounds. Returns tok/s and widths used."""
-    if fixed == 1:
-        total = sum(noise(costs.plain_step) for _ in range(n - 1))
-        return {"tps": (n - 1) / total * 1e3, "widths": {1: n - 1}}
-    emitted, p, total, deferred = 1, 0, 0.0, 0
     widths: Dict[int, int] = {}
+    if chooser is None:
+        if fixed == 1:
+            total = sum(noise(costs.plain_step) for _ in range(n - 1))
+            return {"tps": (n - 1) / total * 1e3, "widths": {1: n - 1}}
+        total = 0.0
+        for k, a in fixed_rounds(L, n, min(fixed, max_drafts + 1)):
+            # a fixed arm's last round, without drafts, still runs the accept hook
+            total += noise(costs.round_ms(k, a) + (costs.accept(1) if k == 0 else 0.0))
+            widths[k + 1] = widths.get(k + 1, 0) + 1
+        return {"tps": (n - 1) / total * 1e3, "widths": widths}
+    emitted, p, total, deferred = 1, 0, 0.0, 0
     while emitted < n:
-        limit = min(max_drafts, n - emitted - 1)
-        if chooser is not None:
-            k = chooser.choose(limit)
-            steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
-            if steps > 1:  # a stretch: pipelined one-token steps, each observed
-                for _ in range(steps):
-                    wall = noise(costs.plain_step)
-                    total += wall
-                    chooser.observe(0, 0, wall / 1e3)
-                deferred += steps
-                widths[1] = widths.get(1, 0) + steps
-                emitted += steps
-                p += steps
-                continue
-            if k > 0 and deferred:
-                total += noise(costs.accept(deferred))  # the catch-up, outside the round's time
-                deferred = 0
-        else:
-            k = min(fixed - 1, limit)
+        k = chooser.choose(min(max_drafts, n - emitted - 1))
+        steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
+        if steps > 1:  # a stretch: pipelined one-token steps, each observed
+            for _ in range(steps):
+                wall = noise(costs.plain_step)
+                total += wall
+                chooser.observe(0, 0, wall / 1e3)
+            deferred += steps
+            widths[1] = widths.get(1, 0) + steps
+            emitted += steps
+            p += steps
+            continue
+        if k > 0 and deferred:
+            total += noise(costs.accept(deferred))  # the catch-up, outside the round's time
+            deferred = 0
         a = min(L[p], k)
         if isinstance(chooser, JudgeAll):
             chooser.oracle = min(L[p], chooser.max_drafts)
-        ms = costs.round_ms(k, a)
-        if k == 0 and chooser is None:
-            ms += costs.accept(1)  # a fixed arm's last round still runs the accept hook
-        wall = noise(ms)
+        wall = noise(costs.round_ms(k, a))
         total += wall
-        if chooser is not None:
-            chooser.observe(k, a, wall / 1e3)
-            deferred += k == 0
+        chooser.observe(k, a, wall / 1e3)
+        deferred += k == 0
         widths[k + 1] = widths.get(k + 1, 0) + 1
         emitted += a + 1
         p += a + 1
@@ -274,16 +273,24 @@ def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=
     return out
 
 
-def round_yields(L: List[int], n: int, block: int) -> List[int]:
-    """Tokens each round emits along a fixed-``block`` run of ``n`` tokens over trace ``L`` (the
-    first token from the prefill, as ``replay``; its last rounds cut by the token budget)."""
+def fixed_rounds(L: List[int], n: int, block: int) -> List[Tuple[int, int]]:
+    """(drafts, kept) of each round of a fixed-``block`` run of ``n`` tokens over trace ``L``:
+    the first token from the prefill, as the record's tok/s; the token budget cuts the drafts
+    of the last rounds. ``replay`` times these rounds; ``round_yields`` counts their tokens."""
     emitted, p, out = 1, 0, []
     while emitted < n:
-        a = min(L[p], block - 1, n - emitted - 1)
-        out.append(a + 1)
+        k = min(block - 1, n - emitted - 1)
+        a = min(L[p], k)
+        out.append((k, a))
         emitted += a + 1
         p += a + 1
     return out
+
+
+def round_yields(L: List[int], n: int, block: int) -> List[int]:
+    """Tokens each round emits along a fixed-``block`` run of ``n`` tokens over trace ``L``
+    (``fixed_rounds``: the rounds ``replay`` times)."""
+    return [a + 1 for _, a in fixed_rounds(L, n, block)]
 
 
 def spread_table(traces: dict, max_block_size: int = 6) -> str:

@@ -332,8 +332,8 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
 
 
 def test_round_spread_gives_each_fixed_blocks_yield_per_round(capsys):
-    """``round_yields`` walks a fixed block's rounds over a trace as ``replay`` does; the table
-    gives their count, mean, sd and the mean's standard error as a fraction of the mean."""
+    """``round_yields`` counts the tokens of the rounds ``replay`` times for a fixed block; the
+    table gives their count, mean, sd and the mean's standard error as a fraction of the mean."""
     L = [3, 0, 5, 1, 2, 0, 4, 4, 0, 1, 5, 5, 5]
     # block 3 (2 drafts), 10 tokens, the first from the prefill: rounds at p = 0, 3, 5, 6 keep
     # min(L(p), 2) = 2, 1, 0, 2 drafts and emit one more each
