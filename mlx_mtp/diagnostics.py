@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ class RunStats:
     # verify width (tokens in the block) -> [verify phase seconds summed, rounds]
     verify_by_width: Dict[int, List[float]] = field(default_factory=dict)
     rounds_s: float = 0.0
+    # verify width -> [rounds, mean, sum of squared deviations] of log(round wall seconds)
+    # (Welford): how far a width's round times spread within one run, the noise a chooser's
+    # cost estimates see (scripts/simulate_chooser.py --sigma record replays with it)
+    round_log_s: Dict[int, List[float]] = field(default_factory=dict)
     peak_memory_gb: float = 0.0
     # greedy / point-mass / speculative-sampling (``mlx_mtp.sampling``); None when no MTP loop ran.
     acceptance_rule: Optional[str] = None
@@ -90,12 +95,26 @@ class RunStats:
         self.accepted += accepted
         self.rounds_s += wall_s
         self.block_sizes[drafted + 1] = self.block_sizes.get(drafted + 1, 0) + 1
+        if wall_s > 0:
+            acc = self.round_log_s.setdefault(drafted + 1, [0, 0.0, 0.0])
+            x = math.log(wall_s)
+            acc[0] += 1
+            delta = x - acc[1]
+            acc[1] += delta / acc[0]
+            acc[2] += delta * (x - acc[1])
         while len(self.offered) < drafted:
             self.offered.append(0)
             self.hits.append(0)
         for j in range(drafted):
             self.offered[j] += 1
             self.hits[j] += j < accepted
+
+    def round_spread_by_width(self) -> Dict[int, Dict[str, float]]:
+        """Per verify width timed in two rounds or more: the rounds and the standard deviation of
+        log(round wall time) among them (0.03: a round's time typically within 3% of the
+        width's geometric mean)."""
+        return {w: {"rounds": int(n), "log_sd": math.sqrt(m2 / (n - 1))}
+                for w, (n, _, m2) in sorted(self.round_log_s.items()) if n >= 2}
 
     @property
     def acceptance_rate(self) -> float:
@@ -148,6 +167,7 @@ class RunStats:
             "verify_ms_by_width": {str(w): ms for w, ms in self.verify_ms_by_width().items()},
             "verify_rounds_by_width": {str(w): n for w, (_, n) in
                                        sorted(self.verify_by_width.items())},
+            "round_spread_by_width": {str(w): v for w, v in self.round_spread_by_width().items()},
             "peak_memory_gb": self.peak_memory_gb,
             "acceptance_rule": self.acceptance_rule,
             "mtp_enabled": self.mtp_enabled,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import math
 import random
 import statistics
 import string
@@ -270,6 +271,8 @@ def summarize(args, model, raw, exact, bw, synced=()) -> dict:
             # (records from before the field waited for each phase).
             "phases_synced": all(s.get("phases_synced", True) for s in st),
             "verify_over_step_by_width": {w: ms / classic_ms for w, ms in verify_ms.items()},
+            # how far a width's round times spread within a run (log-sd, pooled over the runs)
+            "round_spread_by_width": round_spread_by_width(st),
             # (only when the draft phase waited for its device work: MLX_MTP_SYNC_PHASES=1)
             "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in st) / draft_steps
                                 if draft_steps and all(s.get("phases_synced", True) for s in st)
@@ -333,6 +336,28 @@ def verify_ms_by_width(stats: list) -> dict:
             total[w] = total.get(w, 0.0) + ms * n
             rounds[w] = rounds.get(w, 0) + n
     return {int(w): total[w] / rounds[w] for w in sorted(total, key=int) if rounds[w]}
+
+
+def round_spread_by_width(stats: list) -> dict:
+    """Per verify width: the rounds, and the standard deviation of log(round wall time) within
+    a run pooled over runs' ``RunStats.to_dict()`` (each run's squared deviations from its own
+    mean, over their degrees of freedom: the noise one run's cost estimates see, not the drift
+    between runs); "all": the same pooled over every width. Runs from before the field: {}."""
+    dof: dict = {}
+    ss: dict = {}
+    for s in stats:
+        for w, v in s.get("round_spread_by_width", {}).items():
+            d = v["rounds"] - 1
+            dof[w] = dof.get(w, 0) + d
+            ss[w] = ss.get(w, 0.0) + d * v["log_sd"] ** 2
+    out = {w: {"rounds": dof[w] + sum(1 for s in stats if w in s.get("round_spread_by_width", {})),
+               "log_sd": math.sqrt(ss[w] / dof[w])}
+           for w in sorted(dof, key=int) if dof[w]}
+    total = sum(dof.values())
+    if total:
+        out["all"] = {"rounds": sum(v["rounds"] for v in out.values()),
+                      "log_sd": math.sqrt(sum(ss.values()) / total)}
+    return out
 
 
 def _arm(bs) -> str:
@@ -477,6 +502,7 @@ def render(r: dict) -> str:
         cells = [f"{ms[w]:.2f} ms ({by_w[w]:.2f}x)" if w in by_w else "-"
                  for w in range(1, widest + 1)]
         lines.append(f"| {row['block_size']} | " + " | ".join(cells) + " |")
+    lines += _spread_lines(r, widest)
     lines += _synced_lines(r)
     lines += ["", "## The floor", "",
               f"- Measured streaming-read bandwidth: {r['bandwidth_gbs']:.1f} GB/s",
@@ -492,6 +518,27 @@ def render(r: dict) -> str:
                      f"{r['drafter_step_floor_ms']:.2f} ms{meas}")
     lines += bench_common.what_it_says(r)
     return "\n".join(lines)
+
+
+def _spread_lines(r: dict, widest: int) -> list:
+    """How far a width's round times spread within a run (records from before the field:
+    nothing)."""
+    rows = [row for row in r["rows"] if row.get("round_spread_by_width")]
+    if not rows:
+        return []
+    lines = ["", "## Round times within a run", "",
+             "Standard deviation of log(round wall time) per verify width, within each run, "
+             "pooled over the runs (rounds in brackets): the noise one run's cost estimates see "
+             "(`scripts/simulate_chooser.py --sigma record` replays with the auto arm's, else "
+             "the arms' \"all\").", "",
+             "| block | " + " | ".join(f"w={w}" for w in range(1, widest + 1)) + " | all |",
+             "|---|" + "---|" * (widest + 1)]
+    for row in rows:
+        sp = row["round_spread_by_width"]
+        cells = [f"{sp[k]['log_sd']:.3f} ({sp[k]['rounds']})" if k in sp else "-"
+                 for k in [str(w) for w in range(1, widest + 1)] + ["all"]]
+        lines.append(f"| {row['block_size']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _synced_lines(r: dict) -> list:

@@ -16,6 +16,9 @@ than one round (``BlockChooser.undrafted_stretch``) runs it as the loop does, pi
 steps at ``plain_step`` each. Fixed block 1 is the plain path (``plain_step`` per token). Each
 round's time (what both the clock and the chooser see) is multiplied by a seeded lognormal
 factor exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top.
+``--sigma record`` takes sigma from the record: its auto arm's measured spread of round times
+within a run (``round_spread_by_width``, records from 2026-12-02 on); the default 0.15 is a
+stress, several times what an idle machine measures.
 
 The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
 ``verify_ms_by_width`` of an arm (``--verify-arm``: ``auto``, the default, takes a width auto
@@ -132,6 +135,18 @@ def costs_from_record(path: Path, verify_arm: str = "auto") -> Costs:
                  residual=statistics.median(r["round_ms"]["residual"] for r in fixed),
                  plain_step=(rows["1"]["round_ms"]["residual"] if "1" in rows
                              else json.loads(path.read_text())["classic_step_ms"]))
+
+
+def record_sigma(path: Path) -> float:
+    """The record's auto arm's spread of round times within a run (the standard deviation of
+    log(round wall time) from its mean at the same width, pooled over widths and runs:
+    ``round_spread_by_width["all"]``): the noise the cost model's lognormal factor stands for."""
+    rows = {str(r["block_size"]): r for r in json.loads(path.read_text())["rows"]}
+    spread = rows.get("auto", {}).get("round_spread_by_width", {}).get("all")
+    if spread is None:
+        raise MTPError(f"{path} has no auto arm with round_spread_by_width (records before it "
+                       f"was measured): pass a number")
+    return spread["log_sd"]
 
 
 def synthetic_traces(acceptance: List[float], max_tokens: int, prompts: int = 4,
@@ -365,7 +380,9 @@ def main(argv=None):
                          "blocks the fixed arms', auto its own rounds': a record where auto's "
                          "verifies ran dearer than the fixed arms' at the same width)")
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--sigma", type=float, default=0.15)
+    ap.add_argument("--sigma", default="0.15",
+                    help="log-sd of a round's time noise, or 'record': the record's auto arm's "
+                         "measured spread within a run (round_spread_by_width, all widths)")
     ap.add_argument("--spike-every", type=int, default=0, help="a stall every N rounds on average")
     ap.add_argument("--spike", type=float, default=5.0, help="the stall's factor")
     ap.add_argument("--max-block-size", type=int, default=6)
@@ -386,6 +403,14 @@ def main(argv=None):
                     help="print, per prompt and fixed block, the tokens a round emits along the "
                          "trace (mean, sd, standard error / mean) instead of replaying")
     args = ap.parse_args(argv)
+    if args.sigma != "record":
+        given = args.sigma
+        try:
+            args.sigma = float(given)
+        except ValueError:
+            args.sigma = -1.0
+        if not args.sigma >= 0:  # (nan too)
+            ap.error(f"--sigma: expected a number >= 0 or 'record', got {given!r}")
     make_chooser = JudgeAll if args.judge_all else BlockChooser
     if args.chooser:
         try:
@@ -433,10 +458,17 @@ def main(argv=None):
             ap.error(f"--verify-steps: expected {args.max_block_size} or more positive numbers "
                      f"(width 1 up), got {args.verify_steps!r}")
         costs = replace(costs, verify={w: x * costs.plain_step for w, x in enumerate(steps, 1)})
+    sigma = args.sigma
+    if sigma == "record":
+        try:
+            sigma = record_sigma(Path(args.record))
+        except MTPError as e:
+            ap.error(f"--sigma record: {e}")
+        print(f"sigma (the record's auto arm, within a run): {sigma:.4f}")
     print(f"costs (ms): {costs}")
     if auto_costs is not None:
         print(f"auto's costs (ms): {auto_costs}")
-    result = simulate(traces, costs, args.seeds, args.sigma, make_chooser=make_chooser,
+    result = simulate(traces, costs, args.seeds, sigma, make_chooser=make_chooser,
                       max_block_size=args.max_block_size,
                       spike_every=args.spike_every, spike=args.spike, offsets=args.offsets,
                       auto_costs=auto_costs, session=RoundCosts() if args.session else None)

@@ -38,6 +38,12 @@ def test_bench_writes_markdown_and_json(tmp_path):
         assert ms > 0
         assert abs(three["verify_over_step_by_width"][w] - ms / data["classic_step_ms"]) < 1e-12
     assert f"{three['verify_ms_by_width']['3']:.2f} ms ({three['verify_over_step_by_width']['3']:.2f}x)" in text
+    # round times within a run: pooled over the arm's runs, each width and all, in a table
+    spread = three["round_spread_by_width"]
+    assert "3" in spread and spread["all"]["rounds"] >= spread["3"]["rounds"] >= 2
+    assert all(v["log_sd"] >= 0 for v in spread.values())
+    assert "## Round times within a run" in text
+    assert f"| {spread['3']['log_sd']:.3f} ({spread['3']['rounds']}) |" in text
     for section in ("## Setup", "## Exactness gate", "## Results", "## Round split",
                     "## Verify cost per width", "## The floor", "## Idle check", "smoke run"):
         assert section in text
@@ -234,3 +240,33 @@ def test_held_out_best_fixed_block_is_chosen_on_the_other_pairs():
     assert bench_mtp.held_out_vs_best(raw, "other prompt", [3, 5]) == {}
     one = {arm: runs[:1] for arm, runs in raw.items()}
     assert bench_mtp.held_out_vs_best(one, "p", [3, 5]) == {}  # one pair: nothing to hold out
+
+
+def test_round_spread_pools_each_runs_deviations_from_its_own_mean():
+    """Two runs at width 3 (4 and 3 rounds) and one at width 6: the pooled log-sd is the root of
+    the runs' squared deviations over their degrees of freedom, not the spread of all the rounds
+    together (run 2's rounds sit 10% higher: drift between runs, not noise within one)."""
+    import math
+    import statistics
+
+    from mlx_mtp.diagnostics import RunStats
+
+    runs = [{3: [0.0150, 0.0155, 0.0148, 0.0160], 6: [0.020, 0.021, 0.0205]},
+            {3: [0.0165, 0.0170, 0.0162]}]
+    stats = []
+    for walls in runs:
+        st = RunStats()
+        for w, ts in walls.items():
+            for t in ts:
+                st.record_round(w - 1, 0, t)
+        stats.append(st.to_dict())
+    got = bench_mtp.round_spread_by_width(stats)
+    logs = [[math.log(t) for t in r[3]] for r in runs]
+    ss3 = sum(statistics.variance(x) * (len(x) - 1) for x in logs)
+    assert got["3"]["rounds"] == 7 and abs(got["3"]["log_sd"] - math.sqrt(ss3 / 5)) < 1e-12
+    assert got["3"]["log_sd"] < statistics.stdev(logs[0] + logs[1])  # the drift is left out
+    ss6 = statistics.variance([math.log(t) for t in runs[0][6]]) * 2
+    assert got["6"]["rounds"] == 3 and abs(got["6"]["log_sd"] - math.sqrt(ss6 / 2)) < 1e-12
+    assert got["all"]["rounds"] == 10
+    assert abs(got["all"]["log_sd"] - math.sqrt((ss3 + ss6) / 7)) < 1e-12
+    assert bench_mtp.round_spread_by_width([{"rounds": 5}]) == {}  # a record before the field

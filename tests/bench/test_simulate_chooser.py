@@ -195,6 +195,12 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs(tmp_path):
                                         "got 'x'"),
     (["--chooser", "decay=2"], "--chooser: BlockChooser needs 0 <= prior <= 1, prior_weight > 0, "
                                "0 < decay <= 1"),
+    (["--sigma", "loud"], "--sigma: expected a number >= 0 or 'record', got 'loud'"),
+    (["--sigma", "-0.1"], "--sigma: expected a number >= 0 or 'record', got '-0.1'"),
+    (["--sigma", "nan"], "--sigma: expected a number >= 0 or 'record', got 'nan'"),
+    (["--sigma", "record"], f"--sigma record: {sim.RECORD} has no auto arm with "
+                            f"round_spread_by_width (records before it was measured): pass a "
+                            f"number"),
 ])
 def test_bad_arguments_name_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -480,3 +486,24 @@ def test_own_costs_from_the_command_line(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "--verify-steps: not with --verify-arm own (it sets one verify cost table for every arm)")
+
+
+def test_sigma_from_the_record_is_its_auto_arms_spread_within_a_run(tmp_path, capsys):
+    """``--sigma record`` replays with the record's measured noise (the auto arm's
+    round_spread_by_width, all widths): the same table as that number given."""
+    record = json.loads(sim.RECORD.read_text())
+    auto = next(r for r in record["rows"] if r["block_size"] == "auto")
+    auto["round_spread_by_width"] = {"3": {"rounds": 40, "log_sd": 0.05},
+                                     "all": {"rounds": 90, "log_sd": 0.0375}}
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    assert sim.record_sigma(path) == 0.0375
+    argv = ["--record", str(path), "--seeds", "2", "--offsets", "3"]
+    sim.main(argv + ["--sigma", "record"])
+    measured = capsys.readouterr().out
+    assert "sigma (the record's auto arm, within a run): 0.0375" in measured
+    sim.main(argv + ["--sigma", "0.0375"])
+    given = capsys.readouterr().out
+    assert table_rows(measured) == table_rows(given)
+    sim.main(argv)  # the default, 0.15: other round times, another table
+    assert table_rows(capsys.readouterr().out) != table_rows(given)
