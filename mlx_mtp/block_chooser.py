@@ -97,7 +97,8 @@ gets one round to undo it:
   own estimate still chooses.
 Text no head predicts pays one more drafting round at the start (three, not two).
 A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
-loop runs them as pipelined one-token steps, as fast as plain decode, observing each.
+loop runs them as pipelined one-token steps, as fast as plain decode, and observes each at the
+stretch's mean when it ends (a pipelined step has no time of its own).
 Round costs that outlive one generation (``RoundCosts``, opt-in, not what ``"auto"`` makes): a
 chooser given one starts from the samples earlier generations left there, as old as they are
 (a width not timed for ``stale_rounds`` rounds of the session is re-measured as within one),
@@ -417,8 +418,8 @@ class BlockChooser:
     def undrafted_stretch(self) -> int:
         """After ``choose`` gave no drafts: the rounds in a row, this one first, that it commits
         to drafting nothing, up to the next probe (1 where the choice only re-measured width 1 or
-        met the token budget). The loop runs them as pipelined one-token steps, observing each; a
-        new width-1 sample inside the stretch does not reopen the choice until it ends."""
+        met the token budget). The loop runs them as pipelined one-token steps and observes each
+        at the stretch's mean when it ends."""
         return max(1, self._stretch)
 
     def count(self, drafts: int, accepted: int) -> None:

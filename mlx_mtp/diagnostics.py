@@ -89,13 +89,18 @@ class RunStats:
         """Mean verify-phase ms per round, by verify width."""
         return {w: 1e3 * s / n for w, (s, n) in sorted(self.verify_by_width.items()) if n}
 
-    def record_round(self, drafted: int, accepted: int, wall_s: float) -> None:
+    def record_round(self, drafted: int, accepted: int, wall_s: float,
+                     own_time: bool = True) -> None:
+        """A round of ``drafted`` drafts, ``accepted`` kept, ``wall_s`` seconds. ``own_time``
+        False: a pipelined one-token step, whose ``wall_s`` is the time between two host reads
+        (mostly the next step's work): counted in the run's time, not in the spread of round
+        times (``round_spread_by_width``)."""
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
         self.rounds_s += wall_s
         self.block_sizes[drafted + 1] = self.block_sizes.get(drafted + 1, 0) + 1
-        if wall_s > 0:
+        if own_time and wall_s > 0:
             acc = self.round_log_s.setdefault(drafted + 1, [0, 0.0, 0.0])
             x = math.log(wall_s)
             acc[0] += 1
@@ -112,7 +117,8 @@ class RunStats:
     def round_spread_by_width(self) -> Dict[int, Dict[str, float]]:
         """Per verify width timed in two rounds or more: the rounds and the standard deviation of
         log(round wall time) among them (0.03: a round's time typically within 3% of the
-        width's geometric mean)."""
+        width's geometric mean). Pipelined one-token steps (block 1, ``auto``'s stretches
+        without drafts) are not rounds with a time of their own and are left out."""
         return {w: {"rounds": int(n), "log_sd": math.sqrt(m2 / (n - 1))}
                 for w, (n, _, m2) in sorted(self.round_log_s.items()) if n >= 2}
 

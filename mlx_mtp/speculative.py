@@ -449,9 +449,19 @@ def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, proce
     overlaps the compute. No capture, no rollback, one host read per token. Each step is what a
     round without drafts computes (``target.decode`` of the last token, the draw at its
     position: keyed under ``auto``). Block size 1 runs the whole generation this way; under
-    ``auto`` a stretch the chooser gave no drafts does, the chooser observing each step and the
+    ``auto`` a stretch the chooser gave no drafts does, the chooser observing its steps and the
     drafter getting the (hidden, id) pairs later (``deferred``). Yields the tokens; returns
-    ``(y, history)`` for the next round."""
+    ``(y, history)`` for the next round.
+
+    A pipelined step has no time of its own: on the CPU backend the call that queues a step
+    (``mx.async_eval``) returns once most of its work is done (about 18 of a 21 ms step, one
+    run), so the time between two host reads is mostly the next step's, the first step's is
+    spent before the first read, and the last read comes about 1 ms after the one before. Each
+    step is recorded with the time since the previous read (the first since the stretch
+    began: the sum is the stretch's time), and the chooser observes every step of the stretch
+    at the stretch's mean, once it ends (it observed each step's own read-to-read time before:
+    the stretch's first step went unobserved and its last looked like a 1 ms round, which
+    after short stretches could make the median of width 1's samples a millisecond)."""
 
     def step(y, history, pos):
         h = target.decode(y[None], cache)
@@ -465,10 +475,10 @@ def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, proce
 
     if n < 1:
         return y, history
+    t_start = t_read = time.perf_counter()
     nxt = step(y, history, emitted)
     mx.async_eval(nxt[1], nxt[2])
     for i in range(n):
-        t_step = time.perf_counter()
         h, y, logprobs = nxt
         history = sampling.append_history(history, y)
         if deferred is not None:
@@ -480,15 +490,18 @@ def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, proce
         stats.host_syncs += 1
         if (emitted + i) % 256 == 0:  # as mlx-lm does
             mx.clear_cache()
-        wall = time.perf_counter() - t_step
-        stats.record_round(0, 0, wall)
+        now = time.perf_counter()
+        stats.record_round(0, 0, now - t_read, own_time=False)
+        t_read = now
         if chooser is not None:  # an auto stretch
-            chooser.observe(0, 0, wall)
             stats.undrafted_steps += 1
         stats.generation_tokens = emitted + i + 1
         stats.generation_s = time.perf_counter() - t_gen
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9
         yield token, logprobs[0], False
+    if chooser is not None:  # every step of the stretch at its mean (docstring)
+        for _ in range(n):
+            chooser.observe(0, 0, (t_read - t_start) / n)
     stats.generation_s = time.perf_counter() - t_gen
     stats.peak_memory_gb = mx.get_peak_memory() / 1e9
     return y, history

@@ -13,12 +13,13 @@ with accept(n) = accept_base + accept_per_pair * n (never falling with n). Under
 without drafts hand their pairs to the drafter at the next drafting round, outside the chooser's
 measured time: accept(pairs) then; and a choice of no drafts that commits to a stretch of more
 than one round (``BlockChooser.undrafted_stretch``) runs it as the loop does, pipelined one-token
-steps at ``plain_step`` each. Fixed block 1 is the plain path (``plain_step`` per token). Each
-round's time (what both the clock and the chooser see) is multiplied by a seeded lognormal
-factor exp(sigma * N(0, 1)); ``--spike-every`` adds a rare stall (x ``--spike``) on top.
-``--sigma record`` takes sigma from the record: its auto arm's measured spread of round times
-within a run (``round_spread_by_width``, records from 2026-12-02 on); the default 0.15 is a
-stress, several times what an idle machine measures.
+steps at ``plain_step`` each, which the chooser observes at their mean when the stretch ends.
+Fixed block 1 is the plain path (``plain_step`` per token). Each round's time (what both the
+clock and the chooser see) is multiplied by a seeded lognormal factor exp(sigma * N(0, 1));
+``--spike-every`` adds a rare stall (x ``--spike``) on top. ``--sigma record`` takes sigma from
+the record: its auto arm's measured spread of round times within a run
+(``round_spread_by_width``, records from 2026-12-02 on); the default 0.15 is a stress, about
+2.5 times what the idle Xeon VM measures.
 
 The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
 ``verify_ms_by_width`` of an arm (``--verify-arm``: ``auto``, the default, takes a width auto
@@ -220,11 +221,12 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
     while emitted < n:
         k = chooser.choose(min(max_drafts, n - emitted - 1))
         steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
-        if steps > 1:  # a stretch: pipelined one-token steps, each observed
+        if steps > 1:  # a stretch: pipelined one-token steps, observed at their mean as the
+            # loop observes them (a pipelined step has no time of its own)
+            walls = [noise(costs.plain_step) for _ in range(steps)]
+            total += sum(walls)
             for _ in range(steps):
-                wall = noise(costs.plain_step)
-                total += wall
-                chooser.observe(0, 0, wall / 1e3)
+                chooser.observe(0, 0, sum(walls) / steps / 1e3)
             deferred += steps
             widths[1] = widths.get(1, 0) + steps
             emitted += steps

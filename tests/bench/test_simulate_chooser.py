@@ -123,6 +123,13 @@ def test_a_stretch_without_drafts_runs_at_the_plain_step_and_the_drafter_catches
              + costs.round_ms(0, 0))
     assert got == {"tps": pytest.approx(13 / total * 1e3), "widths": {1: 11, 2: 1}}
     assert chooser.round == 12  # every step observed
+    # with noise, the stretch's steps are observed at their mean, as the loop observes them
+    noisy = _Scripted(5)
+    sim.replay([1] * 13, 14, costs, sim.Noise(0, 0.15), chooser=noisy)
+    ref = sim.Noise(0, 0.15)
+    walls = [ref(costs.plain_step) for _ in range(10)]
+    assert len(set(walls)) == 10
+    assert list(noisy.samples[1])[:4] == [pytest.approx(sum(walls) / 10 / 1e3)] * 4
 
 
 def test_offsets_replay_each_seed_from_its_own_position():

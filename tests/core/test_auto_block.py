@@ -126,6 +126,44 @@ def test_stretches_without_drafts_are_mlx_lm_greedy(dense_dir):
     assert stats.host_syncs == stats.rounds  # one read per step or round
 
 
+def test_a_stretch_is_observed_at_its_mean_and_counted_whole(dense_dir):
+    """A pipelined step has no time of its own (speculative._pipelined_steps): the chooser
+    observes every step of a stretch at the stretch's mean, once it ends, and the steps'
+    recorded times add up to that mean times the steps (the stretch's first step included; before,
+    it went unobserved and the last looked like a 1 ms round). Those steps are left out of the
+    spread of round times; block 1's steps are all pipelined: no spread at all."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompt = code_prompt(dense_dir)
+
+    class Logged(StretchChooser):
+        def observe(self, drafts, accepted, wall_s):
+            self.walls.append(wall_s)
+            super().observe(drafts, accepted, wall_s)
+
+    chooser, stats = Logged(5, [("stretch", 4), 2, ("stretch", 3), 1]), RunStats()
+    chooser.walls, recorded = [], []
+    record = stats.record_round
+
+    def spy(drafted, accepted, wall_s, own_time=True):
+        recorded.append((drafted, wall_s, own_time))
+        record(drafted, accepted, wall_s, own_time)
+
+    stats.record_round = spy
+    tokens(model, prompt, chooser, max_tokens=16, stats=stats)
+    # rounds: the stretch (4 steps), a round of 2 drafts, the stretch (3 steps), a round of 1...
+    assert chooser.observed[:9] == [0, 0, 0, 0, 2, 0, 0, 0, 1]
+    assert [own for _, _, own in recorded[:9]] == [False] * 4 + [True] + [False] * 3 + [True]
+    for first, n in ((0, 4), (5, 3)):
+        walls = chooser.walls[first:first + n]
+        assert len(set(walls)) == 1  # one mean for the whole stretch
+        steps = [w for _, w, _ in recorded[first:first + n]]
+        assert sum(steps) == pytest.approx(walls[0] * n, rel=1e-12)
+    assert set(stats.round_spread_by_width()) <= {2, 3}  # widths 1 only in stretches here
+    one = RunStats()
+    tokens(model, prompt, 1, max_tokens=16, stats=one)
+    assert one.rounds == 15 and one.round_spread_by_width() == {}
+
+
 def test_auto_with_forced_acceptance_and_every_width_is_exact(dense_dir):
     """The real head's state handling (including rounds without drafts, whose pairs the drafter
     gets later in one piece) under forced acceptance lengths, at every width 1..6."""

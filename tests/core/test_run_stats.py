@@ -30,3 +30,16 @@ def test_equal_round_times_have_no_spread_and_a_zero_time_is_not_counted():
     stats.record_round(1, 0, 0.0)  # a clock that did not move: no log to take
     assert stats.round_spread_by_width() == {2: {"rounds": 3, "log_sd": 0.0}}
     assert stats.rounds == 4
+
+
+def test_pipelined_steps_count_in_the_run_but_not_in_the_spread():
+    stats = RunStats()
+    for t in (0.0138, 0.0140, 0.0011):  # read-to-read times of pipelined steps: no own time
+        stats.record_round(0, 0, t, own_time=False)
+    stats.record_round(0, 0, 0.0150)
+    stats.record_round(0, 0, 0.0160)
+    assert stats.rounds == 5 and stats.block_sizes == {1: 5}
+    assert abs(stats.rounds_s - (0.0138 + 0.0140 + 0.0011 + 0.0150 + 0.0160)) < 1e-15
+    spread = stats.round_spread_by_width()
+    assert spread[1]["rounds"] == 2
+    assert abs(spread[1]["log_sd"] - statistics.stdev([math.log(0.015), math.log(0.016)])) < 1e-12
