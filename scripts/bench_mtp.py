@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import random
 import statistics
 import string
