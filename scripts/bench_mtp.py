@@ -343,15 +343,16 @@ def round_spread_by_width(stats: list) -> dict:
     a run pooled over runs' ``RunStats.to_dict()`` (each run's squared deviations from its own
     mean, over their degrees of freedom: the noise one run's cost estimates see, not the drift
     between runs); "all": the same pooled over every width. Runs from before the field: {}."""
+    rounds: dict = {}
     dof: dict = {}
     ss: dict = {}
     for s in stats:
         for w, v in s.get("round_spread_by_width", {}).items():
             d = v["rounds"] - 1
+            rounds[w] = rounds.get(w, 0) + v["rounds"]
             dof[w] = dof.get(w, 0) + d
             ss[w] = ss.get(w, 0.0) + d * v["log_sd"] ** 2
-    out = {w: {"rounds": dof[w] + sum(1 for s in stats if w in s.get("round_spread_by_width", {})),
-               "log_sd": math.sqrt(ss[w] / dof[w])}
+    out = {w: {"rounds": rounds[w], "log_sd": math.sqrt(ss[w] / dof[w])}
            for w in sorted(dof, key=int) if dof[w]}
     total = sum(dof.values())
     if total:

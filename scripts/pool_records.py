@@ -41,6 +41,11 @@ def load(path: str) -> dict:
     return record
 
 
+def pairs_of(record: dict) -> set:
+    """The numbers of the take's alternating pairs, over all its arms."""
+    return {r["pair"] for runs in record["raw"].values() for r in runs}
+
+
 def pool(records: list, paths: list) -> dict:
     """The takes' raw runs as one record's: the same arms, each take's pairs numbered after the
     previous take's. Raises SystemExit naming the file whose take is another experiment."""
@@ -56,7 +61,7 @@ def pool(records: list, paths: list) -> dict:
         if sorted(record["raw"]) != arms:
             raise SystemExit(f"pool_records.py: {path}: arms {sorted(record['raw'])} differ from "
                              f"{paths[0]}'s {arms}")
-        pairs = {r["pair"] for runs in record["raw"].values() for r in runs}
+        pairs = pairs_of(record)
         for arm in arms:
             raw[arm] += [dict(r, pair=r["pair"] + offset) for r in record["raw"][arm]]
         offset += max(pairs) + 1 if pairs else 0
@@ -76,9 +81,8 @@ def main(argv=None) -> str:
                                                 block_sizes=blocks), raw)
     lines = [f"# {records[0].get('topic', '?')}: {len(records)} takes pooled", ""]
     for path, r in zip(args.records, records):
-        pairs = len({x["pair"] for runs in r["raw"].values() for x in runs})
         lines.append(f"- {path}: commit {str(r.get('git_commit', '?'))[:12]}, {r.get('date', '?')}, "
-                     f"{pairs} pairs, plain {rows_classic(r):.1f} tok/s")
+                     f"{len(pairs_of(r))} pairs, plain {rows_classic(r):.1f} tok/s")
     lines += bench_mtp._per_prompt_lines({"per_prompt": rows, "raw": raw})
     held = [(row["prompt"], row.get("auto_vs_best_fixed_held_out") or {}) for row in rows]
     if any(h for _, h in held):  # the tables round to 0.01, the size of the question

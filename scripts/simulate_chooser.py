@@ -223,10 +223,10 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
         steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
         if steps > 1:  # a stretch: pipelined one-token steps, observed at their mean as the
             # loop observes them (a pipelined step has no time of its own)
-            walls = [noise(costs.plain_step) for _ in range(steps)]
-            total += sum(walls)
+            stretch = sum(noise(costs.plain_step) for _ in range(steps))
+            total += stretch
             for _ in range(steps):
-                chooser.observe(0, 0, sum(walls) / steps / 1e3)
+                chooser.observe(0, 0, stretch / steps / 1e3)
             deferred += steps
             widths[1] = widths.get(1, 0) + steps
             emitted += steps
