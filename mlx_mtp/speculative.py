@@ -321,6 +321,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
     emitted = 1
     deferred = []  # auto: (hidden, ids) of rounds without drafts, fed to the drafter when it drafts
     stats.generation_tokens = 1
+    if chooser is not None:  # the ids a round starts from key its acceptance (block_chooser)
+        chooser.see((token,))
     yield token, logprobs[0], False
     if drafter is None and keys is None and turn is None and not kv.enabled and split is None:
         # block size 1: no verify block: decode as mlx-lm does
@@ -432,6 +434,8 @@ def _rounds(prompt, model, cache, kv, turn, drafter, *, max_tokens, sampler, log
             if chooser is not None:
                 chooser.observe(k, a, t_end - t_choice)
         n_out = min(a + 1, max_tokens - emitted)
+        if chooser is not None:
+            chooser.see(out_ids[:n_out])
         emitted += n_out
         stats.generation_tokens = emitted
         stats.generation_s = time.perf_counter() - t_gen
@@ -495,6 +499,7 @@ def _pipelined_steps(target, cache, y, history, n, emitted, sampler, keys, proce
         t_read = now
         if chooser is not None:  # an auto stretch
             stats.undrafted_steps += 1
+            chooser.see((token,))
         stats.generation_tokens = emitted + i + 1
         stats.generation_s = time.perf_counter() - t_gen
         stats.peak_memory_gb = mx.get_peak_memory() / 1e9

@@ -3,7 +3,8 @@ simulated second for every fixed block size and for ``BlockChooser`` (``block_si
 
 Wall-clock runs on a small shared machine are too noisy to tune a chooser by; at T=0 the drafts
 are a function of the text (``scripts/acceptance_traces.py`` records L(p), the drafts kept of K
-made at output position p), so only the costs need a model. A round of k drafts at position p
+made at output position p, and the output ids, which auto's chooser is shown as the loop shows
+them: ``BlockChooser.see``), so only the costs need a model. A round of k drafts at position p
 keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.speculative):
 
     verify(k + 1) + residual                                    k = 0 (auto defers the accept hook)
@@ -203,9 +204,12 @@ class Noise:
 
 
 def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int] = None,
-           chooser: Optional[BlockChooser] = None, max_drafts: int = 5) -> dict:
+           chooser: Optional[BlockChooser] = None, max_drafts: int = 5,
+           tokens: Optional[List[int]] = None) -> dict:
     """One generation of ``n`` tokens (the first from the prefill, untimed, as the record's
-    tok/s): ``fixed`` block size, or the ``chooser``'s rounds. Returns tok/s and widths used."""
+    tok/s): ``fixed`` block size, or the ``chooser``'s rounds. ``tokens``: the trace's output
+    ids, which the chooser sees as the loop shows them (``BlockChooser.see``); None (synthetic
+    traces) shows none. Returns tok/s and widths used."""
     widths: Dict[int, int] = {}
     if chooser is None:
         if fixed == 1:
@@ -217,8 +221,11 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
             total += noise(costs.round_ms(k, a) + (costs.accept(1) if k == 0 else 0.0))
             widths[k + 1] = widths.get(k + 1, 0) + 1
         return {"tps": (n - 1) / total * 1e3, "widths": widths}
-    emitted, p, total, deferred = 1, 0, 0.0, 0
+    emitted, p, total, deferred, seen = 1, 0, 0.0, 0, 0
     while emitted < n:
+        if tokens is not None:  # up to the round's first token, the bonus at p
+            chooser.see(tokens[seen : p + 1])
+            seen = p + 1
         k = chooser.choose(min(max_drafts, n - emitted - 1))
         steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
         if steps > 1:  # a stretch: pipelined one-token steps, observed at their mean as the
@@ -275,7 +282,8 @@ def simulate(traces: dict, costs: Costs, seeds: int, sigma: float, make_chooser=
             chooser = (make_chooser(max_block_size - 1) if session is None
                        else make_chooser(max_block_size - 1, round_costs=session))
             r = replay(L, n, auto_costs or costs, Noise(1000 * s + 99, sigma, spike_every, spike),
-                       chooser=chooser, max_drafts=max_block_size - 1)
+                       chooser=chooser, max_drafts=max_block_size - 1,
+                       tokens=tr["tokens"][o:] if "tokens" in tr else None)
             auto[name].append(r["tps"])
             for w, c in r["widths"].items():
                 widths[name][w] = widths[name].get(w, 0) + c

@@ -190,11 +190,13 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs(tmp_path):
                                         "(width 1 up), got '1,1,1,1,1,0'"),
     (["--chooser", "foo=1"], "--chooser: expected KEY=VALUE pairs, KEY one of prior, "
                              "prior_weight, decay, optimism, pooling, cost_window, stale_rounds, "
-                             "probe_every, context_weight, min_evidence, explore_reach; "
+                             "probe_every, context_weight, min_evidence, explore_reach, "
+                             "token_weight, token_context; "
                              "got 'foo=1'"),
     (["--chooser", "decay"], "--chooser: expected KEY=VALUE pairs, KEY one of prior, "
                              "prior_weight, decay, optimism, pooling, cost_window, stale_rounds, "
-                             "probe_every, context_weight, min_evidence, explore_reach; "
+                             "probe_every, context_weight, min_evidence, explore_reach, "
+                             "token_weight, token_context; "
                              "got 'decay'"),
     (["--chooser", "cost_window=1.5"], "--chooser: cost_window expects an integer, got '1.5'"),
     (["--chooser", "cost_window=none"], "--chooser: cost_window expects an integer, got 'none'"),
@@ -260,7 +262,7 @@ def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(caps
         for name, tr in traces["prompts"].items():
             chooser = First(5, round_costs=shared)
             r = sim.replay(tr["L"][s % 3:], 128 - s % 3, costs, sim.Noise(1000 * s + 99, 0.15),
-                           chooser=chooser)
+                           chooser=chooser, tokens=tr["tokens"][s % 3:])
             tps[name].append(r["tps"])
             firsts.append(chooser.first)
     alone = sim.simulate(traces, costs, 2, 0.15, offsets=3)
@@ -457,7 +459,9 @@ def test_a_record_without_block_1_takes_the_plain_step_from_mlx_lm_and_own_costs
     traces["prompts"] = {"code": traces["prompts"]["code"]}
     got = sim.simulate(traces, fixed, seeds=1, sigma=0.0, auto_costs=auto)["code"]
     L = traces["prompts"]["code"]["L"]
-    assert got["auto"] == sim.replay(L, 128, auto, sim.Noise(0, 0.0), chooser=BlockChooser(5))["tps"]
+    tokens = traces["prompts"]["code"]["tokens"]
+    assert got["auto"] == sim.replay(L, 128, auto, sim.Noise(0, 0.0), chooser=BlockChooser(5),
+                                     tokens=tokens)["tps"]
     assert got["fixed"][4] == sim.replay(L, 128, fixed, sim.Noise(0, 0.0), fixed=4)["tps"]
 
 

@@ -126,6 +126,31 @@ def test_stretches_without_drafts_are_mlx_lm_greedy(dense_dir):
     assert stats.host_syncs == stats.rounds  # one read per step or round
 
 
+def test_the_chooser_sees_every_emitted_id_in_order(dense_dir):
+    """The loop shows the chooser the ids it emits (the prompt's first token, each round's,
+    each pipelined step's), so a round's key is the last two ids before it."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompt = code_prompt(dense_dir)
+
+    class Watching(StretchChooser):
+        def see(self, ids):
+            self.seen.extend(ids)
+            super().see(ids)
+
+        def choose(self, limit=None):
+            self.keys.append((tuple(self.seen[-2:]), tuple(self.recent)))
+            return super().choose(limit)
+
+    chooser = Watching(5, STRETCHES)
+    chooser.seen, chooser.keys = [], []
+    got = tokens(model, prompt, chooser)
+    assert got == reference_greedy(dense_dir, prompt, MAX_TOKENS)
+    assert chooser.seen == got
+    assert len(chooser.keys) == chooser.asked > 0
+    assert all(want == have for want, have in chooser.keys)
+    assert chooser.keys[0] == ((got[0],), (got[0],))  # the first round: one id so far
+
+
 def test_a_stretch_is_observed_at_its_mean_and_counted_whole(dense_dir):
     """A pipelined step has no time of its own (speculative._pipelined_steps): the chooser
     observes every step of a stretch at the stretch's mean, once it ends, and the steps'
