@@ -2,6 +2,7 @@
 # Re-take every record in benchmark_results/ on an idle machine, with the idle check in each.
 #
 #   bash scripts/retake_records.sh            # from the repository root; ~1 h on 2 cores
+#   bash scripts/retake_records.sh STEM...    # only the records named (old stems, as below)
 #
 # Nothing else may run meanwhile (no tests, no helpers, no second benchmark): each script
 # refuses a busy machine (exit 1, one line) and this script then stops, so the remaining
@@ -13,7 +14,15 @@
 # alternating pair, a round: bench_mtp.py, cli_pairs.py, blas_spread.py) measure a unit the
 # machine was not quiet for again, up to 60 times a run (scripts/idle_check.py).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.."
+ONLY=("$@")
+for stem in "${ONLY[@]}"; do  # a stem no retake line names would be skipped silently
+  grep -q "^ *retake $stem " "$SELF" \
+    || { echo "retake_records.sh: no record $stem (expected an old stem a retake line names)" >&2
+         exit 2; }
+done
+
 export PYTHONPATH="$PWD"
 PY=${PYTHON:-python}
 WAIT=(--wait-idle 600)
@@ -25,6 +34,7 @@ OPENBLAS=$($PY -c 'from mlx_mtp import cpu_blas; print(next(p for n, p in cpu_bl
 # retake OLD_STEM ENV... -- COMMAND...: run it; on success drop the superseded record.
 retake() {
   local old=$1; shift
+  if [ ${#ONLY[@]} -gt 0 ] && ! printf '%s\n' "${ONLY[@]}" | grep -qx "$old"; then return 0; fi
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
