@@ -47,8 +47,13 @@ retake() {
   done
 }
 
-# This machine's idle bandwidth figure (the idle check compares a probe against it).
-$PY scripts/idle_check.py --calibrate
+# This machine's idle bandwidth figure (the idle check compares a probe against it). Re-taking
+# only some records keeps the figure this machine has, if any: re-measured, it would change a
+# tracked file before each record, whose commit then reads +dirty.
+if [ ${#ONLY[@]} -eq 0 ] || ! $PY -c 'import sys; sys.path.insert(0, "scripts")
+import idle_check; sys.exit(idle_check.idle_bandwidth() is None)'; then
+  $PY scripts/idle_check.py --calibrate
+fi
 
 # T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
 retake demo-pair-blis-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
