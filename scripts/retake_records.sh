@@ -56,37 +56,37 @@ import idle_check; sys.exit(idle_check.idle_bandwidth() is None)'; then
 fi
 
 # T=0, block sizes 1-5: BLIS (its default threads now: cores - 1, over columns) and OpenBLAS.
-retake demo-pair-blis-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
   --pairs 6 --max-tokens 128 "${UNITS[@]}"
 # issue 16: auto against the blocks that can be best, with enough pairs to tell a loss from noise
-retake demo-pair-blis-auto-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
   --pairs 10 --max-tokens 128 "${UNITS[@]}"
 # issue 16: auto on three more code prompts, where blocks 3-5 beat 6
-retake demo-pair-blis-auto-code-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-code-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code \
   --prompts-json tests/data/demo_pair_code_prompts.json --block-sizes 3,4,5,6,auto \
   --pairs 6 --max-tokens 128 "${UNITS[@]}"
 # issue 16 at the CLI's default length (256 tokens): the chooser's first rounds, which measure,
 # weigh half as much as in a 128-token generation
-retake demo-pair-blis-auto-256-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-256-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-256 --block-sizes 3,4,5,6,auto \
   --pairs 10 --max-tokens 256 "${UNITS[@]}"
-retake demo-pair-blis-auto-code-256-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-code-256-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code-256 \
   --prompts-json tests/data/demo_pair_code_prompts.json --block-sizes 3,4,5,6,auto \
   --pairs 6 --max-tokens 256 "${UNITS[@]}"
 # issue 16 at 512 tokens: where the replays say a chooser that measures can reach the best fixed
 # block (README: *Where the limit is*)
-retake demo-pair-blis-auto-512-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-512-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-512 --block-sizes 3,4,5,6,auto \
   --pairs 8 --max-tokens 512 "${UNITS[@]}"
-retake demo-pair-blis-auto-code-512-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-auto-code-512-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code-512 \
   --prompts-json tests/data/demo_pair_code_prompts.json --block-sizes 3,4,5,6,auto \
   --pairs 6 --max-tokens 512 "${UNITS[@]}"
-retake demo-pair-openblas-vm-2026-12-02 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
+retake demo-pair-openblas-vm-2026-12-03 MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
   --pairs 8 --synced-runs 3 --max-tokens 128 "${UNITS[@]}"
 
@@ -98,7 +98,7 @@ retake demo-pair-blis-T0.6-speculative-sampling-vm-2026-12-02 MLX_MTP_CPU_BLAS="
 
 # T=1.0 speculative sampling with BLIS.
 # auto at T > 0 (Gumbel-coupled keyed draws) against fixed blocks (speculative sampling)
-retake demo-pair-blis-T0.6-auto-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
+retake demo-pair-blis-T0.6-auto-vm-2026-12-03 MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY scripts/bench_mtp.py --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-auto --temp 0.6 --seed 0 \
   --block-sizes 3,4,auto --pairs 5 --max-tokens 128 "${UNITS[@]}"
 retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-02 MLX_MTP_CPU_BLAS="$BLIS" -- \
@@ -106,7 +106,7 @@ retake demo-pair-blis-T1.0-speculative-sampling-vm-2026-12-02 MLX_MTP_CPU_BLAS="
   --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128 "${UNITS[@]}"
 
 # The CLI's default run against --no-mtp, alternating pairs of fresh processes (issue 12's CLI bar).
-retake cli-default-vm-2026-12-02 -- $PY scripts/cli_pairs.py --pairs 5 "${UNITS[@]}"
+retake cli-default-vm-2026-12-03 -- $PY scripts/cli_pairs.py --pairs 5 "${UNITS[@]}"
 
 # Drafter phases: the random pair, and the trained demo pair with the draft vocabulary it ships
 # (mlx_mtp/demo_pair/mtp/draft_vocab: 4096 ids, built by

@@ -81,7 +81,7 @@ from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402  (pure 
 from mlx_mtp.errors import MTPError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = ROOT / "benchmark_results" / "demo-pair-blis-vm-2026-12-02.json"
+RECORD = ROOT / "benchmark_results" / "demo-pair-blis-vm-2026-12-03.json"
 TRACES = ROOT / "tests" / "data" / "demo_pair_traces.json"
 
 

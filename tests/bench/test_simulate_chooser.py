@@ -441,7 +441,7 @@ def test_verify_steps_replace_the_records_verify_costs(capsys):
     assert "| random |" in out
 
 
-AUTO_RECORD = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-vm-2026-12-02.json"
+AUTO_RECORD = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-vm-2026-12-03.json"
 
 
 def test_a_record_without_block_1_takes_the_plain_step_from_mlx_lm_and_own_costs_split_arms():
@@ -469,7 +469,7 @@ def test_fixed_costs_take_width_1_from_the_fixed_arms_that_verified_one_token(tm
     """In the code-prompt auto record blocks 5 and 6 never ran a one-token round (the budget's
     last round was wider): ``fixed`` costs take width 1 from blocks 3 and 4 (it failed with a
     KeyError); with no fixed arm that ran one, auto's."""
-    path = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-code-vm-2026-12-02.json"
+    path = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-code-vm-2026-12-03.json"
     record = json.loads(path.read_text())
     rows = {str(r["block_size"]): r for r in record["rows"]}
     assert [b for b in ("3", "4", "5", "6") if "1" in rows[b]["verify_ms_by_width"]] == ["3", "4"]
