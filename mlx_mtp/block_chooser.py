@@ -37,11 +37,13 @@ What it measures, from the session's own rounds (nothing is assumed about the de
   itself, what the head can draft from a place is what it could the last time the run was
   there: the demo pair's code prompt falls into a 56-token loop where the drafts the last round
   kept do not tell the places a round starts from apart and the last two ids do. Replayed on
-  the eight demo prompts' 512-token traces (the costs of ``demo-pair-blis-auto-512``, their
-  measured noise, 100 seeds, 20 offsets), auto / best fixed block, worst prompt and mean:
-  0.937 / 0.968 -> 0.951 / 0.983 at 128 tokens, 0.955 / 0.983 -> 0.983 / 1.025 at 256, 0.962 /
-  0.998 -> 0.985 / 1.056 at 512 (code 0.962 -> 1.089); on text that never repeats a pair of ids
-  (the realistic-size random pair's 96-token traces) no key recurs and nothing changes.
+  the eight demo prompts' 512-token traces (the costs and measured noise of
+  ``demo-pair-blis-auto-512-vm-2026-12-03``, 100 seeds, 20 offsets), auto / best fixed block,
+  worst prompt and mean, unkeyed -> keyed: 0.940 / 0.964 -> 0.948 / 0.980 at 128 tokens, 0.956
+  / 0.982 -> 0.983 / 1.024 at 256, 0.966 / 0.994 -> 0.986 / 1.052 at 512; on nine held-out
+  openings never used to tune it 0.922 / 0.981 -> 0.960 / 1.024, 0.938 / 1.010 -> 0.959 /
+  1.059, 0.953 / 1.020 -> 1.019 / 1.081. On text that never repeats a pair of ids (the
+  realistic-size random pair's 96-token traces) no key recurs and nothing changes.
   ``token_weight=None`` switches it off.
 - cost: per width, the median of its last ``cost_window`` round times, lowered where the straight
   line through its measured drafting neighbours' medians (for the widest measured width: the two
