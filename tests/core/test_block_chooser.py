@@ -104,16 +104,8 @@ def test_on_a_loop_each_context_gets_its_own_width():
     assert "".join(map(str, got)) == "0144344332315251313131313231315131313131323131313131312"
     wide = replay_trace(BlockChooser(5, context_weight=None), L, n=160)
     assert "".join(map(str, wide)) == "0144344434344333333333333333333333355555533333333333332"
-
-    def fixed(k, n=160):
-        emitted, p, out = 1, 0, []
-        while emitted < n:
-            out.append(min(k, n - emitted - 1))
-            emitted += min(L[p], out[-1]) + 1
-            p += min(L[p], out[-1]) + 1
-        return out
-
-    cost = [sum(RECORD_COST[k] for k in ks) for ks in [got, wide] + [fixed(k) for k in range(6)]]
+    cost = [sum(RECORD_COST[k] for k in ks)
+            for ks in [got, wide] + [fixed_choices(L, k, 160) for k in range(6)]]
     assert cost[0] < min(cost[1:])  # 1.75 s against 2.04 s without contexts, 1.92 s at block 4
 
 
@@ -184,17 +176,8 @@ def test_on_looping_text_the_ids_tell_the_rounds_apart():
     keyed = replay_trace(BlockChooser(5), L, n=512, tokens=ids)
     unkeyed = replay_trace(BlockChooser(5), L, n=512)
     assert replay_trace(BlockChooser(5, token_weight=None), L, n=512, tokens=ids) == unkeyed
-
-    def fixed(k, n=512):
-        emitted, p, out = 1, 0, []
-        while emitted < n:
-            out.append(min(k, n - emitted - 1))
-            emitted += min(L[p], out[-1]) + 1
-            p += min(L[p], out[-1]) + 1
-        return out
-
     cost = [sum(RECORD_COST[k] for k in ks)
-            for ks in [keyed, unkeyed] + [fixed(k) for k in range(6)]]
+            for ks in [keyed, unkeyed] + [fixed_choices(L, k, 512) for k in range(6)]]
     assert cost[:2] == pytest.approx([5.620, 6.532], abs=5e-4)
     assert min(cost[2:]) == pytest.approx(6.081, abs=5e-4) and cost[0] < min(cost[1:])
 
@@ -524,6 +507,17 @@ def test_a_cold_first_round_does_not_make_wide_rounds_look_cheap():
 RECORD_COST = [0.01827, 0.02491, 0.02887, 0.03631, 0.04142, 0.04269]
 TRACES = Path(__file__).resolve().parents[1] / "data" / "demo_pair_traces.json"
 TRACES_512 = TRACES.with_name("demo_pair_traces_512.json")
+
+
+def fixed_choices(L, k, n):
+    """The drafts of each round of a fixed run of ``k`` drafts over trace ``L`` (``n`` tokens, the
+    budget cutting the last rounds' drafts), as ``replay_trace`` returns a chooser's."""
+    emitted, p, out = 1, 0, []
+    while emitted < n:
+        out.append(min(k, n - emitted - 1))
+        emitted += min(L[p], out[-1]) + 1
+        p += min(L[p], out[-1]) + 1
+    return out
 
 
 def replay_trace(chooser, L, n=128, tokens=None):
