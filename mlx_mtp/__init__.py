@@ -5,21 +5,26 @@ A drop-in for mlx-lm: ``load``, ``generate``, ``stream_generate``, ``generate_st
 mlx-lm's arguments (plus ours: ``block_size``, ``drafter``, ...).
 """
 
+import warnings
+
 # Before anything imports mlx.core: bind MLX's CPU matmuls to a fast system BLAS (Linux).
-from . import cpu_blas
+from mlx_mtp.cpu import blas as cpu_blas
 
 cpu_blas.load()
 
-from .block_chooser import BlockChooser  # noqa: E402
-from .errors import MTPError  # noqa: E402
-from .loading import load, load_model  # noqa: E402
-from .prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache  # noqa: E402
-from .sampling import make_sampler  # noqa: E402
-from .speculative import generate_step, speculative_generate_step  # noqa: E402
-from .stream import generate, stream_generate  # noqa: E402
+# As in mlx-lm, ``mlx_mtp.generate`` is the function and ``python -m mlx_mtp.generate`` the CLI
+# module the package has already imported: runpy's warning about that says nothing to a user.
+warnings.filterwarnings("ignore", category=RuntimeWarning,
+                        message=r"'mlx_mtp\.generate' found in sys\.modules")
 
-# ``generate`` is mlx-lm's function; importing the CLI module ``mlx_mtp.generate`` rebinds the
-# name to that module, which is callable with the same signature (see generate.py).
+from mlx_mtp.decoding.block_chooser import BlockChooser  # noqa: E402
+from mlx_mtp.errors import MTPError  # noqa: E402
+from mlx_mtp.models.registry import load, load_model  # noqa: E402
+from mlx_mtp.io.prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache  # noqa: E402
+from mlx_mtp.decoding.sampling import make_sampler  # noqa: E402
+from mlx_mtp.decoding.rounds import generate_step, speculative_generate_step  # noqa: E402
+from mlx_mtp.generate import generate, stream_generate  # noqa: E402
+
 
 __version__ = "0.1.0"
 

@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 
-from .block_chooser import AUTO
-from .errors import MTPError
-from .speculative import block_size_problem
+from mlx_mtp.decoding.block_chooser import AUTO
+from mlx_mtp.errors import MTPError
+from mlx_mtp.decoding.rounds import block_size_problem
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,15 +1,273 @@
-"""``python -m mlx_mtp.convert``: one MLX folder with the (quantized) target and its MTP drafter
-(``mlx_mtp.conversion``); ``--model OUT`` then runs MTP with no ``--drafter``."""
+"""``convert`` and ``python -m mlx_mtp.convert``: one MLX folder with a (quantized) target and its MTP drafter, from any checkpoint that loads.
+
+The target goes through mlx-lm's own steps, in ``mlx_lm.convert``'s order (load lazily, cast to
+the dtype, ``quantize_model``, then mlx-lm's shard layout, config and tokenizer files), so mlx-lm
+alone loads the folder as a plain model and its tensors are ``mlx_lm.convert``'s. FP8
+block-quantized checkpoints are dequantized on the way (``mlx_mtp.io.fp8``). The drafter goes beside
+it, where the loader looks when no ``--drafter`` is given:
+
+  OUT/mtp/        Qwen: a ``qwen3_5_mtp`` drafter folder (``model.safetensors``, ``config.json``
+                  with its ``quantization`` when ``head_bits`` is set)
+  OUT/mtp/draft_vocab/  the draft vocabulary sidecar, when one is asked for (used on load)
+  OUT/assistant/  Gemma 4: the assistant checkpoint at the target's dtype
+
+Everything is written into a temporary folder beside OUT and renamed into place only when
+complete: an interrupted run leaves nothing at OUT.
+
+``--model OUT`` then runs MTP with no ``--drafter``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
+import json
+import os
+import shutil
 import sys
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterable, List, Optional
 
-from .cli import Parser, cli_main, positive_int
-from .conversion import DTYPES, convert
-from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm import utils as mlx_lm_utils
+from tqdm import tqdm
+
+from mlx_mtp.cli import Parser, cli_main, positive_int
+from mlx_mtp.io import fp8
+from mlx_mtp.io.checkpoint import (cast_floats, load_mlx_lm_model, read_config, resolve_path,
+                         safetensors_header, weight_files)
+from mlx_mtp.errors import MTPError
+from mlx_mtp.models.gemma4.loading import EMBEDDED_ASSISTANT, read_assistant_config, read_assistant_weights
+from mlx_mtp.models.gemma4.target import GEMMA4_MODEL_TYPES
+from mlx_mtp.models.qwen3_5.loading import (EMBEDDED_DRAFT_VOCAB, EMBEDDED_HEAD, build_head, collect_head_weights,
+                              load_head_from_drafter)
+from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES
+from mlx_mtp.models.qwen3_5.head_quantization import quantize_head, write_drafter
+from mlx_mtp.models.qwen3_5.target import QWEN3_5_MODEL_TYPES
+
+DTYPES = ("bfloat16", "float16", "float32")  # mlx_lm.convert's MODEL_CONVERSION_DTYPES
+
+
+def _bar(desc: str, total: int, quiet: bool):
+    return tqdm(total=total, desc=desc, unit="tensor", disable=quiet, leave=False)
+
+
+def _drop_quantization_config(config: dict) -> None:
+    """The FP8 block config no longer describes the dequantized weights."""
+    config.pop("quantization_config", None)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"].pop("quantization_config", None)
+
+
+def _conversion_dtype(dtype: Optional[str], config: dict) -> Optional[str]:
+    """``mlx_lm.convert``'s rule: the flag, else config ``torch_dtype``, else text_config ``dtype``."""
+    if dtype is None:
+        dtype = config.get("torch_dtype", None)
+    if dtype is None and (text := config.get("text_config", None)):
+        dtype = text.get("dtype", None)
+    return dtype if dtype in DTYPES else None
+
+
+def save_target(dst: Path, src: Path, model, tokenizer, config: dict, quiet: bool) -> None:
+    """mlx-lm's ``save`` (``save_model``'s shards and index, ``save_config``, tokenizer files,
+    ``*.py`` and ``generation_config.json``, model card), each tensor evaluated under a progress
+    bar before its shard is written; one shard in memory at a time, as in mlx-lm."""
+    dst.mkdir(parents=True, exist_ok=True)
+    keep_vision_config = "vision_tower" in getattr(model, "model", {})
+    weights = dict(tree_flatten(model.parameters()))
+    shards = mlx_lm_utils.make_shards(weights)
+    fmt = "model-{:05d}-of-{:05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+    index = {"metadata": {"total_size": sum(v.nbytes for v in weights.values()),
+                          "total_parameters": mlx_lm_utils.get_total_parameters(model)},
+             "weight_map": {}}
+    model.update(tree_map_with_path(lambda _, v: mx.array([]), model.parameters()))  # donate
+    weights.clear()
+    bar = _bar("converting target", sum(len(s) for s in shards), quiet)
+    for i in range(len(shards)):
+        shard, shards[i] = shards[i], None
+        for v in shard.values():
+            mx.eval(v)
+            bar.update()
+        name = fmt.format(i + 1, len(shards))
+        mx.save_safetensors(str(dst / name), shard, metadata={"format": "mlx"})
+        index["weight_map"].update({k: name for k in shard})
+        del shard
+    bar.close()
+    index["weight_map"] = dict(sorted(index["weight_map"].items()))
+    with open(dst / "model.safetensors.index.json", "w") as f:
+        json.dump(index, f, indent=4)
+    mlx_lm_utils.save_config(config, config_path=dst / "config.json",
+                             keep_vision_config=keep_vision_config)
+    tokenizer.save_pretrained(dst)
+    for pattern in ["*.py", "generation_config.json"]:
+        for f in glob.glob(str(src / pattern)):
+            shutil.copy(f, dst)
+    mlx_lm_utils.create_model_card(dst, None)
+
+
+def _head_target(model, dtype: mx.Dtype) -> SimpleNamespace:
+    """What ``build_head`` reads of a target adapter, without making one (an adapter swaps layer
+    classes, which a conversion has no use for)."""
+    lm = model.language_model if hasattr(model, "language_model") else model
+    return SimpleNamespace(args=lm.args, dtype=dtype, hidden_size=lm.args.hidden_size,
+                           vocab_size=lm.args.vocab_size)
+
+
+def convert_qwen_head(src: Path, config: dict, model, dtype: mx.Dtype, out: Path, *,
+                      drafter, head_bits: Optional[int], head_group_size: int) -> dict:
+    target = _head_target(model, dtype)
+    if drafter is not None:
+        head = load_head_from_drafter(drafter, target)
+    else:
+        weights = collect_head_weights(weight_files(src), prefixed_only=True)
+        if not weights:
+            raise MTPError(f"{src} has no MTP head weights (mtp.*): pass --drafter DIR (a "
+                           "qwen3_5_mtp drafter folder or the raw Hugging Face checkpoint)")
+        head = build_head(target, weights, str(src),
+                          fp8_block=fp8.fp8_block(config, str(src / "config.json")))
+    quantized: List[str] = []
+    if head_bits is not None:
+        quantized = quantize_head(head, bits=head_bits, group_size=head_group_size)
+        if not quantized:
+            raise MTPError(f"--head-group-size {head_group_size}: no head projection has an "
+                           "input dimension divisible by it")
+    head_config = json.loads(json.dumps(config))
+    _drop_quantization_config(head_config)
+    write_drafter(out, head, head_config, bits=head_bits if quantized else None,
+                  group_size=head_group_size)
+    return {"head_bits": head_bits, "head_quantized": quantized}
+
+
+def convert_assistant(drafter, dtype: mx.Dtype, out: Path, quiet: bool) -> dict:
+    """The Gemma 4 assistant's tensors, floats cast to ``dtype`` (names and config as they are:
+    the loader reads the checkpoint layout)."""
+    path, config = read_assistant_config(drafter)
+    weights = cast_floats(read_assistant_weights(path), dtype)
+    bar = _bar("converting assistant", len(weights), quiet)
+    for v in weights.values():
+        mx.eval(v)
+        bar.update()
+    bar.close()
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    config["dtype"] = str(dtype).split(".")[-1]
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return {"assistant": str(path)}
+
+
+def _check_args(out: Path, q_bits, q_group_size, dtype, head_bits, head_group_size,
+                draft_vocab, corpus) -> None:
+    if out.exists():
+        raise MTPError(f"--mlx-path {out} already exists: choose a new folder or delete it")
+    if q_bits is not None and q_bits not in QUANT_BITS:
+        raise MTPError(f"--q-bits must be one of {', '.join(map(str, QUANT_BITS))}, got {q_bits}")
+    if q_group_size is not None and q_group_size not in QUANT_GROUP_SIZES:
+        raise MTPError(f"--q-group-size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
+                       f"got {q_group_size}")
+    if dtype is not None and dtype not in DTYPES:
+        raise MTPError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if head_bits is not None and head_bits not in QUANT_BITS:
+        raise MTPError(f"--head-bits must be none or one of {', '.join(map(str, QUANT_BITS))}, "
+                       f"got {head_bits}")
+    if head_group_size not in QUANT_GROUP_SIZES:
+        raise MTPError(f"--head-group-size must be one of "
+                       f"{', '.join(map(str, QUANT_GROUP_SIZES))}, got {head_group_size}")
+    if (draft_vocab is None) != (not corpus):
+        raise MTPError("--draft-vocab N and --corpus FILES go together")
+
+
+def convert(hf_path, mlx_path, *, quantize: bool = False, q_bits: Optional[int] = None,
+            q_group_size: Optional[int] = None, dtype: Optional[str] = None, drafter=None,
+            head_bits: Optional[int] = None, head_group_size: int = 64,
+            draft_vocab: Optional[int] = None, corpus: Iterable = (), quiet: bool = False) -> dict:
+    out = Path(mlx_path)
+    corpus = [Path(c) for c in corpus]
+    _check_args(out, q_bits, q_group_size, dtype, head_bits, head_group_size, draft_vocab, corpus)
+    if (q_bits is not None or q_group_size is not None) and not quantize:
+        raise MTPError("--q-bits / --q-group-size need -q (--quantize)")
+    src = resolve_path(hf_path)
+    config = read_config(src)
+    model_type = config.get("model_type")
+    supported = QWEN3_5_MODEL_TYPES + GEMMA4_MODEL_TYPES
+    if model_type not in supported:
+        raise MTPError(f"{src / 'config.json'}: unknown model_type {model_type!r}, expected one of "
+                       f"{', '.join(supported)}")
+    gemma = model_type in GEMMA4_MODEL_TYPES
+    if gemma and (head_bits is not None or draft_vocab is not None):
+        raise MTPError("--head-bits and --draft-vocab apply to the Qwen MTP head, not to a "
+                       "Gemma 4 assistant")
+    if not weight_files(src, "model*.safetensors"):
+        raise MTPError(f"{src}: no model*.safetensors weight files found")
+    for f in weight_files(src):
+        safetensors_header(f)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        result = _convert_into(tmp, src, config, gemma, quantize=quantize, q_bits=q_bits,
+                               q_group_size=q_group_size, dtype=dtype, drafter=drafter,
+                               head_bits=head_bits, head_group_size=head_group_size,
+                               draft_vocab=draft_vocab, corpus=corpus, quiet=quiet)
+        if out.exists():
+            raise MTPError(f"--mlx-path {out} appeared while converting: left it as it is")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"out": str(out), "source": str(src), "model_type": model_type, **result}
+
+
+def _convert_into(tmp: Path, src: Path, config: dict, gemma: bool, *, quantize, q_bits,
+                  q_group_size, dtype, drafter, head_bits, head_group_size, draft_vocab, corpus,
+                  quiet) -> dict:
+    source = str(src / "config.json")
+    is_fp8 = fp8.fp8_block(config, source) is not None
+    want = _conversion_dtype(dtype, config)
+    # ``lazy``: nothing is read or computed until its shard is written (as mlx_lm.convert)
+    model, mlx_config = load_mlx_lm_model(src, config, lazy=True,
+                                          fp8_dtype=getattr(mx, want) if want else None)
+    tokenizer = mlx_lm_utils.load_tokenizer(src, {"trust_remote_code": False},
+                                            eos_token_ids=mlx_config.get("eos_token_id"))
+    if is_fp8:
+        _drop_quantization_config(mlx_config)
+    if want is not None:
+        cast = getattr(model, "cast_predicate", None) or (lambda _: True)
+        model.update(cast_floats(model.parameters(), getattr(mx, want), cast))
+    lm = model.language_model if hasattr(model, "language_model") else model
+    head_dtype = lm.model.norm.weight.dtype
+    result = {"dtype": str(head_dtype).split(".")[-1], "fp8_dequantized": is_fp8,
+              "quantized": bool(quantize)}
+    if quantize:
+        with contextlib.redirect_stdout(sys.stderr):  # its "[INFO] ..." line; stdout is --json's
+            model, mlx_config = mlx_lm_utils.quantize_model(model, mlx_config, q_group_size,
+                                                            q_bits)
+        result.update(q_bits=mlx_config["quantization"]["bits"],
+                      q_group_size=mlx_config["quantization"]["group_size"])
+
+    if gemma:
+        if drafter is not None:
+            result.update(convert_assistant(drafter, head_dtype, tmp / EMBEDDED_ASSISTANT, quiet))
+    else:
+        result.update(convert_qwen_head(src, config, model, head_dtype, tmp / EMBEDDED_HEAD,
+                                        drafter=drafter, head_bits=head_bits,
+                                        head_group_size=head_group_size))
+    save_target(tmp, src, model, tokenizer, mlx_config, quiet)
+
+    if draft_vocab is not None:
+        from mlx_mtp.models import registry as loading
+        from mlx_mtp.models.qwen3_5 import vocab_reduction as dv
+
+        mtp_model, tok = loading.load(tmp, require_head=False)
+        built = dv.build(mtp_model, tok, size=draft_vocab, corpus=corpus,
+                         out=tmp / EMBEDDED_DRAFT_VOCAB)
+        result["draft_vocab"] = {"size": built["size"], "coverage": built["coverage"]}
+    return result
+
 
 
 def _head_bits(s):

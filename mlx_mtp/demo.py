@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import MTPError
+from mlx_mtp.errors import MTPError
 
 DEMO_DIR = Path(__file__).resolve().parent / "demo_pair"
 DEMO_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")

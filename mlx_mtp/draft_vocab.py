@@ -1,5 +1,5 @@
 """``python -m mlx_mtp.draft_vocab build``: write a reduced draft vocabulary sidecar
-(``mlx_mtp.qwen3_5.draft_vocab``) from a calibration corpus."""
+(``mlx_mtp.models.qwen3_5.vocab_reduction``) from a calibration corpus."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import loading
-from .cli import Parser, cli_main, positive_int
-from .errors import MTPError
-from .qwen3_5.draft_vocab import build
+from mlx_mtp.models import registry as loading
+from mlx_mtp.cli import Parser, cli_main, positive_int
+from mlx_mtp.errors import MTPError
+from mlx_mtp.models.qwen3_5.vocab_reduction import build
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,12 +11,12 @@ import time
 import mlx.core as mx
 from tabulate import tabulate
 
-from . import loading
-from .cli import Parser, cli_main
-from .demo import model_or_demo
-from .exactness import DIVERGES, PROBE_DRAWS, aggregate_verdict, probe_exactness
-from .gpu_generation import DeviceFacts, current_device_facts
-from .speculative import MAX_BLOCK_SIZE, block_size_problem
+from mlx_mtp.models import registry as loading
+from mlx_mtp.cli import Parser, cli_main
+from mlx_mtp.demo import model_or_demo
+from mlx_mtp.exactness.block_vs_chain import DIVERGES, PROBE_DRAWS, aggregate_verdict, probe_exactness
+from mlx_mtp.exactness.device import DeviceFacts, current_device_facts
+from mlx_mtp.decoding.rounds import MAX_BLOCK_SIZE, block_size_problem
 
 DEFAULT_WIDTHS = "2,3,4"
 

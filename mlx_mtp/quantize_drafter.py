@@ -1,5 +1,5 @@
 """``python -m mlx_mtp.quantize_drafter``: write a quantized MTP drafter folder (loads with
-``--drafter DIR``); the quantization itself is ``mlx_mtp.qwen3_5.quantize``."""
+``--drafter DIR``); the quantization itself is ``mlx_mtp.models.qwen3_5.head_quantization``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import loading
-from .cli import Parser, cli_main
-from .errors import MTPError
-from .qwen3_5.options import QUANT_BITS, QUANT_GROUP_SIZES
-from .qwen3_5.quantize import quantize_head, write_drafter
+from mlx_mtp.models import registry as loading
+from mlx_mtp.cli import Parser, cli_main
+from mlx_mtp.errors import MTPError
+from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES
+from mlx_mtp.models.qwen3_5.head_quantization import quantize_head, write_drafter
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,9 +31,9 @@ import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core load
 import mlx.core as mx  # noqa: E402
 
 from bench_mtp import DEFAULT_PROMPTS  # noqa: E402
-from mlx_mtp.block_chooser import BlockChooser  # noqa: E402
+from mlx_mtp.decoding.block_chooser import BlockChooser  # noqa: E402
 from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt  # noqa: E402
-from mlx_mtp.stream import encode_prompt  # noqa: E402
+from mlx_mtp.generate import encode_prompt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -77,7 +77,7 @@ def finish(args, result: dict, watch: idle_check.Watch, render_fn,
 def record_setup(topic: str) -> dict:
     """The setup every record states (shared/design/benchmarks.md): topic, date, host, versions,
     BLAS, commit, the exact command and the environment variables that steer MLX and the BLAS."""
-    from mlx_mtp import cpu_blas  # first: binds the system BLAS before mlx.core loads
+    from mlx_mtp.cpu import blas as cpu_blas  # first: binds the system BLAS before mlx.core loads
 
     return {
         "topic": topic, "date": _dt.date.today().isoformat(), "host": host_facts(),

@@ -33,8 +33,8 @@ import mlx_mtp  # noqa: E402,F401  (first: binds the system BLAS before mlx.core
 
 import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 import bench_mtp  # noqa: E402
-from mlx_mtp.block_chooser import DEFAULT_MAX_BLOCK_SIZE  # noqa: E402
-from mlx_mtp.conversion import convert  # noqa: E402
+from mlx_mtp.decoding.block_chooser import DEFAULT_MAX_BLOCK_SIZE  # noqa: E402
+from mlx_mtp.convert import convert  # noqa: E402
 from mlx_mtp.demo import demo_path  # noqa: E402
 
 

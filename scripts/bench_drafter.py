@@ -49,16 +49,16 @@ import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core load
 
 import bench_mtp  # noqa: E402
 import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
-from mlx_mtp.diagnostics import PHASES as ROUND_PHASES  # noqa: E402
-from mlx_mtp.qwen3_5 import draft_vocab  # noqa: E402
-from mlx_mtp.qwen3_5.loading import EMBEDDED_DRAFT_VOCAB  # noqa: E402
-from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
-from mlx_mtp.qwen3_5.options import DraftOptions  # noqa: E402
-from mlx_mtp.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
-from mlx_mtp.stream import encode_prompt  # noqa: E402
-from mlx_mtp.model import MTPModel  # noqa: E402
-from mlx_mtp.speculative import SYNC_PHASES_ENV  # noqa: E402
-from mlx_mtp.qwen3_5.quantize import quantize_head  # noqa: E402
+from mlx_mtp.decoding.stats import PHASES as ROUND_PHASES  # noqa: E402
+from mlx_mtp.models.qwen3_5 import draft_vocab  # noqa: E402
+from mlx_mtp.models.qwen3_5.loading import EMBEDDED_DRAFT_VOCAB  # noqa: E402
+from mlx_mtp.models.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
+from mlx_mtp.models.options import DraftOptions  # noqa: E402
+from mlx_mtp.models.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
+from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.models.model import MTPModel  # noqa: E402
+from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV  # noqa: E402
+from mlx_mtp.models.qwen3_5.head_quantization import quantize_head  # noqa: E402
 
 PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
     "p1": ("device_ids", True, False),

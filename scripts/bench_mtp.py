@@ -45,10 +45,10 @@ import mlx.nn as nn  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 import bench_common  # noqa: E402  (scripts/: flags, idle check, setup, writing the record)
-from mlx_mtp.diagnostics import PHASES, RunStats  # noqa: E402
-from mlx_mtp.stream import encode_prompt  # noqa: E402
-from mlx_mtp.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
-from mlx_mtp.speculative import SYNC_PHASES_ENV  # noqa: E402
+from mlx_mtp.decoding.stats import PHASES, RunStats  # noqa: E402
+from mlx_mtp.generate import encode_prompt  # noqa: E402
+from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
+from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV  # noqa: E402
 
 DEFAULT_PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_mtp  # noqa: E402  (DEFAULT_PROMPTS; imports mlx_mtp first)
 import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
 
-from mlx_mtp.server.process import ServerProcess  # noqa: E402
+from benchmarks.harness.server_process import ServerProcess  # noqa: E402
 
 ARMS = ("mtp", "plain")
 

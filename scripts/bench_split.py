@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402  (scripts/: the record flags and the idle check)
-from mlx_mtp import launch as mlx_launch  # noqa: E402
+from benchmarks.harness import launch as mlx_launch  # noqa: E402
 
 PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
@@ -40,10 +40,10 @@ PROMPTS = {
 def worker(args) -> None:
     """One rank: load split, alternate the arms, rank 0 writes the JSON result."""
     import mlx_mtp  # noqa: F401  (first: binds the system BLAS)
-    from mlx_mtp.diagnostics import RunStats
-    from mlx_mtp.plain import plain_generate_step
-    from mlx_mtp.speculative import speculative_generate_step
-    from mlx_mtp.stream import encode_prompt
+    from mlx_mtp.decoding.stats import RunStats
+    from mlx_mtp.decoding.plain import plain_generate_step
+    from mlx_mtp.decoding.rounds import speculative_generate_step
+    from mlx_mtp.generate import encode_prompt
 
     model, tokenizer = mlx_mtp.load(args.model, split=args.split)
     arms = {

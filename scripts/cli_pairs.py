@@ -32,7 +32,7 @@ import bench_common  # noqa: E402  (flags, idle check, setup, writing the record
 
 BAR = 1.7  # issue 12: the CLI's default run >= 1.7x --no-mtp over alternating pairs
 ARMS = ("mtp", "plain")
-# What each arm's generation_tps covers (mlx_mtp.plain, mlx_mtp.speculative): stated in the record.
+# What each arm's generation_tps covers (mlx_mtp.decoding.plain, mlx_mtp.decoding.rounds): stated in the record.
 COVERS = ("Both arms' `generation_tps` is generated tokens (the first one, which the prompt's "
           "forward yields, included) over the seconds from that first token to the last, as "
           "mlx-lm's own `generation_tps`: MTP's every round (drafts, verify, rollback, accept hook, "

@@ -1,7 +1,7 @@
 """Which draft distribution q pays best under speculative sampling: acceptance without timing.
 
 Speculative sampling is lossless for any q the drafts are drawn from, as long as the test uses
-that q (``mlx_mtp.sampling``); how many drafts it keeps depends on q. For each prompt this samples
+that q (``mlx_mtp.decoding.sampling``); how many drafts it keeps depends on q. For each prompt this samples
 one continuation from the target (mlx-lm's plain decode at ``--temp``, seeded), feeds prompt and
 continuation to the target and the MTP head as the loop's accept hook does (the head sees the
 target's true hidden states), and computes at every continuation position, exactly from the
@@ -42,8 +42,8 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
 from bench_mtp import DEFAULT_PROMPTS  # noqa: E402
-from mlx_mtp import sampling  # noqa: E402
-from mlx_mtp.stream import encode_prompt  # noqa: E402
+from mlx_mtp.decoding import sampling  # noqa: E402
+from mlx_mtp.generate import encode_prompt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = ROOT / "scripts" / "demo_pair" / "held_out_openings.json"

@@ -24,14 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from mlx_mtp import exactness  # noqa: E402  (first: mlx_mtp may set MLX up before mlx.core loads)
+from mlx_mtp.exactness import block_vs_chain as exactness  # noqa: E402  (first: mlx_mtp may set MLX up before mlx.core loads)
 
 import mlx.core as mx  # noqa: E402
 import tiny_checkpoints as tc  # noqa: E402
-from mlx_mtp.gate import session_widths  # noqa: E402
-from mlx_mtp.loading import load_model  # noqa: E402
+from mlx_mtp.exactness.gate import session_widths  # noqa: E402
+from mlx_mtp.models.registry import load_model  # noqa: E402
 from mlx_mtp.demo import demo_path  # noqa: E402
-from mlx_mtp.qwen3_5.target import Qwen3_5Target  # noqa: E402
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)

@@ -4,7 +4,7 @@ Arms, each the draws of one round of ``--drafts`` k drafts over a ``--vocab`` V 
 once per round as the loop does (the drafter's and the target's forwards left out):
   keyed-before   ``auto`` as it was: each coupled draft log-normalizes its row and makes its
                  Gumbel noise; the verify log-normalizes its k + 1 rows and makes k + 1 noise rows.
-  keyed          ``auto`` now (``mlx_mtp.keyed_sampling``): no log-normalization without a filter
+  keyed          ``auto`` now (``mlx_mtp.decoding.keyed_sampling``): no log-normalization without a filter
                  (an argmax does not see a row's shift); the verify reuses the drafts' noise.
   speculative    a fixed block size: the drafter's compiled pick (one exp pass, an inverse-CDF
                  draw), the target's ``probs`` and the compiled block verification.
@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
 import mlx.core as mx  # noqa: E402
 
-from mlx_mtp import keyed_sampling, sampling  # noqa: E402
+from mlx_mtp.decoding import keyed_sampling
+from mlx_mtp.decoding import sampling  # noqa: E402
 
 
 def keyed_before(sampler, keys, z_draft, z_verify, first):

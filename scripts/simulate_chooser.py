@@ -5,7 +5,7 @@ Wall-clock runs on a small shared machine are too noisy to tune a chooser by; at
 are a function of the text (``scripts/acceptance_traces.py`` records L(p), the drafts kept of K
 made at output position p, and the output ids, which auto's chooser is shown as the loop shows
 them: ``BlockChooser.see``), so only the costs need a model. A round of k drafts at position p
-keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.speculative):
+keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.decoding.rounds):
 
     verify(k + 1) + residual                                    k = 0 (auto defers the accept hook)
     verify(k + 1) + (k - 1) * draft_step + accept(a + 1) + finalize + residual      k >= 1
@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402  (pure Python)
+from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts  # noqa: E402  (pure Python)
 from mlx_mtp.errors import MTPError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,13 +4,13 @@ Arms, alternated round by round on the same target, each with its own cache pref
   decode    mlx-lm's own forward of one token (the plain decode step)
   forward   mlx-lm's own forward of W tokens (+ the LM head): what a W-token pass costs before
             mlx_mtp adds anything (no stashed states, no row-exact layers)
-  kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.row_kernel)
+  kernel    a W-token verify, row-exact layers through the compiled row kernel (mlx_mtp.cpu.row_kernel)
             (every verify arm, as the round loop, with all threads on one core from the first
-            eager kernel call on: ``mlx_mtp.cpu_pin``, with one kernel thread)
+            eager kernel call on: ``mlx_mtp.cpu.pin``, with one kernel thread)
   unpinned  the kernel arm with the threads free to run on any core (MLX_MTP_PIN_VERIFY=0)
   eager     the kernel arm with the kernels called eagerly (a host sync per call, pinned from the
             first: MLX_MTP_LAZY_KERNELS=0), where the kernel arm runs them as lazy MLX ops
-            (``mlx_mtp.lazy_kernels``; a lazy verify makes no eager call, so it never pins)
+            (``mlx_mtp.cpu.lazy_ops``; a lazy verify makes no eager call, so it never pins)
   pinned    the kernel arm with every thread on one core for the whole verify (does pinning
             pay once the kernels are lazy?)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
@@ -69,8 +69,12 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as mx_nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlx_mtp import cpu_blas, cpu_pin, lazy_kernels, row_exact, row_kernel  # noqa: E402
-from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import pin as cpu_pin
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.cpu import row_kernel  # noqa: E402
+from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "chunked",
         "inexact",

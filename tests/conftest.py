@@ -52,9 +52,9 @@ def wide_dir(ckpt_root):
 
 @pytest.fixture(scope="session", autouse=True)
 def row_kernel_cache(tmp_path_factory):
-    """The compiled row kernel (mlx_mtp.row_kernel) builds into a fresh cache folder, so no
+    """The compiled row kernel (mlx_mtp.cpu.row_kernel) builds into a fresh cache folder, so no
     test depends on what ~/.cache holds; fresh interpreters (CLI tests) inherit it."""
-    from mlx_mtp import row_kernel
+    from mlx_mtp.cpu import row_kernel
 
     os.environ[row_kernel.CACHE_ENV] = str(tmp_path_factory.mktemp("mlx_mtp_cache"))
     row_kernel.reset()

@@ -6,7 +6,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.gated_delta import normalize_qk
 
-from mlx_mtp import cpu_blas, lazy_kernels, native
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.cpu import native
 
 
 def require_kernel(problem: str, available, reason, name: str) -> None:

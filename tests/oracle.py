@@ -7,7 +7,7 @@ from typing import List, Sequence
 
 import mlx.core as mx
 
-from mlx_mtp.interfaces import DrafterDefaults
+from mlx_mtp.models.protocols import DrafterDefaults
 
 
 class OracleDrafter(DrafterDefaults):

@@ -17,7 +17,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
-from mlx_mtp.qwen3_5.drafter import MTPHead, is_zero_centred_norm
+from mlx_mtp.models.qwen3_5.drafter import MTPHead, is_zero_centred_norm
 
 VOCAB = 320
 TARGET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight",

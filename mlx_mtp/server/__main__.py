@@ -8,9 +8,10 @@ import signal
 import sys
 
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
-from mlx_mtp import MTPError, cli
+from mlx_mtp import MTPError
+from mlx_mtp import cli
 from mlx_mtp.demo import model_or_demo
-from mlx_mtp.distributed import SPLITS, init_split
+from mlx_mtp.models.distributed import SPLITS, init_split
 
 DEFAULT_MAX_QUEUE = 16
 # On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
@@ -58,14 +59,14 @@ def main(argv=None) -> int:
     try:
         import uvicorn
 
-        from .app import build_app
+        from mlx_mtp.server.app import build_app
     except ImportError as e:
         sys.stderr.write(f"error: mlx_mtp.server needs the server extra "
                          f"(pip install 'mlx-mtp[server]'): {e}\n")
         return 1
-    from .engine import Engine
-    from .schema import Defaults
-    from .worker import Worker
+    from mlx_mtp.server.engine import Engine
+    from mlx_mtp.server.schema import Defaults
+    from mlx_mtp.server.worker import Worker
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
@@ -81,11 +82,11 @@ def main(argv=None) -> int:
                            split=split)
 
     if split is not None and split.rank != 0:
-        from .split import follow
+        from mlx_mtp.server.split import follow
 
         return follow(load)
     if split is not None:
-        from .split import SplitWorker
+        from mlx_mtp.server.split import SplitWorker
 
         worker = SplitWorker(load, args.max_queue)
     else:

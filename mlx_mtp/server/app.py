@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import responses
-from .engine import Delta, Finished, Started
-from .schema import Defaults, RequestError, parse
-from .worker import Job, QueueFull, ServerError, Worker
+from mlx_mtp.server import responses
+from mlx_mtp.server.engine import Delta, Finished, Started
+from mlx_mtp.server.schema import Defaults, RequestError, parse
+from mlx_mtp.server.worker import Job, QueueFull, ServerError, Worker
 
 DISCONNECT_POLL_S = 0.5
 # Far above any prompt a model's context can hold; a bigger body is refused before it is read.

@@ -19,10 +19,10 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.server import convert_chat, process_message_content
 
 import mlx_mtp
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.stream import plain_stream_generate
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.generate import plain_stream_generate
 
-from .schema import GenerationRequest, RequestError
+from mlx_mtp.server.schema import GenerationRequest, RequestError
 
 NO_MTP_REASON = "--no-mtp: mlx-lm plain decode"
 
@@ -94,7 +94,7 @@ class Engine:
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
              block_size=None, max_block_size: Optional[int] = None, split=None) -> "Engine":
-        """``split``: this rank's ``mlx_mtp.distributed.Split`` (``server/split.py``)."""
+        """``split``: this rank's ``mlx_mtp.models.distributed.Split`` (``server/split.py``)."""
         need_head = not no_mtp and block_size != 1
         m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head, split=split)
         return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size)

@@ -12,8 +12,8 @@ import time
 import uuid
 from typing import Optional
 
-from .engine import Finished
-from .schema import GenerationRequest
+from mlx_mtp.server.engine import Finished
+from mlx_mtp.server.schema import GenerationRequest
 
 
 class ResponseIds:

@@ -30,11 +30,11 @@ from typing import Callable, List, Optional
 import mlx.core as mx
 
 from mlx_mtp import MTPError
-from mlx_mtp.distributed import Split, SplitFailed
+from mlx_mtp.models.distributed import Split, SplitFailed
 
-from .engine import Engine
-from .schema import GenerationRequest
-from .worker import Job, ServerError, Worker
+from mlx_mtp.server.engine import Engine
+from mlx_mtp.server.schema import GenerationRequest
+from mlx_mtp.server.worker import Job, ServerError, Worker
 
 logger = logging.getLogger("mlx_mtp.server")
 

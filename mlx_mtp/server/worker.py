@@ -21,8 +21,8 @@ from typing import Callable, Optional
 
 from mlx_mtp import MTPError
 
-from .engine import Engine, Finished
-from .schema import GenerationRequest, RequestError
+from mlx_mtp.server.engine import Engine, Finished
+from mlx_mtp.server.schema import GenerationRequest, RequestError
 
 logger = logging.getLogger("mlx_mtp.server")
 

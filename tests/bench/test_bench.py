@@ -249,7 +249,7 @@ def test_round_spread_pools_each_runs_deviations_from_its_own_mean():
     import math
     import statistics
 
-    from mlx_mtp.diagnostics import RunStats
+    from mlx_mtp.decoding.stats import RunStats
 
     runs = [{3: [0.0150, 0.0155, 0.0148, 0.0160], 6: [0.020, 0.021, 0.0205]},
             {3: [0.0165, 0.0170, 0.0162]}]

@@ -33,7 +33,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert all(r["stats"]["phases_synced"] for name in rows for r in data["raw"][name])
     assert "MLX_MTP_SYNC_PHASES" not in os.environ
     # Each arm runs what it says.
-    # (a quantized head runs unmerged: mlx_mtp.qwen3_5.fused_head merges plain products only)
+    # (a quantized head runs unmerged: mlx_mtp.models.qwen3_5.fused_head merges plain products only)
     assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "merged": False,
                                     "row_kernel": False, "fused_argmax": True,
                                     "vocab_size": 128,

@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mlx_mtp import sampling
+from mlx_mtp.decoding import sampling
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import draft_acceptance  # noqa: E402

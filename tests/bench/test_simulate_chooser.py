@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import simulate_chooser as sim  # noqa: E402
 
-from mlx_mtp.block_chooser import BlockChooser, RoundCosts  # noqa: E402
+from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts  # noqa: E402
 
 
 def test_traces_reproduce_the_records_fixed_block_runs():
@@ -402,7 +402,7 @@ def test_acceptance_traces_of_given_prompts_and_the_cli_default(tmp_path):
     import acceptance_traces
     import mlx_mtp
     from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
-    from mlx_mtp.stream import encode_prompt
+    from mlx_mtp.generate import encode_prompt
 
     model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
     (tmp_path / "p.json").write_text(json.dumps({"add": "def add(a, b):"}))

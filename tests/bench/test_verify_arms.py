@@ -8,8 +8,11 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 import mlx_mtp
-from mlx_mtp import cpu_blas, lazy_kernels, row_exact, row_kernel
-from mlx_mtp.qwen3_5 import gdn_block
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.cpu import row_kernel
+from mlx_mtp.models.qwen3_5 import gdn_block
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import verify_arms  # noqa: E402

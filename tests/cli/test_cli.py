@@ -8,7 +8,7 @@ from conftest import cli, reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp
-from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.decoding.stats import RunStats
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "def add(a, b):\n    return"

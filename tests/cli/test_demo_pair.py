@@ -8,7 +8,8 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from safetensors import safe_open
 
 import mlx_mtp
-from mlx_mtp import MTPError, demo
+from mlx_mtp import MTPError
+from mlx_mtp import demo
 from mlx_mtp.generate import DEFAULT_PROMPT
 
 

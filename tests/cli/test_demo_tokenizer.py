@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 
 import mlx_mtp
 from mlx_mtp import demo
-from mlx_mtp.checkpoint import load_tokenizer
+from mlx_mtp.io.checkpoint import load_tokenizer
 from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
-from mlx_mtp.stream import encode_prompt
+from mlx_mtp.generate import encode_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "demo_pair"))
 import corpus  # noqa: E402

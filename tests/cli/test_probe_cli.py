@@ -8,8 +8,8 @@ import pytest
 from conftest import run_module
 from perturbed import PerturbedVerify
 
-from mlx_mtp import exactness
-from mlx_mtp.model import MTPModel
+from mlx_mtp.exactness import block_vs_chain as exactness
+from mlx_mtp.models.model import MTPModel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,8 @@ def test_default_widths_and_drafter(dense_dir, mlx_dir):
 
 
 def test_a_diverging_target_is_reported_with_position_and_bytes(dense_dir, monkeypatch, capsys):
-    from mlx_mtp import loading, probe
+    from mlx_mtp.models import registry as loading
+    from mlx_mtp import probe
 
     real = loading.load_model
 

@@ -24,7 +24,8 @@ from mlx_lm.utils import load_model as mlx_load_model
 from tiny_gemma4 import Checkpoints
 
 import mlx_mtp
-from mlx_mtp import MTPError, conversion
+from mlx_mtp import MTPError
+from mlx_mtp import convert as conversion
 
 PROMPT = [5, 17, 3, 99, 42]
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,7 +247,7 @@ def test_fp8_edge_blocks():
     w = rng.standard_normal((2, 300, 200)).astype(np.float32)
     raw, scale = tf.quantize(w, (128, 128), "F32")
     assert scale.shape == (2, 3, 2)
-    from mlx_mtp.fp8 import dequantize
+    from mlx_mtp.io.fp8 import dequantize
 
     got = np.asarray(dequantize(mx.array(raw), mx.array(scale), (128, 128)))
     assert np.array_equal(got, tf.reference_dequantize(raw, scale, (128, 128)))

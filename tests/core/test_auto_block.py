@@ -16,10 +16,10 @@ from oracle import ForcedHeadDrafter, TableDrafter
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.block_chooser import BlockChooser, RoundCosts
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.keyed_sampling import PositionKeys
-from mlx_mtp.model import MTPModel
+from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.decoding.keyed_sampling import PositionKeys
+from mlx_mtp.models.model import MTPModel
 
 MAX_TOKENS = 24
 
@@ -379,7 +379,7 @@ def test_the_keyed_draw_has_the_sampled_distribution():
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     probs = np.array(sampler.probs(logprobs))[0]
     keys = PositionKeys(11)
-    from mlx_mtp.keyed_sampling import draw
+    from mlx_mtp.decoding.keyed_sampling import draw
 
     draws = draw(sampler, mx.repeat(logprobs, 4000, axis=0), keys, 0).tolist()
     stat, dof, p = goodness_of_fit(draws, {i: float(q) for i, q in enumerate(probs)})

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlx_mtp import MTPError
-from mlx_mtp.block_chooser import BlockChooser, RoundCosts, best_drafts, expected_tokens
+from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts, best_drafts, expected_tokens
 
 
 def test_expected_tokens_by_hand():

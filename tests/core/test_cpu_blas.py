@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import mlx_mtp
-from mlx_mtp import cpu_blas
+from mlx_mtp.cpu import blas as cpu_blas
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def run(code, **env):
 STATE = """
 import json, os, mlx_mtp
 import mlx_mtp
-from mlx_mtp import cpu_blas
+from mlx_mtp.cpu import blas as cpu_blas
 s = cpu_blas.STATE
 """ + ROW_CHECK + """
 ways = None
@@ -124,7 +124,7 @@ except mlx_mtp.MTPError as e:
 THREADS = """
 import json, os, mlx_mtp
 import mlx_mtp
-from mlx_mtp import cpu_blas
+from mlx_mtp.cpu import blas as cpu_blas
 api = cpu_blas._thread_api()
 get = (lambda: api[0]()) if api else (lambda: None)
 lib = __import__("ctypes").CDLL(cpu_blas.STATE.path) if cpu_blas.STATE.path else None

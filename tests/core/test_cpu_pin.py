@@ -12,7 +12,11 @@ from conftest import reference_greedy
 from native_support import require_lazy
 
 import mlx_mtp
-from mlx_mtp import MTPError, cpu_blas, cpu_pin, lazy_kernels, row_exact
+from mlx_mtp import MTPError
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import pin as cpu_pin
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.exactness import row_exact
 
 PROMPT = [5, 17, 3, 99, 42, 7]
 N = 20

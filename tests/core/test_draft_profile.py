@@ -1,5 +1,6 @@
 """Phase 0: MLX_MTP_DRAFT_PROFILE splits the drafter step; without it the split is unattributed."""
 
+import importlib
 import json
 
 import mlx.core as mx
@@ -8,12 +9,12 @@ from conftest import reference_greedy
 from oracle import OracleDrafter
 
 import mlx_mtp
-import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
+generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
 from mlx_mtp import MTPError
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES
-from mlx_mtp.qwen3_5.options import DraftOptions
-from mlx_mtp.model import MTPModel
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES
+from mlx_mtp.models.options import DraftOptions
+from mlx_mtp.models.model import MTPModel
 
 PROMPT = [5, 17, 3, 99, 42]
 

@@ -16,8 +16,8 @@ from mlx_lm.models import cache as mlx_cache
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5.target import Qwen3_5Target
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
 TURNS = ["def add(a, b):\n    return a + b\n", "class Point:\n", "for i in range(10):"]
 

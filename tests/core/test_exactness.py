@@ -10,8 +10,8 @@ from mlx_lm.utils import load_model as mlx_load_model
 from perturbed import BrokenVerify, CountingTarget, PerturbedVerify, one_ulp
 
 import mlx_mtp
-from mlx_mtp import exactness
-from mlx_mtp.exactness import (DIVERGES, EQUAL, NOT_RUN, PROBE_DRAWS, PROBE_PROMPT_LEN,
+from mlx_mtp.exactness import block_vs_chain as exactness
+from mlx_mtp.exactness.block_vs_chain import (DIVERGES, EQUAL, NOT_RUN, PROBE_DRAWS, PROBE_PROMPT_LEN,
                                block_rows, chain_rows, first_difference, probe_exactness,
                                probe_tokens)
 

@@ -2,6 +2,7 @@
 override variable, and the public paths (generate_step, stream_generate, the CLI) declining to
 mlx-lm's plain decode, identical to it, when the probe fails."""
 
+import importlib
 import json
 import logging
 
@@ -12,12 +13,13 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from perturbed import BrokenVerify, PerturbedVerify
 
 import mlx_mtp
-from mlx_mtp import exactness, gate
-from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.exactness import block_vs_chain as exactness
+from mlx_mtp.exactness import gate
+from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
-from mlx_mtp.exactness import DIVERGES, EQUAL, NOT_RUN, ProbeResult
-from mlx_mtp.gpu_generation import DeviceFacts
-from mlx_mtp.model import MTPModel
+from mlx_mtp.exactness.block_vs_chain import DIVERGES, EQUAL, NOT_RUN, ProbeResult
+from mlx_mtp.exactness.device import DeviceFacts
+from mlx_mtp.models.model import MTPModel
 
 ENV = "MLX_MTP_ALLOW_INEXACT"
 PROMPT = "def add(a, b):\n    return"
@@ -255,7 +257,7 @@ def test_stream_generate_declines_too(dense_dir):
 
 
 def _cli_in_process(argv, capsys):
-    import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
+    generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
 
     rc = generate.main(argv)
     out = capsys.readouterr()
@@ -278,7 +280,8 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     assert any(line.split() == ["exactness", "probe", "equal", "(width", "2,", "3)"]
                for line in table)
     # How the verify stays exact: the row-exact layers by method, and the row kernel.
-    from mlx_mtp import lazy_kernels, row_kernel
+    from mlx_mtp.cpu import lazy_ops as lazy_kernels
+    from mlx_mtp.cpu import row_kernel
 
     info = result["exactness"]["row_exact"]
     used = info["layers"].get("kernel")  # how the kernel runs is said where a layer uses it
@@ -296,7 +299,7 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
 
 
 def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
-    from mlx_mtp import loading
+    from mlx_mtp.models import registry as loading
 
     real_load = loading.load
 
@@ -338,10 +341,10 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
 DECLINING_CLI = """
 import sys
 sys.path.insert(0, {tests!r})
-import mlx_mtp.generate as generate  # first: mlx_mtp may bind a BLAS before mlx.core loads
-from mlx_mtp import loading
+generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
+from mlx_mtp.models import registry as loading
 from perturbed import PerturbedVerify
-from mlx_mtp.model import MTPModel
+from mlx_mtp.models.model import MTPModel
 
 real_load = loading.load
 

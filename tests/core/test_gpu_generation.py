@@ -3,7 +3,7 @@
 import mlx.core as mx
 import pytest
 
-from mlx_mtp.gpu_generation import (DeviceFacts, chip_name, current_device_facts, facts_from,
+from mlx_mtp.exactness.device import (DeviceFacts, chip_name, current_device_facts, facts_from,
                                     narrow_kernel_architecture, parse_generation)
 
 

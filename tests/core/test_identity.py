@@ -9,8 +9,8 @@ from mlx_lm.utils import load_model as mlx_load_model
 from oracle import ForcedHeadDrafter, OracleDrafter
 
 import mlx_mtp
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.model import MTPModel
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.model import MTPModel
 
 MAX_TOKENS = 24
 
@@ -156,7 +156,9 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
     compiled row kernel (where it builds) as a lazy MLX op or called eagerly, and with it
     switched off, every acceptance length gives mlx-lm's greedy output, and the stats say which
     method the row-exact layers use and how the kernel runs."""
-    from mlx_mtp import cpu_blas, lazy_kernels, row_kernel
+    from mlx_mtp.cpu import blas as cpu_blas
+    from mlx_mtp.cpu import lazy_ops as lazy_kernels
+    from mlx_mtp.cpu import row_kernel
 
     monkeypatch.setenv(row_kernel.ENV, "0" if kernel == "0" else "1")
     monkeypatch.setenv(lazy_kernels.ENV, "0" if kernel == "eager" else "1")

@@ -1,4 +1,4 @@
-"""The C kernels as lazy MLX ops (mlx_mtp.lazy_kernels): built here, the same bytes as the eager
+"""The C kernels as lazy MLX ops (mlx_mtp.cpu.lazy_ops): built here, the same bytes as the eager
 ctypes path and as the references (BLIS's one-row products, mlx-lm's recurrence), no host sync
 while the graph is built, usable inside mx.compile, and every way the build or load can fail
 reported, with the eager path kept."""
@@ -11,8 +11,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.gated_delta import compute_g
 
-from mlx_mtp import MTPError, cpu_blas, lazy_kernels, native, row_kernel
-from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
+from mlx_mtp import MTPError
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.cpu import native
+from mlx_mtp.cpu import row_kernel
+from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel
 from native_support import gdn_inputs as gdn_recurrence_inputs, require_lazy
 
 BLIS = cpu_blas.STATE.name == "BLIS"
@@ -243,7 +247,7 @@ def test_a_cached_module_is_loaded_without_building(monkeypatch):
 
 
 def test_the_reports_name_the_path():
-    from mlx_mtp.gate import row_exact_summary
+    from mlx_mtp.exactness.gate import row_exact_summary
 
     ex = {"row_exact": {"layers": {"kernel": 2}, "kernel": "available, lazy"}}
     assert row_exact_summary(ex) == "2 (kernel 2); row kernel available, lazy"

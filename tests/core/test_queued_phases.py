@@ -10,7 +10,7 @@ from conftest import reference_greedy
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.decoding.stats import RunStats
 
 PROMPT = [5, 17, 3, 99, 42, 7]
 N = 24

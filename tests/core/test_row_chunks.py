@@ -14,7 +14,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlx_mtp import cpu_blas, row_exact, row_kernel
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.cpu import row_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENBLAS = next((p for name, p in cpu_blas.find() if name == "OpenBLAS"), None)
@@ -151,8 +153,9 @@ import json, sys
 sys.path.insert(0, "tests")
 import mlx_mtp
 import mlx.core as mx
-from mlx_mtp import cpu_blas, row_exact
-from mlx_mtp.qwen3_5 import layer_block
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.models.qwen3_5 import layer_block
 
 if sys.argv[1] == "chunked":  # the fallback where the transposed form would differ
     row_exact.transposed_equal_rows = lambda *a: False
@@ -226,7 +229,8 @@ SHAPES_CHECK = """
 import json
 import mlx_mtp
 import mlx.core as mx
-from mlx_mtp import cpu_blas, row_exact
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.exactness import row_exact
 out = {}
 for N, K in ((8, 256), (128, 256), (512, 256), (256, 512), (4096, 1024), (1024, 3072)):
     w = mx.random.normal((N, K), key=mx.random.key(N + K))
@@ -268,8 +272,8 @@ import mlx.core as mx
 from pathlib import Path
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
-from mlx_mtp import cpu_blas
-from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.decoding.stats import RunStats
 
 prompt = mx.array([5 + (7 * i) % 300 for i in range(60)])
 pristine, _ = load_model(Path("mlx_mtp/demo_pair"))

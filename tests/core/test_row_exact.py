@@ -5,7 +5,9 @@ import mlx.nn as nn
 import pytest
 
 import mlx_mtp
-from mlx_mtp import cpu_blas, row_exact, row_kernel
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.cpu import row_kernel
 
 
 @pytest.fixture
@@ -121,7 +123,7 @@ def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel):
 def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeypatch):
     """prepare(exact=False) (the gate overridden): a verify is the plain multi-row forward, with
     no row-exact products and no per-row attention; prepare() turns them back on."""
-    from mlx_mtp.qwen3_5 import target as qwen3_5
+    from mlx_mtp.models.qwen3_5 import target as qwen3_5
 
     model = mlx_mtp.load_model(dense_dir, require_head=False)
     target = model.target

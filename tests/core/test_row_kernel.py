@@ -1,4 +1,4 @@
-"""The compiled row kernel (mlx_mtp.row_kernel): T-row products bitwise equal to BLIS's one-row
+"""The compiled row kernel (mlx_mtp.cpu.row_kernel): T-row products bitwise equal to BLIS's one-row
 products, how row_exact.install picks it, and its fallbacks when it cannot be built."""
 
 import os
@@ -9,7 +9,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from mlx_mtp import MTPError, cpu_blas, lazy_kernels, row_exact, row_kernel
+from mlx_mtp import MTPError
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.cpu import row_kernel
 from native_support import require_kernel
 
 BLIS = cpu_blas.STATE.name == "BLIS"
@@ -181,7 +185,7 @@ def test_a_failing_compiler_is_reported_not_raised(fresh, monkeypatch, tmp_path)
 
 
 def test_the_cli_row_names_the_layers_by_method_and_the_kernel():
-    from mlx_mtp.gate import row_exact_summary
+    from mlx_mtp.exactness.gate import row_exact_summary
 
     ex = {"row_exact": {"layers": {"kernel": 27, "blocked": 2}, "kernel": "available"}}
     assert row_exact_summary(ex) == "29 (blocked 2, kernel 27); row kernel available"

@@ -4,7 +4,7 @@ models): exact arithmetic on given round times."""
 import math
 import statistics
 
-from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.decoding.stats import RunStats
 
 
 def test_round_spread_is_the_sd_of_log_round_times_per_width():

@@ -5,7 +5,7 @@ distribution itself)."""
 import mlx.core as mx
 import pytest
 
-from mlx_mtp import sampling as S
+from mlx_mtp.decoding import sampling as S
 
 SETTINGS = [dict(temp=0.6), dict(temp=1.0, top_k=5), dict(temp=0.8, top_p=0.9),
             dict(temp=0.7, min_p=0.05)]

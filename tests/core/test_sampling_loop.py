@@ -2,6 +2,7 @@
 test with a biased rule as negative control), logits processors see mlx-lm's token history,
 seeds reproduce, T=0 with processors stays mlx-lm's greedy decode, and the CLI flags."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -18,10 +19,11 @@ from mlx_lm.utils import load_model as mlx_load_model
 from oracle import OracleDrafter, TableDrafter
 
 import mlx_mtp
-import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
-from mlx_mtp import MTPError, sampling
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.model import MTPModel
+generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
+from mlx_mtp import MTPError
+from mlx_mtp.decoding import sampling
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.model import MTPModel
 
 ALPHA = 1e-3  # reject "same distribution" below this p-value
 
@@ -391,8 +393,8 @@ def test_a_draft_vocabulary_keeps_plain_samplings_distribution(soft_dir, plain_r
                                                                tmp_path):
     """Phase 2b at T > 0: the drafter's q lives on the sidecar's ids (even ids here), and the
     output keeps plain sampling's distribution."""
-    from mlx_mtp.qwen3_5 import draft_vocab
-    from mlx_mtp.qwen3_5.options import DraftOptions
+    from mlx_mtp.models.qwen3_5 import draft_vocab
+    from mlx_mtp.models.options import DraftOptions
 
     full = mlx_mtp.load_model(soft_dir)
     draft_vocab.write_sidecar(tmp_path / "even", np.arange(0, 320, 2), {

@@ -1,4 +1,4 @@
-"""The acceptance rules of ``mlx_mtp.sampling`` on known p and q, and the sampler / drafting pieces
+"""The acceptance rules of ``mlx_mtp.decoding.sampling`` on known p and q, and the sampler / drafting pieces
 that produce p and q. No model: everything here runs in a few seconds."""
 
 import itertools
@@ -12,7 +12,7 @@ from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 
 from mlx_mtp import MTPError
-from mlx_mtp import sampling as S
+from mlx_mtp.decoding import sampling as S
 
 
 def f32(x):

@@ -14,10 +14,10 @@ import sys
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS)
 import mlx.core as mx
 
-from mlx_mtp.diagnostics import RunStats
+from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
-from mlx_mtp.plain import plain_generate_step
-from mlx_mtp.speculative import generate_step
+from mlx_mtp.decoding.plain import plain_generate_step
+from mlx_mtp.decoding.rounds import generate_step
 
 PROMPT = [3 + 7 * i % 290 for i in range(12)]
 

@@ -1,9 +1,9 @@
-"""``mlx_mtp.launch.LocalRanks``: ranks joined by the ring backend without mlx.launch."""
+"""``benchmarks.harness.launch.LocalRanks``: ranks joined by the ring backend without mlx.launch."""
 
 import json
 import sys
 
-from mlx_mtp.launch import LocalRanks
+from benchmarks.harness.launch import LocalRanks
 
 RANK_SCRIPT = """
 import json, sys

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import tiny_checkpoints as tc
-from mlx_mtp import launch
-from mlx_mtp.distributed import TIMEOUT_ENV, WATCHDOG_EXIT
+from benchmarks.harness import launch
+from mlx_mtp.models.distributed import TIMEOUT_ENV, WATCHDOG_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("split_worker.py")

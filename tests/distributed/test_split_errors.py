@@ -7,7 +7,7 @@ import pytest
 import tiny_checkpoints as tc
 import tiny_gemma4 as tg
 import mlx_mtp
-from mlx_mtp.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, timeout_from_env
+from mlx_mtp.models.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, timeout_from_env
 from mlx_mtp.errors import MTPError
 from mlx_mtp.generate import main
 

@@ -21,7 +21,7 @@ import pytest
 from conftest import run_module
 
 import tiny_checkpoints as tc
-from mlx_mtp.server.process import ServerProcess
+from benchmarks.harness.server_process import ServerProcess
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")

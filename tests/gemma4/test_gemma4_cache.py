@@ -8,10 +8,10 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
 from tiny_gemma4 import WINDOW, Checkpoints
 
-import mlx_mtp.gemma4.attention as gemma4_attention
-from mlx_mtp.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
-from mlx_mtp.gemma4.target import Gemma4Target
-from mlx_mtp.gemma4.attention import Gemma4VerifyAttention
+import mlx_mtp.models.gemma4.attention as gemma4_attention
+from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
+from mlx_mtp.models.gemma4.target import Gemma4Target
+from mlx_mtp.models.gemma4.attention import Gemma4VerifyAttention
 
 
 def marks(positions, width=1):

@@ -10,7 +10,7 @@ from mlx_lm.models.cache import KVCache
 from tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp
-from mlx_mtp.gemma4.drafter import Gemma4AssistantDrafter
+from mlx_mtp.models.gemma4.drafter import Gemma4AssistantDrafter
 from mlx_mtp.errors import MTPError
 
 SLIDING, FULL = "sliding_attention", "full_attention"

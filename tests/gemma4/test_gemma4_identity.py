@@ -10,9 +10,9 @@ from oracle import ForcedHeadDrafter, OracleDrafter
 from tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.model import MTPModel
-from mlx_mtp.gemma4.target import Gemma4Target
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.model import MTPModel
+from mlx_mtp.models.gemma4.target import Gemma4Target
 
 MAX_TOKENS = 32
 PROMPTS = {"short": [(7 * i + 3) % 300 for i in range(5)],  # crosses the window while decoding

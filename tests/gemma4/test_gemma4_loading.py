@@ -14,8 +14,8 @@ from tiny_gemma4 import Checkpoints
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.gemma4.drafter import Gemma4AssistantDrafter
-from mlx_mtp.gemma4.target import Gemma4Target
+from mlx_mtp.models.gemma4.drafter import Gemma4AssistantDrafter
+from mlx_mtp.models.gemma4.target import Gemma4Target
 
 PROMPT = [11, 22, 33, 44, 55]
 
@@ -200,7 +200,7 @@ def test_cli_runs_a_gemma_pair_and_errors_in_one_line(ckpts):
 
 
 def test_qwen_drafter_options_are_refused_for_gemma(ckpts):
-    from mlx_mtp.qwen3_5.options import DraftOptions
+    from mlx_mtp.models.options import DraftOptions
 
     target, assistant = ckpts.target("e2b"), ckpts.assistant("e2b")
     assert mlx_mtp.load_model(target, drafter=assistant, draft_options=DraftOptions()).drafter

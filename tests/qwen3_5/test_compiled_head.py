@@ -6,11 +6,11 @@ from conftest import draft_accept_draft, reference_greedy
 from mlx_lm.models.cache import KVCache
 
 import mlx_mtp
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5 import compiled_head
-from mlx_mtp.qwen3_5.compiled_head import CompiledHead
-from mlx_mtp.qwen3_5.drafter import QwenMTPDrafter
-from mlx_mtp.qwen3_5.options import DraftOptions
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.qwen3_5 import compiled_head
+from mlx_mtp.models.qwen3_5.compiled_head import CompiledHead
+from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter
+from mlx_mtp.models.options import DraftOptions
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 31, 64, 12]
 

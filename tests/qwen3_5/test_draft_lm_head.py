@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import mlx_mtp
-from mlx_mtp.qwen3_5.lm_head import DraftLMHead, HeadTensors, chunked_argmax
-from mlx_mtp.qwen3_5.options import DraftOptions
-from mlx_mtp.qwen3_5.drafter import QwenMTPDrafter
-from mlx_mtp.draft_profile import DraftProfiler
+from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead, HeadTensors, chunked_argmax
+from mlx_mtp.models.options import DraftOptions
+from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter
+from mlx_mtp.models.draft_profile import DraftProfiler
 
 H = 64
 

@@ -1,4 +1,4 @@
-"""The drafter's products through the row kernel (``mlx_mtp.qwen3_5.row_products``)."""
+"""The drafter's products through the row kernel (``mlx_mtp.models.qwen3_5.row_products``)."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -6,12 +6,14 @@ import pytest
 from conftest import draft_accept_draft, reference_greedy
 
 import mlx_mtp
-from mlx_mtp import MTPError, cpu_blas, row_kernel
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5 import row_products
-from mlx_mtp.qwen3_5.drafter import QwenMTPDrafter
-from mlx_mtp.qwen3_5.lm_head import DraftLMHead
-from mlx_mtp.qwen3_5.options import DraftOptions
+from mlx_mtp import MTPError
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import row_kernel
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.qwen3_5 import row_products
+from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter
+from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead
+from mlx_mtp.models.options import DraftOptions
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 31, 64, 12]
 

@@ -8,8 +8,8 @@ import pytest
 from conftest import reference_greedy
 
 import mlx_mtp
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5.options import DraftOptions
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.options import DraftOptions
 
 PROMPT = [5, 17, 3, 99, 42]
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")

@@ -1,5 +1,6 @@
 """Phase 2b: the reduced draft vocabulary sidecar (build, load, fall back) and the drafter on it."""
 
+import importlib
 import json
 import logging
 from collections import Counter
@@ -14,9 +15,9 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 import mlx_mtp
 from mlx_mtp import MTPError
 from mlx_mtp import draft_vocab as draft_vocab_cli
-from mlx_mtp.qwen3_5 import draft_vocab
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5.options import DraftOptions
+from mlx_mtp.models.qwen3_5 import draft_vocab
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.options import DraftOptions
 
 SIZE = 64
 
@@ -148,21 +149,21 @@ def test_sampling_draws_on_the_subset(dense_dir, sidecar):
     model = mlx_mtp.load_model(dense_dir, draft_options=DraftOptions(vocab=sidecar))
     ids = set(mx.load(str(sidecar / "draft_vocab.safetensors"))["ids"].tolist())
     seen = []
-    real = mlx_mtp.sampling.DraftSampler.result
+    real = mlx_mtp.decoding.sampling.DraftSampler.result
 
     def spy(self):
         drafts, q, q_ids = real(self)
         seen.append((drafts.tolist(), q.shape, q_ids.tolist()))
         return drafts, q, q_ids
 
-    mlx_mtp.sampling.DraftSampler.result = spy
+    mlx_mtp.decoding.sampling.DraftSampler.result = spy
     try:
         stats = RunStats()
         out = list(mlx_mtp.speculative_generate_step(mx.array([5, 17]), model, max_tokens=16,
                                                      block_size=4, seed=3, stats=stats,
                                                      sampler=mlx_mtp.make_sampler(temp=1.0)))
     finally:
-        mlx_mtp.sampling.DraftSampler.result = real
+        mlx_mtp.decoding.sampling.DraftSampler.result = real
     assert len(out) == 16 and stats.acceptance_rule == "speculative-sampling"
     assert seen
     for drafts, shape, q_ids in seen:
@@ -243,7 +244,7 @@ def test_unreadable_sidecars_are_errors(dense_dir, sidecar, tmp_path):
 
 
 def test_cli_takes_a_draft_vocabulary(capsys, dense_dir, sidecar):
-    import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
+    generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
 
     assert generate.main(["--model", str(dense_dir), "--max-tokens", "8", "--json",
                           "--ignore-chat-template", "--draft-vocab", str(sidecar)]) == 0

@@ -11,10 +11,10 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from oracle import ForcedHeadDrafter
 
 import mlx_mtp
-from mlx_mtp.qwen3_5 import draft_vocab
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5.options import DraftOptions
-from mlx_mtp.model import MTPModel
+from mlx_mtp.models.qwen3_5 import draft_vocab
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.options import DraftOptions
+from mlx_mtp.models.model import MTPModel
 
 PROMPTS = {"short": [7], "long": [5, 17, 3, 99, 42, 7, 250, 31, 64, 12, 9, 200, 33, 1, 8, 77, 150]}
 N = 20

@@ -14,9 +14,9 @@ from mlx_lm.utils import load_model as mlx_load_model
 from native_support import blas_bindings
 
 import mlx_mtp
-from mlx_mtp import cpu_blas
-from mlx_mtp.qwen3_5 import gdn_block
-from mlx_mtp.qwen3_5.target import Qwen3_5Target
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.models.qwen3_5 import gdn_block
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
@@ -216,8 +216,8 @@ def test_one_token_and_other_layers_use_the_reference(dense_dir, monkeypatch):
 CHECK = """
 import json, sys, mlx_mtp
 import mlx.core as mx
-from mlx_mtp import cpu_blas
-from mlx_mtp.qwen3_5 import gdn_block
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.models.qwen3_5 import gdn_block
 gdn_block.kernel_pays = lambda *a: False  # the C kernel's choice: test_gdn_kernel's
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 out = []

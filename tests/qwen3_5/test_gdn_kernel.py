@@ -21,10 +21,12 @@ from oracle import OracleDrafter
 import mlx_mtp
 import tiny_checkpoints as tc
 from native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
-from mlx_mtp import cpu_blas, lazy_kernels, native
-from mlx_mtp.model import MTPModel
-from mlx_mtp.qwen3_5 import gdn_block, gdn_kernel
-from mlx_mtp.qwen3_5.target import Qwen3_5Target
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.cpu import native
+from mlx_mtp.models.model import MTPModel
+from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
@@ -326,8 +328,8 @@ def test_other_dtypes_are_not_tried(dense_dir, monkeypatch, fresh_kernel):
 CHECK = """
 import json, sys, mlx_mtp
 import mlx.core as mx
-from mlx_mtp import cpu_blas
-from mlx_mtp.qwen3_5 import gdn_block
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.models.qwen3_5 import gdn_block
 gdn_block.KERNEL_MIN_BYTES = 0
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 out = []

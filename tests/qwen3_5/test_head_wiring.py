@@ -6,9 +6,9 @@ import tiny_checkpoints as tc
 from conftest import reference_greedy
 
 import mlx_mtp
-import mlx_mtp.qwen3_5.loading as loading
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5.drafter import MTPHead
+import mlx_mtp.models.qwen3_5.loading as loading
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.qwen3_5.drafter import MTPHead
 
 PROMPT = [5, 17, 42, 99, 7, 250, 3, 64]
 N = 60

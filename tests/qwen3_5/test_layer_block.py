@@ -20,9 +20,10 @@ from mlx_lm.utils import load_model as mlx_load_model
 from native_support import blas_bindings
 
 import mlx_mtp
-from mlx_mtp import cpu_blas, row_exact
-from mlx_mtp.qwen3_5 import layer_block
-from mlx_mtp.qwen3_5.target import Qwen3_5Target
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.models.qwen3_5 import layer_block
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
@@ -291,8 +292,8 @@ def test_greedy_output_is_mlx_lms_with_the_pieces(kind, request):
 BINDING_CHECK = """
 import json, sys, mlx_mtp
 import mlx.core as mx
-from mlx_mtp import cpu_blas
-from mlx_mtp.qwen3_5 import layer_block
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.models.qwen3_5 import layer_block
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 t = model.target
 t.prepare(4)
@@ -317,7 +318,7 @@ for c, forward in zip(caches, (t.decode, t.hidden)):  # a one-token step, mlx-lm
     mx.eval(h, t.cache_state(c))
     outs.append([h, *t.cache_state(c)])
 equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
-from mlx_mtp import row_exact
+from mlx_mtp.exactness import row_exact
 kernel = row_exact.report(model.mlx_model)["layers"].get("kernel", 0)
 print(json.dumps({"blas": cpu_blas.STATE.name, "equal": equal, "choices": choices,
                   "kernel_layers": kernel}))

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.qwen3_5.drafter import is_zero_centred_norm
+from mlx_mtp.models.qwen3_5.drafter import is_zero_centred_norm
 
 PROMPT = [11, 22, 33, 44, 55]
 

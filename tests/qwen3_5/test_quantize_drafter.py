@@ -1,5 +1,6 @@
 """Phase 3: a 4-bit (or 8-bit) MTP head, at load or as a converted drafter folder."""
 
+import importlib
 import json
 
 import mlx.core as mx
@@ -9,9 +10,10 @@ from conftest import reference_greedy
 from mlx.utils import tree_flatten
 
 import mlx_mtp
-from mlx_mtp import MTPError, quantize_drafter
-from mlx_mtp.diagnostics import RunStats
-from mlx_mtp.qwen3_5.options import DraftOptions
+from mlx_mtp import MTPError
+from mlx_mtp import quantize_drafter
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.models.options import DraftOptions
 
 PROMPT = [5, 17, 3, 99, 42]
 
@@ -92,7 +94,7 @@ def test_quantized_agreeing_head_is_accepted_and_exact(tmp_path):
 
 
 def test_cli_draft_bits_flag(capsys, dense_dir):
-    import mlx_mtp.generate as generate  # the CLI module (mlx_mtp.generate is also the function)
+    generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
 
     assert generate.main(["--model", str(dense_dir), "--max-tokens", "8", "--json",
                           "--ignore-chat-template", "--draft-bits", "4"]) == 0

@@ -5,9 +5,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
 
-from mlx_mtp import row_exact
-from mlx_mtp.qwen3_5 import target as qwen3_5
-from mlx_mtp.qwen3_5.target import Qwen3_5Target, SpecArraysCache
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.models.qwen3_5 import target as qwen3_5
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target, SpecArraysCache
 
 
 def bitwise(a, b):

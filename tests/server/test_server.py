@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import run_module
 
-from mlx_mtp.server.process import ServerProcess
+from benchmarks.harness.server_process import ServerProcess
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")

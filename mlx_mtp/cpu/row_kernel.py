@@ -1,0 +1,108 @@
+"""A compiled CPU kernel for multi-row products that equal BLIS's one-row products, bitwise.
+
+Plain decode multiplies one row (MLX's CPU backend calls ``cblas_sgemm`` with M = 1), and BLIS
+(0.9, AVX2) reduces each output of that product in a fixed order: 8 lanes (input index mod 8),
+each a sequential fused multiply-add, the lanes added pairwise ((0+1)+(2+3))+((4+5)+(6+7)), then
+the last K % 8 products added one by one. Its multi-row products take another order for inputs
+wider than 512, so an exact verify used to compute each row on its own, reading the weights once
+per row. ``kernels/row_dot.c`` computes T rows in the one-row order while it streams each weight
+row once, so an exact verify reads the weights about once, like a decode step. It covers the
+first N - N % 8 output columns: BLIS reduces the last N % 8 another way, which ``row_exact``
+computes with BLAS one-row products. ``row_exact.install`` uses the kernel for a layer only where
+a bitwise check on the layer's own weights says it equals the layer's own one-row call.
+
+The C source is built and loaded by ``mlx_mtp.cpu.native`` (a per-user cache, ``reason()`` when it
+is unavailable, ``MLX_MTP_ROW_KERNEL=0``); where it is unavailable ``row_exact`` keeps its other
+paths. Given the weight as an ``mx.array``, ``products`` runs the kernel as a lazy MLX op
+(``lazy_kernels``: no host sync, the same bytes) where the extension builds; otherwise, and for
+a numpy weight, eagerly (it evaluates its input, a host sync, so it cannot run inside an
+``mx.compile``d function).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import mlx.core as mx
+import numpy as np
+
+from mlx_mtp.cpu import pin as cpu_pin
+from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.cpu import native
+CACHE_ENV = native.CACHE_ENV  # the kernels share one cache folder
+ENV = native.ALL_ENV
+FLAGS = native.ROW_DOT_FLAGS
+ABI = 2  # row_dot_abi() of the source this module calls
+COLUMN_GROUP = 8  # the kernel covers whole groups of 8 output columns (BLIS's dot kernel width)
+
+
+def _bind(lib) -> None:
+    ssize = ctypes.c_ssize_t
+    ptr = ctypes.c_void_p
+    lib.row_dot_f32.restype = ctypes.c_int
+    lib.row_dot_f32.argtypes = [ptr, ssize, ssize, ssize, ptr, ssize, ptr, ssize, ctypes.c_int]
+
+
+KERNEL = native.NativeKernel("row_dot.c", "row_dot", ABI, FLAGS, _bind, switches=(ENV,))
+SOURCE = KERNEL.source
+_cpu_problem = native.cpu_problem
+
+
+def reset() -> None:
+    """Forget the loaded kernel, so that the next use builds or loads it again (tests)."""
+    KERNEL.reset()
+
+
+def load(environ=None):
+    """The loaded kernel library, or None (``reason()`` says why). Tried once per process
+    (``reset`` to try again)."""
+    return KERNEL.load(environ)
+
+
+def available() -> bool:
+    return KERNEL.available()
+
+
+def reason() -> str:
+    """Why the kernel is unavailable ("" when it is available)."""
+    return KERNEL.reason()
+
+
+def weight_view(weight: mx.array) -> np.ndarray:
+    """A zero-copy float32 numpy view of an evaluated, row-contiguous [N, K] weight."""
+    mx.eval(weight)
+    view = np.asarray(memoryview(weight))
+    if view.dtype != np.float32 or view.ndim != 2 or not view.flags.c_contiguous:
+        raise ValueError(f"row kernel: needs a contiguous float32 [N, K] weight, got "
+                         f"{view.dtype} {view.shape} strides {view.strides}")
+    return view
+
+
+def products(x: mx.array, w, columns: int, threads: int = 1) -> mx.array:
+    """``x @ w[:columns].T`` ([..., T, K] -> [..., T, columns]) in BLIS's one-row order, for
+    ``columns`` a multiple of 8. ``w``: the weight (a row-contiguous float32 ``mx.array``), run
+    as a lazy op where ``lazy_kernels`` is available, or its ``weight_view``, run eagerly
+    (evaluates ``x``, a host sync)."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"row kernel unavailable: {KERNEL.why}")
+    *lead, T, K = x.shape
+    if columns % COLUMN_GROUP or columns > w.shape[0] or w.shape[1] != K:
+        raise ValueError(f"row kernel: {columns} columns of a {tuple(w.shape)} weight for "
+                         f"width {K}")
+    if isinstance(w, mx.array):
+        ops = lazy_kernels.load()
+        if ops is not None:
+            return ops.row_dot(x.reshape(-1, K), w, columns, threads).reshape(*lead, T, columns)
+        w = weight_view(w)
+    cpu_pin.hold()  # inside a verify: the threads onto one core before the syncs (cpu_pin)
+    mx.eval(x)  # the host sync: the kernel runs on the evaluated input
+    xv = np.asarray(memoryview(x)).reshape(-1, K)  # zero-copy unless x is a strided view
+    if not xv.flags.c_contiguous or xv.dtype != np.float32:
+        xv = np.ascontiguousarray(xv, dtype=np.float32)
+    out = np.empty((xv.shape[0], columns), np.float32)
+    rc = lib.row_dot_f32(xv.ctypes.data, xv.shape[0], K, K, w.ctypes.data, columns,
+                         out.ctypes.data, columns, threads)
+    if rc:
+        raise RuntimeError(f"row kernel failed ({rc}) for {columns} columns")
+    return mx.array(out).reshape(*lead, T, columns)

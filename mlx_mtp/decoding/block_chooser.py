@@ -1,0 +1,512 @@
+"""``block_size="auto"``: choose each round's number of drafts from what the session measured.
+
+The arithmetic: with conditional acceptances a_1..a_K (a_j = P(draft j kept | drafts 1..j-1
+kept)) a round of k drafts emits on average
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        (the 1 is the target's own token)
+and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide (drafting
+included). The chooser takes the k that maximises E(k) / c(k + 1): expected tokens per second.
+
+What it measures, from the session's own rounds (nothing is assumed about the device):
+- acceptance: per position, counts of the rounds that judged that draft. Every round that drafts
+  multiplies all positions' counts by ``decay`` before adding its own judgments (recent drafting
+  rounds weigh more, and the evidence about a position no recent round reached fades); rounds
+  without drafts leave the counts as they are. ``decay`` 0.98 keeps about 50 drafting rounds'
+  worth; 0.9 (before) kept about 10, whose noise moved the choice between widths a few percent
+  apart (replayed on 256-token traces of the seven demo prompts, the worst prompt's auto / best
+  fixed block 0.944 -> 0.948 alone, 0.957 with the reach below; README: *How it was tuned*).
+  The estimate shrinks the counts towards a prior worth ``prior_weight`` rounds: ``prior`` for
+  position 1, the estimate of position j - 1 for position j (a deeper draft is assumed as good
+  as the one before it until measured).
+- acceptance in context: the same counts kept apart per number of drafts the previous round kept
+  (when it drafted), each table decaying by ``decay`` on its own rounds, and shrunk towards the
+  estimate above with ``context_weight`` rounds. The choice uses the estimate of the context it
+  is in. On text that loops, where a round starts decides what it keeps: the CLI's default
+  prompt falls into a 6-token loop whose rounds alternate between keeping 3 drafts and keeping
+  1, so the position-averaged acceptance (0.95 / 0.5 / 0.48 / 0.04) keeps the block wide for
+  both, while per context the round after one that kept 3 drafts 1 or 2 and the round after one
+  that kept 1 drafts 3 to 5 (simulated: 0.99x the best fixed block there, 0.89x without). After
+  a round whose first draft was rejected (context 0) the estimate of draft 1 also falls faster
+  than the pooled one: text the head cannot predict stops drafting sooner (but not on a
+  context's first judgments: see ``min_evidence`` below).
+  ``context_weight=None`` switches it off.
+- acceptance keyed by the ids a round starts from: the loop shows the chooser every id it emits
+  (``see``), and the last ``token_context`` (2) of them when a round is chosen are its key. The
+  round's judgments also count in that key's table (decaying by ``decay`` on its own rounds),
+  and the choice uses that table shrunk towards the context's estimate with ``token_weight``
+  (1) rounds; a key not met before leaves the context's estimate as it is. Where text repeats
+  itself, what the head can draft from a place is what it could the last time the run was
+  there: the demo pair's code prompt falls into a 56-token loop where the drafts the last round
+  kept do not tell the places a round starts from apart and the last two ids do. Replayed on
+  the eight demo prompts' 512-token traces (the costs and measured noise of
+  ``demo-pair-blis-auto-512-vm-2026-12-03``, 100 seeds, 20 offsets), auto / best fixed block,
+  worst prompt and mean, unkeyed -> keyed: 0.940 / 0.964 -> 0.948 / 0.980 at 128 tokens, 0.956
+  / 0.982 -> 0.983 / 1.024 at 256, 0.966 / 0.994 -> 0.986 / 1.052 at 512; on nine held-out
+  openings never used to tune it 0.922 / 0.981 -> 0.960 / 1.024, 0.938 / 1.010 -> 0.959 /
+  1.059, 0.953 / 1.020 -> 1.019 / 1.081. On text that never repeats a pair of ids (the
+  realistic-size random pair's 96-token traces) no key recurs and nothing changes.
+  ``token_weight=None`` switches it off.
+- cost: per width, the median of its last ``cost_window`` round times, lowered where the straight
+  line through its measured drafting neighbours' medians (for the widest measured width: the two
+  below it, the line never below the nearer one's) says it is cheaper: pooled with that line,
+  the line worth ``pooling`` samples. One slow round does not keep a width out of use; a width
+  that looks cheap is chosen, so measured. Width 1 (the plain step, no drafts) is no point on
+  that line (``pooled``).
+Exploration, deterministic (no random numbers; the same measurements give the same choices):
+- the choice values deeper acceptance optimistically: a_j + ``optimism`` / (n_j + 1) ** 0.75
+  (at most 1) for j >= 2, a_j in the current context, n_j the rounds of this generation that
+  judged draft j (all contexts, not decayed); a deeper draft that few rounds judged gets tried,
+  and its own counts then decide (on a 128-token run an early rejection at a deep position,
+  never judged again, otherwise kept the block narrow). The bonus fades with the judgments, so
+  once a deep draft is measured its measurement decides: counted with the decay (at most 10
+  rounds' worth at 0.9) as 0.4 / sqrt(n_j + 1) it stayed at 0.12 or above for good and kept
+  the block wide where deep drafts are kept less often than the first (code3: 0.88x the best
+  fixed block); fading as 1 / (n_j + 1) it let a context whose deep drafts were rejected once
+  narrow the block on prose, whose deep drafts are kept more often than its first (0.88-0.92x);
+  the power 0.75 between them measured best over seven prompts (README, *How it was tuned*).
+  Position 1 is judged by every drafting round and re-checked by the probes below: no bonus
+  there, so text the head cannot predict does not keep drafting on hope. The bonus widens the
+  block by at most ``explore_reach`` (2) drafts beyond what the measured acceptance alone
+  picks: a bonus on four unjudged positions at once took rounds from two drafts to six, dear
+  where verify and drafting are (on the realistic-size pair a width-6 round costs 1.6x a
+  width-3 one; real runs in one process, no record: auto / its best fixed block, mean over
+  four prompts 0.920 -> 0.931 there (worst prompt 0.882 -> 0.875, within its noise), 0.966 ->
+  0.975 over seven demo prompts at 256 tokens, worst demo prompt 0.924 -> 0.934). Its cost:
+  where deep drafts are kept more often than the first (prose) a block that starts narrow
+  widens slowly or not at all;
+- an unmeasured width is valued on the straight line through the measured ones (between two
+  measured widths, the line through them; above the widest, the line through the two widest,
+  never cheaper than the widest); with width 1 alone measured, width 2 at width 1's cost, so
+  the second round drafts once. From the third round the choice goes straight to the width the
+  line and the acceptance say (within the bonus's reach), and its own measurement then
+  decides. (Valuing only the next width up, at the cost of the one below, climbed one width a
+  round: a 128-token run of the demo pair spent its first five rounds at narrow widths, and a
+  pair whose verify costs 1.7x a step at width 2 tried every width up to the widest.)
+- a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
+  rounds, or the unmeasured width just above it where a wider one was measured, is valued at
+  most at the cost of the dearest measured width below it (hill-climbing: an outlier sample or
+  a drift next to the choice gets corrected, and a width the line overprices, as a verify that
+  turns dear past width 3 makes the line through widths 2 and 6 do, gets tried; far widths keep
+  their last measurement, so text the head cannot predict does not pay for re-measuring wide
+  blocks);
+- width 1 (no drafts) is measured in the first round and re-measured every ``stale_rounds``;
+- after a run of rounds without drafts, one round drafts 1 token (a probe), so a stretch where
+  drafting did not pay does not hide a later one where it does. The run is 4 rounds at first,
+  doubles after each probe that does not bring drafting back (rejected, or kept but still not
+  worth a draft) up to ``probe_every``, and is 4 again after any drafting round the arithmetic
+  chose (an early rejection, or a first round at a width that paid one-time costs, is
+  re-checked soon; text no head predicts, or a pair whose drafts do not pay however often they
+  are kept, pays for few probes).
+No drafts needs evidence (``min_evidence``, 3), since it commits to a stretch and a probe
+gets one round to undo it:
+- while the session has timed fewer than ``min_evidence`` drafting rounds, a choice of no drafts
+  by the arithmetic is overruled by the best drafting choice: a median of one or two samples is
+  a stalled round's word (simulated with a 1.6x stall every 8 rounds, a stall on the second
+  round priced drafting out for a stretch, then its probe, and whole runs decoded plain: the
+  worst runs fell to 0.42x the best fixed block on enumeration; 0.87x with the rule);
+- with contexts on, the choice between drafting and not values draft 1 at least at the pooled
+  estimate: one rejection in context 0 does not stop drafting (on the demo pair's code the
+  round after a rejected first draft keeps its first draft more often than the average round
+  does), nor does a context's table that an opening's rejections filled (it decays on its own
+  rounds only, and once drafting stops few come: the realistic-size pair's code prompt opens
+  with seven rejected first drafts, and context 0 then stopped drafting for 124 of 170 rounds,
+  0.78x block 3, where the pooled estimate had recovered). Among drafting widths the context's
+  own estimate still chooses.
+Text no head predicts pays one more drafting round at the start (three, not two).
+A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
+loop runs them as pipelined one-token steps, as fast as plain decode, and observes each at the
+stretch's mean when it ends (a pipelined step has no time of its own).
+Round costs that outlive one generation (``RoundCosts``, opt-in, not what ``"auto"`` makes): a
+chooser given one starts from the samples earlier generations left there, as old as they are
+(a width not timed for ``stale_rounds`` rounds of the session is re-measured as within one),
+and adds its own. A round's cost belongs to the device, the model and the decoding setup, not to
+the text, and one 128-token generation has too few rounds to measure it well: its first rounds
+at widths 1 and 2 and its medians of a few noisy samples. Replayed as a record runs
+(``scripts/simulate_chooser.py --session``) it is mixed: better on random characters and code,
+worse with stalls on enumeration (README: *Round costs across a session's generations*).
+The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
+BLIS record's costs with noisy round times (``scripts/simulate_chooser.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+from mlx_mtp.errors import MTPError
+
+AUTO = "auto"
+PROBE_FIRST = 4  # rounds without drafts before the first probe
+DEFAULT_MAX_BLOCK_SIZE = 6
+# How fast the exploration bonus of a deep draft fades with its judgments: 0.5 kept the block
+# too wide on code, 1 too narrow on prose (module docstring)
+BONUS_POWER = 0.75
+
+
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: tokens a round of ``k`` drafts emits on average."""
+    total, run = 1.0, 1.0
+    for a in acceptance[:k]:
+        run *= a
+        total += run
+    return total
+
+
+def _shrunk(hits: Sequence[float], tests: Sequence[float], towards: Sequence[float],
+            weight: float) -> List[float]:
+    """Per position: a table's counts shrunk towards ``towards`` worth ``weight`` rounds."""
+    return [(h + weight * a) / (t + weight) for h, t, a in zip(hits, tests, towards)]
+
+
+def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]],
+                least: int = 0) -> int:
+    """The k in least..min(len(acceptance), len(costs) - 1) maximising E(k) / costs[k];
+    ``costs[k]`` is the cost of a round of width k + 1 (None: not a candidate). Ties go to the
+    fewer drafts; 0 when no k from ``least`` on is a candidate. Pure."""
+    if not costs or costs[0] is None:
+        raise ValueError("costs must hold at least the cost of width 1")
+    best, best_rate = 0, None
+    for k in range(least, min(len(acceptance), len(costs) - 1) + 1):
+        if costs[k] is None:
+            continue
+        rate = expected_tokens(acceptance, k) / costs[k]
+        if best_rate is None or rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+class RoundCosts:
+    """Round times per verify width, shared by the choosers of a session's generations (pass
+    one as ``BlockChooser(..., round_costs=)``): the last ``window`` samples of each width, whatever
+    generation timed them. Use one per model, device and decoding setup (sampling, KV
+    quantization): the times are theirs."""
+
+    def __init__(self, window: int = 32):
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise MTPError(f"RoundCosts needs a window >= 1, got {window!r}")
+        self.window = window
+        self.samples: Dict[int, Deque[float]] = {}
+        self.rounds = 0  # rounds its choosers observed, all generations
+        self.measured_at: Dict[int, int] = {}  # width -> ``rounds`` at its latest sample
+
+    def of(self, width: int) -> Deque[float]:
+        """The samples of ``width`` (the deque choosers append to)."""
+        return self.samples.setdefault(width, deque(maxlen=self.window))
+
+
+class BlockChooser:
+    """Chooses the drafts of each round (``choose``) and learns from its outcome (``observe``).
+
+    Pass one as ``block_size`` to ``generate_step`` to tune these settings; ``"auto"`` makes a
+    default one with ``max_drafts = max_block_size - 1``.
+    """
+
+    def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
+                 decay: float = 0.98, optimism: float = 0.4, pooling: float = 2.0,
+                 cost_window: int = 5, stale_rounds: int = 64, probe_every: int = 32,
+                 context_weight: Optional[float] = 2.0, min_evidence: int = 3,
+                 explore_reach: int = 2, round_costs: Optional[RoundCosts] = None,
+                 token_weight: Optional[float] = 1.0, token_context: int = 2):
+        if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
+            raise MTPError(f"max_drafts must be a non-negative integer, got {max_drafts!r}")
+        if not 0.0 <= prior <= 1.0 or prior_weight <= 0 or not 0.0 < decay <= 1.0:
+            raise MTPError("BlockChooser needs 0 <= prior <= 1, prior_weight > 0, 0 < decay <= 1")
+        if optimism < 0 or pooling < 0:
+            raise MTPError("BlockChooser needs optimism >= 0, pooling >= 0")
+        if cost_window < 1 or stale_rounds < 1 or probe_every < 1:
+            raise MTPError("BlockChooser needs cost_window, stale_rounds, probe_every >= 1")
+        if context_weight is not None and not context_weight > 0:
+            raise MTPError(f"BlockChooser needs context_weight > 0 or None, got {context_weight!r}")
+        if token_weight is not None and not token_weight > 0:
+            raise MTPError(f"BlockChooser needs token_weight > 0 or None, got {token_weight!r}")
+        if (not isinstance(token_context, int) or isinstance(token_context, bool)
+                or token_context < 1):
+            raise MTPError(f"BlockChooser needs an integer token_context >= 1, got "
+                           f"{token_context!r}")
+        if min_evidence < 0:
+            raise MTPError(f"BlockChooser needs min_evidence >= 0, got {min_evidence!r}")
+        if (not isinstance(explore_reach, int) or isinstance(explore_reach, bool)
+                or explore_reach < 0):
+            raise MTPError(f"BlockChooser needs an integer explore_reach >= 0, got "
+                           f"{explore_reach!r}")
+        self.max_drafts = max_drafts
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.optimism, self.pooling = optimism, pooling
+        self.stale_rounds, self.probe_every = stale_rounds, probe_every
+        self.min_evidence = min_evidence
+        self.explore_reach = explore_reach
+        self.hits = [0.0] * max_drafts  # decayed: rounds that kept draft j + 1
+        self.tests = [0.0] * max_drafts  # decayed: rounds that judged draft j + 1
+        self.judged = [0] * max_drafts  # not decayed: rounds that judged draft j + 1 (the bonus)
+        self.context_weight = context_weight
+        self.context: Optional[int] = None  # drafts the last round kept (None: it drafted none)
+        self.context_hits: Dict[int, List[float]] = {}  # per context: as hits, its rounds only
+        self.context_tests: Dict[int, List[float]] = {}  # per context: as tests, its rounds only
+        self.token_weight = token_weight
+        self.recent: Deque[int] = deque(maxlen=token_context)  # the last ids the run emitted
+        self.key: Optional[Tuple[int, ...]] = None  # the ids the round being chosen starts from
+        self.token_hits: Dict[Tuple[int, ...], List[float]] = {}  # per key: as context_hits
+        self.token_tests: Dict[Tuple[int, ...], List[float]] = {}  # per key: as context_tests
+        if round_costs is not None and not isinstance(round_costs, RoundCosts):
+            raise MTPError(f"BlockChooser needs round_costs to be a RoundCosts or None, got "
+                           f"{round_costs!r}")
+        # per width: its samples (``round_costs``'s, which earlier generations filled, if given)
+        self.samples: Dict[int, Deque[float]] = {
+            w: deque(maxlen=cost_window) if round_costs is None else round_costs.of(w)
+            for w in range(1, max_drafts + 2)}
+        self.median: Dict[int, float] = {w: statistics.median(d)  # kept current
+                                         for w, d in self.samples.items() if d}
+        self.round_costs = round_costs
+        # width -> round of its latest sample; an earlier generation's as many rounds before this
+        # one's first as were observed since (so a width's measurement ages across generations)
+        self.measured_at: Dict[int, int] = (
+            {} if round_costs is None else
+            {w: at - round_costs.rounds for w, at in round_costs.measured_at.items()})
+        self.round = 0  # rounds observed
+        self.undrafted = 0  # consecutive rounds without drafts
+        self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
+        self._probing = False  # the last choice was a probe
+        self._probed = False  # the last round observed was a probe
+        self._stretch = 1  # rounds without drafts the last choice commits to (undrafted_stretch)
+
+    @property
+    def max_block_size(self) -> int:
+        return self.max_drafts + 1
+
+    # ------------------------------------------------------------------ estimates
+
+    def acceptance(self) -> List[float]:
+        """Conditional acceptance estimates a_1..a_K."""
+        out, prior = [], self.prior
+        for h, t in zip(self.hits, self.tests):
+            prior = (h + self.prior_weight * prior) / (t + self.prior_weight)
+            out.append(prior)
+        return out
+
+    def context_acceptance(self, pooled: Optional[List[float]] = None) -> List[float]:
+        """The estimates in the current context: the table of the drafts the last round kept
+        shrunk towards ``acceptance()`` (``pooled``, if the caller has it) with
+        ``context_weight`` rounds, then the table of the ids the round starts from (``key``)
+        shrunk towards that with ``token_weight`` rounds. A layer whose table has no counts
+        yet (the last round drafted none, a key not met before) or that is off is skipped."""
+        out = self.acceptance() if pooled is None else pooled
+        if self.context_weight is not None and self.context in self.context_tests:
+            out = _shrunk(self.context_hits[self.context], self.context_tests[self.context],
+                          out, self.context_weight)
+        if self.key in self.token_tests:  # (key is None while the tokens are off)
+            out = _shrunk(self.token_hits[self.key], self.token_tests[self.key], out,
+                          self.token_weight)
+        return out
+
+    def optimistic_acceptance(self) -> List[float]:
+        """What the choice uses: a_1, then a_j + optimism / (n_j + 1) ** BONUS_POWER, at most 1
+        (a_j in the current context, n_j the rounds that judged draft j, all contexts, not
+        decayed)."""
+        return self._with_bonus(self.context_acceptance())
+
+    def _with_bonus(self, a: List[float]) -> List[float]:
+        return a[:1] + [min(1.0, x + self.optimism / (n + 1.0) ** BONUS_POWER)
+                        for x, n in zip(a[1:], self.judged[1:])]
+
+    def _fresh(self, w: int) -> bool:
+        at = self.measured_at.get(w)
+        return at is not None and self.round - at < self.stale_rounds
+
+    def pooled(self) -> Dict[int, float]:
+        """Per measured width: its median, or, where cheaper, that median pooled with the line
+        through the medians of the measured drafting widths on either side (for the widest
+        measured width: the two below it, the line never below the nearer one's median), the
+        line worth ``pooling`` samples. Only ever lower: a width that one slow round made look
+        dear gets tried again, while one that looks cheap is chosen and so measured (an error
+        that way corrects itself). Width 1 is no point on the line: its round is the plain
+        one-token step, without drafts or accept hook, and can cost more than a width-2 round
+        (the demo pair's first round, cold, cost 18 ms against width 2's 12.5: the line through
+        them put width 6 at -10 ms, and pooled with it a width-6 round of 21 ms looked cheaper
+        than width 2 for the rest of a CLI run, kept at width 6 where drafts 4 and 5 were kept
+        5% and 2% of the time)."""
+        widths = sorted(w for w in self.median if w > 1)
+        out = dict(self.median)
+        for i, w in enumerate(widths):
+            if 0 < i < len(widths) - 1:
+                lo, hi = widths[i - 1], widths[i + 1]
+            elif i == len(widths) - 1 and i >= 2:
+                lo, hi = widths[i - 2], widths[i - 1]
+            else:
+                continue
+            line = self.median[lo] + (self.median[hi] - self.median[lo]) * (w - lo) / (hi - lo)
+            if w > hi:  # extrapolated: a wider round does not cost less than a narrower one
+                line = max(line, self.median[hi])
+            n = len(self.samples[w])
+            out[w] = min(self.median[w],
+                         (n * self.median[w] + self.pooling * line) / (n + self.pooling))
+        return out
+
+    @staticmethod
+    def line(w: int, pooled: Dict[int, float]) -> Optional[float]:
+        """Cost of unmeasured width ``w`` from the measured ones (``pooled``): between two
+        measured widths, the straight line through them; above the widest, the line through the
+        two widest, never below the widest's cost; with width 1 alone measured, width 2 at width
+        1's cost and wider ones None (no estimate: not a candidate). Pure."""
+        below = sorted(v for v in pooled if v < w)
+        above = [v for v in pooled if v > w]
+        if not below:
+            return None
+        if above:
+            lo, hi = below[-1], min(above)
+        elif len(below) >= 2:
+            lo, hi = below[-2:]
+        else:
+            return pooled[below[0]] if w == below[0] + 1 else None
+        at_w = pooled[lo] + (pooled[hi] - pooled[lo]) * (w - lo) / (hi - lo)
+        return at_w if above else max(pooled[hi], at_w)
+
+    def costs(self, refresh: Sequence[int] = ()) -> List[Optional[float]]:
+        """Cost per width 1..K+1 (index w - 1) as the choice uses it: the pooled median of the
+        recent samples; for an unmeasured width, the line through the measured ones (``line``);
+        for a stale or unmeasured width in ``refresh``, at most the cost of the dearest measured
+        narrower width (None: not a candidate)."""
+        out: List[Optional[float]] = []
+        bound: Optional[float] = None  # the dearest measured narrower width's cost
+        pooled = self.pooled()
+        for w in range(1, self.max_drafts + 2):
+            own = pooled.get(w)
+            guess = self.line(w, pooled) if own is None else own
+            if guess is not None and bound is not None and w in refresh and not self._fresh(w):
+                guess = min(guess, bound)
+            out.append(guess)
+            if own is not None:
+                bound = own if bound is None else max(bound, own)
+        return out
+
+    # ------------------------------------------------------------------ the choice
+
+    def choose(self, limit: Optional[int] = None) -> int:
+        """Drafts for the next round, at most ``limit`` (the token budget's bound)."""
+        limit = self.max_drafts if limit is None else max(0, min(limit, self.max_drafts))
+        self._stretch, self._probing = 1, False
+        full = self.token_weight is not None and len(self.recent) == self.recent.maxlen
+        self.key = tuple(self.recent) if full else None  # what this round's judgments key
+        if limit == 0 or not self._fresh(1):
+            return 0  # width 1 is the baseline every other width is judged against
+        costs = self.costs()[: limit + 1]
+        # the bonus may widen the block by at most explore_reach drafts beyond what the measured
+        # acceptance alone picks (a wide round is dear where the verify and drafting are)
+        pooled = self.acceptance()
+        measured = self.context_acceptance(pooled)
+        limit = min(limit, max(1, best_drafts(measured[:limit], costs) + self.explore_reach))
+        acceptance = self._with_bonus(measured)[:limit]
+        costs = costs[: limit + 1]
+        k = best_drafts(acceptance, costs)
+        neighbours = self._neighbours(k, limit)
+        if neighbours:
+            costs = self.costs(neighbours)[: limit + 1]
+            k = best_drafts(acceptance, costs)
+        if k == 0:
+            k = self._unless_weak_evidence(acceptance, costs, pooled[0])
+        if k == 0:
+            return self._undrafted()
+        if self._probed:  # the round after a probe brought drafting back
+            self._probed = False
+            self.probe_gap = min(PROBE_FIRST, self.probe_every)
+        return k
+
+    def _unless_weak_evidence(self, acceptance: List[float], costs: List[Optional[float]],
+                              pooled_first: float) -> int:
+        """The arithmetic gave no drafts: keep it only on enough evidence, else the best drafting
+        choice. With contexts on, draft 1 is valued at least at the pooled estimate
+        (``pooled_first``, ``acceptance()[0]`` as ``choose`` computed it; a context's
+        own table, one rejection or an opening's, does not stop drafting); and while the session
+        holds fewer than ``min_evidence`` round times of drafting widths, the arithmetic's no
+        drafts is overruled (one stalled round does not price drafting out: the median of one
+        sample is that sample)."""
+        if self.context_weight is not None:
+            acceptance = [max(acceptance[0], pooled_first)] + acceptance[1:]
+            k = best_drafts(acceptance, costs)
+            if k:
+                return k
+        if sum(len(self.samples[w]) for w in range(2, self.max_drafts + 2)) >= self.min_evidence:
+            return 0
+        return best_drafts(acceptance, costs, least=1)
+
+    def _neighbours(self, k: int, limit: int) -> List[int]:
+        """Widths next to the choice (width k + 1) to value optimistically (hill-climbing): a
+        stale one on either side, and the unmeasured one just above where a wider width was
+        measured (the line between two measured widths can hide a cheap one: a verify that
+        turns dear past width 3)."""
+        out = []
+        for w in (k, k + 2):
+            if not 1 < w <= limit + 1 or self._fresh(w):
+                continue
+            if w in self.median or (w == k + 2 and any(v > w for v in self.median)):
+                out.append(w)
+        return out
+
+    def _undrafted(self) -> int:
+        """The choice is no drafts: a probe if the run without drafts is long enough, else no
+        drafts up to the next probe."""
+        if self._probed:  # the round after a probe did not bring drafting back: back off
+            self._probed = False
+            self.probe_gap = min(2 * self.probe_gap, self.probe_every)
+        self._probing = self.undrafted >= self.probe_gap
+        if self._probing:
+            return 1
+        self._stretch = self.probe_gap - self.undrafted
+        return 0
+
+    def undrafted_stretch(self) -> int:
+        """After ``choose`` gave no drafts: the rounds in a row, this one first, that it commits
+        to drafting nothing, up to the next probe (1 where the choice only re-measured width 1 or
+        met the token budget). The loop runs them as pipelined one-token steps and observes each
+        at the stretch's mean when it ends."""
+        return max(1, self._stretch)
+
+    def see(self, ids: Sequence[int]) -> None:
+        """The ids the run just emitted, in order: the loop passes the prompt's first token and
+        every round's (and step's) tokens. The last ``token_context`` of them, when the next
+        round is chosen, are its key (``context_acceptance``)."""
+        self.recent.extend(int(i) for i in ids)
+
+    def count(self, drafts: int, accepted: int) -> None:
+        """Counts a drafting round's judgments (``drafts`` > 0 made, the first ``accepted`` kept;
+        those past the first rejection unjudged): every position's counts fade by ``decay``,
+        then the round's count, in the pooled table, the undecayed ``judged`` and the tables of
+        the context and the key the round was chosen in (those tables alone fade). ``observe``
+        calls it; ``scripts/simulate_chooser.py --judge-all`` overrides it to count every
+        draft."""
+        judged = range(min(accepted + 1, drafts))
+        tables = [(self.hits, self.tests)]
+        if self.context is not None and self.context_weight is not None:
+            tables.append((self.context_hits.setdefault(self.context, [0.0] * self.max_drafts),
+                           self.context_tests.setdefault(self.context, [0.0] * self.max_drafts)))
+        if self.key is not None:
+            tables.append((self.token_hits.setdefault(self.key, [0.0] * self.max_drafts),
+                           self.token_tests.setdefault(self.key, [0.0] * self.max_drafts)))
+        for hits, tests in tables:
+            hits[:] = [h * self.decay for h in hits]
+            tests[:] = [t * self.decay for t in tests]
+            for j in judged:
+                tests[j] += 1.0
+                hits[j] += j < accepted
+        for j in judged:
+            self.judged[j] += 1
+
+    def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
+        """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
+        self.round += 1
+        if drafts:  # a drafting round: all evidence fades, then its own judgments count
+            self.count(drafts, accepted)
+        self.context = accepted if drafts else None
+        w = drafts + 1
+        self.samples[w].append(wall_s)
+        self.median[w] = statistics.median(self.samples[w])
+        self.measured_at[w] = self.round
+        if self.round_costs is not None:
+            self.round_costs.rounds += 1
+            self.round_costs.measured_at[w] = self.round_costs.rounds
+        self.undrafted = self.undrafted + 1 if drafts == 0 else 0
+        if drafts and self._probing:  # the next choice says whether to back off
+            self._probed = True
+        elif drafts:  # a drafting round the arithmetic chose: start again from the shortest run
+            self.probe_gap = min(PROBE_FIRST, self.probe_every)
+        self._probing = False
+

@@ -1,0 +1,160 @@
+"""The exactness gate: MTP runs only where the probe proves that verify blocks of every width the
+session may use equal the single-token chain, byte for byte, on this device.
+
+Anything else (a block that diverges, a probe that could not run) declines: the session decodes
+plainly with mlx-lm (``mlx_mtp.decoding.plain``) and logs one reason, which also goes into the stats.
+This holds on every device; on Apple GPU generation 15+ the reason also names the kernel cause.
+``MLX_MTP_ALLOW_INEXACT=1`` runs MTP anyway, with a loud warning, recorded in the stats.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from mlx_mtp import config as env
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness.block_vs_chain import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
+from mlx_mtp.exactness.device import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
+                             current_device_facts, narrow_kernel_architecture)
+
+ALLOW_INEXACT_ENV = "MLX_MTP_ALLOW_INEXACT"
+NOT_NEEDED = "not_needed"  # block size 1: no verify block, nothing to probe
+
+logger = logging.getLogger("mlx_mtp")
+
+
+def session_widths(block_size: int) -> List[int]:
+    """Every verify width a session of ``block_size`` may run: the token budget trims the last
+    rounds to fewer drafts, so all of 2..block_size (width 1 is the chain itself)."""
+    return list(range(2, block_size + 1))
+
+
+def allow_inexact_from_env(environ=None) -> bool:
+    return env.flag(ALLOW_INEXACT_ENV, environ)
+
+
+@dataclass
+class GateDecision:
+    mtp_enabled: bool
+    verdict: str  # EQUAL, DIVERGES, NOT_RUN, or NOT_NEEDED (block size 1)
+    reason: str  # one line, logged and put in the stats
+    device: DeviceFacts
+    override: bool = False  # MLX_MTP_ALLOW_INEXACT=1 turned a decline into an inexact MTP run
+    probes: List[ProbeResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "override": self.override, **self.device.to_dict(),
+                "widths": [p.to_dict() for p in self.probes]}
+
+
+def _failure(probes: List[ProbeResult], device: DeviceFacts) -> str:
+    text = f"exactness probe on {device.describe()}: " + "; ".join(
+        p.describe() for p in probes if p.verdict != EQUAL)
+    gen = device.generation
+    if device.kind == "metal" and gen is not None and gen >= FIRST_WIDE_KERNEL_GENERATION:
+        text += (f" (on Apple GPU generation {FIRST_WIDE_KERNEL_GENERATION}+ MLX reduces "
+                 "multi-row quantized matmuls differently from one-row decode steps")
+        narrow = narrow_kernel_architecture(device.architecture)
+        if narrow and aggregate_verdict(probes) == DIVERGES:
+            text += (f"; {ARCH_OVERRIDE_ENV}={narrow} set before Python starts may restore the "
+                     "one-row kernel: check with python -m mlx_mtp.probe")
+        text += ")"
+    return text
+
+
+def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool) -> GateDecision:
+    """The decision table: (device/generation, probe verdicts, override) -> decision. Pure."""
+    if not probes:
+        return GateDecision(True, NOT_NEEDED, "block size 1: no verify block, nothing to probe",
+                            device)
+    verdict = aggregate_verdict(probes)
+    if verdict == EQUAL:
+        widths = ", ".join(str(p.width) for p in probes)
+        return GateDecision(True, EQUAL, f"exactness probe on {device.describe()}: verify blocks "
+                            f"of width {widths} equal the single-token chain byte for byte",
+                            device, probes=probes)
+    failure = _failure(probes, device)
+    if allow_inexact:
+        return GateDecision(True, verdict, f"{ALLOW_INEXACT_ENV}=1: running MTP although the "
+                            f"{failure}; output may differ from plain decoding", device,
+                            override=True, probes=probes)
+    return GateDecision(False, verdict, f"MTP declined, decoding plainly: {failure}. Set "
+                        f"{ALLOW_INEXACT_ENV}=1 to run MTP anyway (output may then differ from "
+                        "plain decoding)", device, probes=probes)
+
+
+def check(model, block_size: int, device: Optional[DeviceFacts] = None,
+          kv=None) -> GateDecision:
+    """Probe (memoized) every width the session may use, decide, and log the reason once.
+    ``kv`` (``mlx_mtp.io.kv_settings.KVSettings``): the session quantizes its KV cache, so its verify
+    blocks run against both caches; both are probed."""
+    allow_inexact = allow_inexact_from_env()  # bad values fail before any work
+    widths = session_widths(block_size)
+    probes = probe_exactness(model.target, widths) if widths else []
+    if widths and kv is not None:
+        probes += probe_exactness(model.target, widths, kv=kv)
+    decision = decide(probes, device or current_device_facts(), allow_inexact)
+    if decision.override:
+        logger.warning("WARNING: MTP output is NOT guaranteed to equal plain decoding. %s",
+                       decision.reason)
+    elif not decision.mtp_enabled:
+        logger.warning("%s", decision.reason)
+    else:
+        logger.info("%s", decision.reason)
+    return decision
+
+
+def apply(model, block_size: int, stats, kv=None) -> GateDecision:
+    """``check`` and write the decision into ``stats`` (``RunStats``)."""
+    decision = check(model, block_size, kv=kv)
+    stats.mtp_enabled = decision.mtp_enabled
+    stats.gate_reason = decision.reason
+    stats.exactness = decision.to_dict()
+    if decision.mtp_enabled and not decision.override and hasattr(model, "mlx_model"):
+        # How the probed verify stays exact: which layers compute rows how (mlx_mtp.exactness.row_exact).
+        stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
+    return decision
+
+
+def row_exact_summary(exactness: dict) -> Optional[str]:
+    """One cell for the CLI's stats table: the row-exact layers by method, and the kernel."""
+    info = exactness.get("row_exact")
+    if not info:
+        return None
+    layers = info["layers"]
+    text = (f"{sum(layers.values())} ("
+            + ", ".join(f"{m} {n}" for m, n in sorted(layers.items())) + ")") if layers else "none"
+    return f"{text}; row kernel {info['kernel']}"
+
+
+def summary(exactness: dict) -> str:
+    """One cell for the CLI's stats table: the verdict the run used."""
+    verdict = exactness.get("verdict")
+    if verdict in (None, NOT_NEEDED):
+        return "not needed (no verify block)"
+    widths = exactness.get("widths", [])
+    text = f"{verdict} (width {', '.join(str(w['width']) for w in widths)}"
+    bad = next((w for w in widths if w["verdict"] == DIVERGES), None)
+    if bad is not None:
+        text += (f"; width {bad['width']} position {bad['position']}: {bad['differing_bytes']} of "
+                 f"{bad['total_bytes']} bytes differ")
+    text += ")"
+    return text + (f", overridden by {ALLOW_INEXACT_ENV}=1" if exactness.get("override") else "")
+
+
+def table_rows(result: dict) -> list:
+    """The CLI stats table's rows for the gate: whether MTP ran, and the verdict it used."""
+    exactness = result.get("exactness") or {}
+    if result["mtp_enabled"]:
+        mtp = f"on, NOT exact ({ALLOW_INEXACT_ENV}=1)" if exactness.get("override") else "on"
+    elif exactness:
+        mtp = "off (declined by the exactness gate: mlx-lm plain decode)"
+    else:
+        mtp = f"off ({result['gate_reason']})"
+    rows = [("mtp", mtp), ("exactness probe", summary(exactness))]
+    layers = row_exact_summary(exactness)
+    if layers is not None:
+        rows.append(("row-exact layers", layers))
+    return rows

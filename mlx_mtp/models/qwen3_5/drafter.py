@@ -1,0 +1,218 @@
+"""The Qwen3.5 / Qwen3.6 / Qwen3-Next MTP head (spec ``qwen3_5-mtp.md`` §1-2) and its drafter.
+
+The head is one full-attention decoder layer of the target's own family, an ``fc`` (2H -> H) over
+``[norm(embed(x_{p+1})), norm(h_p)]`` (embedding first), and a final norm. It borrows the target's
+embedding and LM head and keeps its own KV cache, whose offset always equals the target's.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3_5 as _qwen3_5
+from mlx_lm.models import qwen3_next as _qwen3_next
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+from mlx_mtp.models.draft_profile import DraftProfiler
+from mlx_mtp.models.protocols import DrafterDefaults
+from mlx_mtp.models.qwen3_5 import row_products
+from mlx_mtp.models.qwen3_5.compiled_head import CompiledHead
+from mlx_mtp.models.qwen3_5.fused_head import FusedHead, fusable
+from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead
+from mlx_mtp.models.options import DraftOptions
+
+# Norm-weight suffixes that use the zero-centred (1 + w) convention in raw HF checkpoints.
+ZERO_CENTRED_NORMS = (
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+
+
+def is_zero_centred_norm(key: str) -> bool:
+    """``key`` relative to the head (``fc.weight``, ``layers.0...``, ``norm.weight``)."""
+    return key == "norm.weight" or key.endswith(ZERO_CENTRED_NORMS)
+
+
+class MTPHead(nn.Module):
+    def __init__(self, args, num_layers: int = 1):
+        super().__init__()
+        H = args.hidden_size
+        layer_cls = (
+            _qwen3_next.Qwen3NextDecoderLayer
+            if isinstance(args, _qwen3_next.ModelArgs)
+            else _qwen3_5.DecoderLayer
+        )
+        full_attn_idx = args.full_attention_interval - 1  # any such index builds full attention
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.layers = [layer_cls(args, layer_idx=full_attn_idx) for _ in range(num_layers)]
+        self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+
+    def __call__(self, embeds: mx.array, hidden: mx.array, cache: List[KVCache]) -> mx.array:
+        """Post-norm head output ``g [1, S, H]``; ``lm_head(g[:, i])`` predicts x_{p_i + 2}."""
+        x = mx.concatenate(
+            [self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], axis=-1
+        )
+        x = self.fc(x)
+        for layer, c in zip(self.layers, cache):
+            x = layer(x, mask=create_attention_mask(x, c), cache=c)
+        return self.norm(x)
+
+
+class QwenMTPDrafter(DrafterDefaults):
+    """Drafts with the MTP head, recurrently: draft j > 1 feeds the head its own output.
+
+    Accept hook (exact variant, spec §2.4): trim this round's approximate entries, then run the
+    head over the accepted pairs with the target's true hidden states; that forward also yields
+    the next round's first draft (``first_draft``). ``options`` and ``vocab_ids`` (a reduced draft
+    vocabulary, sorted target ids) select the optimizations of ``mlx_mtp.models.options``.
+    """
+
+    def __init__(self, head: MTPHead, target, options: DraftOptions = DraftOptions(),
+                 vocab_ids: Optional[mx.array] = None):
+        self.head = head
+        self.target = target
+        self.options = options
+        # The products of the compiled step through the row kernel (with OpenBLAS, by default).
+        self.row_kernel = options.compiled and row_products.resolve(options.row_kernel)
+        self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
+                              chunk=options.fused_chunk, rows_by_kernel=self.row_kernel)
+        # The merged head is built from the weights the head has now (a head quantized later,
+        # as ``quantize_drafter`` does to write a folder, is not drafted with).
+        fast = (FusedHead(head, row_kernel=self.row_kernel) if options.compiled and options.merged
+                and type(head) is MTPHead and fusable(head) else None)
+        self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick, fast=fast)
+                         if options.compiled else None)
+        # The embedding lookup, head and LM head + argmax of a step as one compiled call (not
+        # with the fused chunked argmax, which exists to avoid the logits row).
+        self.whole_step = self.compiled is not None and not self.lm.fused and self.lm.whole
+        self.profiler = DraftProfiler()  # a run installs its own (mlx_mtp.models.draft_profile.attach)
+        self.syncs = 0  # host reads made while drafting (only with device_ids off)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = [KVCache() for _ in self.head.layers]
+        self.first_draft = None  # [1] id of x_{N+1}, on device
+        self.first_draft_hidden = None  # [1, 1, H] head output that produced it
+        self.first_draft_logits = None  # [1, Vd] its logits (None when fused: computed if sampling)
+        self.in_round = 0  # approximate cache entries appended by the current draft
+
+    @property
+    def offset(self) -> int:
+        return self.cache[0].offset
+
+    def prefill(self, hidden: mx.array, next_ids: mx.array) -> None:
+        g, self.first_draft, self.first_draft_logits = self._step(next_ids, hidden)
+        self.first_draft_hidden = g[:, -1:]
+
+    def _step(self, ids: mx.array, hidden: mx.array):
+        """The head over ``ids [S]`` and ``hidden [1, S, H]``: ``(g, argmax id of the last row
+        [1], its logits [1, Vd] or None when fused)``. One compiled call for a draft step or an
+        accept hook (the profiler then charges it all to ``layers``), else eager stage by stage."""
+        prof = self.profiler
+        if self.whole_step and self.compiled.usable(ids.shape[0], self.cache):
+            g, tok, logits = self.compiled.step(ids[None], hidden, self.cache)
+            prof.stage("layers", g, tok, logits)
+            return g, tok, logits
+        embeds = self.target.embed(ids[None])
+        prof.stage("ids", embeds)
+        g = self._forward(embeds, hidden)
+        prof.stage("layers", g)
+        return (g, *self.lm.argmax(g[:, -1], prof))
+
+    def _forward(self, embeds: mx.array, hidden: mx.array) -> mx.array:
+        """The head over ``S`` new rows: compiled for the few rows of a draft step or an accept
+        hook (phase 5), eager for a prompt chunk."""
+        if self.compiled is not None and self.compiled.usable(embeds.shape[1], self.cache):
+            return self.compiled(embeds, hidden, self.cache)
+        return self.head(embeds, hidden, self.cache)
+
+    def _via_host(self, tok: mx.array) -> mx.array:
+        """Phase 1 off (kept to measure it): the id makes a host round trip, as it would if the
+        loop read every draft."""
+        value = tok.item()
+        self.syncs += 1
+        self.profiler.stage("readback")
+        return mx.array([value], dtype=tok.dtype)
+
+    def _draft(self, k: int, first: mx.array, pick=None) -> mx.array:
+        # With device_ids (the default) each id feeds the next embedding lookup as an array.
+        # ``pick(g_last, logits)``: the next id (None: the step's argmax).
+        prof = self.profiler
+        ids = [first]
+        g = self.first_draft_hidden
+        for _ in range(k - 1):
+            with prof.step("draft"):
+                prev = ids[-1] if self.options.device_ids else self._via_host(ids[-1])
+                g, tok, logits = self._step(prev, g)
+                ids.append(tok if pick is None else pick(g[:, -1], logits))
+        self.in_round = k - 1
+        return mx.concatenate(ids)
+
+    def draft(self, k: int) -> mx.array:
+        return self._draft(k, self.first_draft)
+
+    def _sample(self, logits: mx.array, sample) -> mx.array:
+        self.profiler.stage("lm_head", logits)
+        tok = sample(logits, ids=self.lm.ids)
+        self.profiler.stage("sample", tok)
+        return tok
+
+    def draft_sampled(self, k: int, sample) -> mx.array:
+        """Like ``draft``, but every id is drawn by ``sample`` (``mlx_mtp.decoding.sampling.DraftSampler``),
+        which records the distribution q it was drawn from (on the draft vocabulary, if any)."""
+        first_logits = self.first_draft_logits
+        if first_logits is None:
+            first_logits = self.lm.project(self.first_draft_hidden[:, -1])
+        return self._draft(k, sample(first_logits, ids=self.lm.ids),
+                           lambda x, logits: self._sample(
+                               self.lm.project(x) if logits is None else logits, sample))
+
+    def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
+        with self.profiler.step("accept"):
+            for c in self.cache:
+                c.trim(self.in_round)
+            self.in_round = 0
+            self.prefill(hidden, next_ids)
+
+    # -- prompt caches across turns (mlx_mtp.io.prompt_cache) ------------------------------------
+
+    def carry(self) -> list:
+        """What a prompt cache keeps between turns: the head's KV caches (exact entries only)."""
+        return self.cache
+
+    def resume(self, carried: list) -> None:
+        self.reset()
+        self.cache = carried
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` pairs consumed (rows the caller never read)."""
+        for c in self.cache:
+            c.trim(n)
+
+    def state_arrays(self) -> list:
+        out = [self.first_draft, self.first_draft_hidden]
+        for c in self.cache:
+            if c.keys is not None:
+                out += [c.keys, c.values]
+        return out
+
+    def describe(self) -> dict:
+        """What this drafter runs with (for ``--json`` and benchmark records)."""
+        quantized = [m for _, m in self.head.named_modules() if hasattr(m, "bits")]
+        return {"device_ids": self.options.device_ids, "compiled": self.compiled is not None,
+                "merged": self.compiled is not None and self.compiled.fast is not None,
+                "row_kernel": self.row_kernel,
+                "fused_argmax": self.lm.fused,
+                "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
+                "quantized_layers": len(quantized),
+                "bits": sorted({m.bits for m in quantized}),
+                "fc_quantized": hasattr(self.head.fc, "bits")}

@@ -1,0 +1,264 @@
+"""Target adapter for the hybrid Qwen families: Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
+Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
+GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
+token of the block, so a partial accept is rolled back by selecting the state at the accepted
+length (no recompute). Between its projections, the layer's verify is one compiled graph per
+width, on large states with the recurrence in a C kernel, where a check says it equals mlx-lm's
+ops bitwise (``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``:
+norms, residual adds, MLP, the attention's parts around its cache update). Where mlx-lm would run
+its Metal kernel instead of the ops recurrence, the inputs are stashed and the kept tokens
+replayed (spec §3.2, option A).
+
+Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
+``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
+subclasses to the parents bitwise, so an mlx-lm change that breaks the copy fails there first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3_5 as _qwen3_5
+from mlx_lm.models import qwen3_next as _qwen3_next
+from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
+from mlx_lm.models.gated_delta import gated_delta_update
+
+from mlx_mtp.exactness import row_exact
+from mlx_mtp.models.trunk import TrunkTarget
+from mlx_mtp.models.qwen3_5 import layer_block
+from mlx_mtp.models.qwen3_5.gdn_block import capture_mixer, conv_qkv
+
+QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+
+
+class SpecArraysCache(ArraysCache):
+    """mlx-lm's GDN cache (conv state, recurrent state) plus what the last verify kept for a
+    rollback: ``("states", per-token states, conv_input)`` or ``("replay", inputs..., conv_input)``."""
+
+    capture = False
+    stash = None
+    keep_stash = False  # a prompt-cache turn keeps the last verify's stash for ``rewind``
+
+    def __init__(self):
+        super().__init__(size=2)
+
+
+def uses_ops_recurrence(head_k_dim: int, use_kernel: bool) -> bool:
+    """Whether mlx-lm's ``gated_delta_update`` runs its ops loop here (else its Metal kernel)."""
+    return (not use_kernel or mx.default_device() != mx.gpu or not mx.metal.is_available()
+            or head_k_dim < 32 or head_k_dim % 32 != 0)
+
+
+class _CapturingGDN:
+    """Mixin: when the cache asks for capture, run the parent's forward while keeping what a
+    rollback needs on the cache (the per-token states, or the inputs to replay where mlx-lm runs
+    a kernel that only returns the last state). Otherwise defer to the parent."""
+
+    def _project(self, inputs):  # -> (mixed_qkv [B,S,conv_dim], z [B,S,Hv,Dv], b, a)
+        raise NotImplementedError
+
+    def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
+        if not getattr(cache, "capture", False):
+            return super().__call__(inputs, mask, cache)
+        if cache.lengths is not None:
+            raise NotImplementedError("speculative capture supports batch 1")
+        # Tensor-split (mlx-lm's ``shard``): this rank holds a slice of the heads; capture and
+        # replay work on the local heads, and the out projection is summed over the ranks.
+        group = getattr(self, "sharding_group", None)
+        B, S, _ = inputs.shape
+        qkv, z, b, a = self._project(inputs)
+        conv_state = cache[0]
+        if conv_state is None:
+            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
+        state_in = cache[1]
+        if mask is None and uses_ops_recurrence(self.head_k_dim, not self.training):
+            out, conv_input, cache[0], states = capture_mixer(self, qkv, z, b, a, conv_state,
+                                                              state_in)
+            cache[1] = states[-1]
+            cache.stash = ("states", states, conv_input)
+        else:
+            out = self._kernel_mixer(qkv, z, b, a, conv_state, mask, cache)
+        cache.advance(S)
+        out = self.out_proj(out.reshape(B, S, -1))
+        return out if group is None else mx.distributed.all_sum(out, group=group)
+
+    def _kernel_mixer(self, qkv, z, b, a, conv_state, mask, cache):
+        """As mlx-lm (masked, or its Metal kernel): stash the inputs, replay kept tokens later."""
+        if mask is not None:
+            qkv = mx.where(mask[..., None], qkv, 0)
+        conv_input, cache[0], q, k, v = conv_qkv(self, qkv, conv_state)
+        state_in = cache[1]
+        out, cache[1] = gated_delta_update(
+            q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask, use_kernel=not self.training)
+        cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
+        return self.norm(out, z)
+
+    def rewind(self, cache: SpecArraysCache, keep: int) -> None:
+        """Set the cache to the state after the first ``keep`` tokens of the last verify."""
+        kind, *stash = cache.stash
+        conv_input = stash[-1]
+        cache[0] = mx.contiguous(conv_input[:, keep : keep + self.conv_kernel_size - 1, :])
+        if kind == "states":
+            cache[1] = stash[0][keep - 1]
+            return
+        q, k, v, a, b, state_in, _ = stash
+        _, cache[1] = gated_delta_update(
+            q[:, :keep], k[:, :keep], v[:, :keep], a[:, :keep], b[:, :keep],
+            self.A_log, self.dt_bias, state_in, None, use_kernel=not self.training,
+        )
+
+
+class Qwen3_5SpecGDN(_CapturingGDN, _qwen3_5.GatedDeltaNet):
+    def _project(self, inputs):
+        B, S, _ = inputs.shape
+        qkv = self.in_proj_qkv(inputs)
+        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
+        return qkv, z, self.in_proj_b(inputs), self.in_proj_a(inputs)
+
+
+class Qwen3NextSpecGDN(_CapturingGDN, _qwen3_next.Qwen3NextGatedDeltaNet):
+    def _project(self, inputs):
+        B, S, _ = inputs.shape
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(
+            self.in_proj_qkvz(inputs), self.in_proj_ba(inputs)
+        )
+        qkv = mx.concatenate([q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1)
+        return qkv, z, b, a
+
+
+class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
+    """mlx-lm's gated full attention (both families use this class). Inside a verify it computes
+    the attention of each query row separately, against the keys a decode step at that position
+    would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (measured
+    with BLIS on CPU: the score matmul's width is the context length). Its parts before the
+    cache update and after the attention are compiled graphs where ``layer_block``'s check
+    passed."""
+
+    def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
+        B, L, D = x.shape
+        by_rows = row_exact.active() and L > 1
+        compiled = layer_block.active()
+        if cache is None or not (by_rows or compiled):
+            return super().__call__(x, mask, cache)
+        # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA (by rows) and the
+        # parts before and after the cache update (compiled, where layer_block's check passed).
+        pre, post = (layer_block.attention_choices(self, x, L if by_rows else 1) if compiled
+                     else (None, None))
+        start = cache.offset
+        queries, gate, keys, values = (layer_block.reference_pre(self, x, start) if pre is None
+                                       else layer_block.compiled_pre(self, x, pre, start))
+        keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
+        if by_rows:
+            rows = [
+                scaled_dot_product_attention(
+                    queries[:, :, i : i + 1], _first(keys, start + i + 1),
+                    _first(values, start + i + 1), cache=cache, scale=self.scale, mask=None)
+                for i in range(L)
+            ]
+        else:
+            rows = [scaled_dot_product_attention(queries, keys, values, cache=cache,
+                                                 scale=self.scale, mask=mask)]
+        if post is None:
+            return layer_block.reference_post(self, rows, gate)
+        return layer_block.compiled_post(self, rows, gate, post)
+
+
+def _first(kv, n: int):
+    """Positions ``0..n-1`` of a cache's keys or values (an array, or a quantized tuple)."""
+    if isinstance(kv, (tuple, list)):  # (packed, scales, biases)
+        return tuple(x[..., :n, :] for x in kv)
+    return kv[..., :n, :]
+
+
+_SPEC_GDN = {
+    _qwen3_5.GatedDeltaNet: Qwen3_5SpecGDN,
+    _qwen3_next.Qwen3NextGatedDeltaNet: Qwen3NextSpecGDN,
+}
+
+
+class Qwen3_5Target(TrunkTarget):
+    """What the round loop and the MTP drafter need from a hybrid Qwen target.
+
+    ``model`` is the mlx-lm model (``qwen3_5.Model`` wrapper or ``qwen3_next.Model``).
+    """
+
+    family = "qwen3_5"
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        for layer in self.layers:
+            if not layer.is_linear and type(layer.self_attn) is _qwen3_next.Qwen3NextAttention:
+                layer.self_attn.__class__ = Qwen3NextSpecAttention
+            if layer.is_linear:
+                gdn = layer.linear_attn
+                spec_cls = _SPEC_GDN.get(type(gdn))
+                if spec_cls is None and not isinstance(gdn, _CapturingGDN):
+                    raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
+                if spec_cls is not None:
+                    gdn.__class__ = spec_cls
+        layer_block.install(self.trunk, self.layers)
+
+    def make_cache(self) -> List[Any]:
+        return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
+
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.trunk.embed_tokens(ids)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        return self.project(hidden)
+
+    def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
+        with layer_block.compiling():
+            return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
+
+    def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
+        """A one-token step through the verify's compiled pieces (``gdn_block``, ``layer_block``:
+        each checked bitwise against mlx-lm's ops, else the ops run), fewer and fused ops than
+        mlx-lm's decode step; the rollback stash it keeps is dropped (a step is never undone)."""
+        with layer_block.compiling():
+            h = self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
+        for c in cache:
+            if isinstance(c, SpecArraysCache):
+                c.stash = None
+        return h
+
+    def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
+        """Keep the first ``keep`` of the ``fed`` tokens of the last verify; drop the stash."""
+        for layer, c in zip(self.layers, cache):
+            if isinstance(c, SpecArraysCache):
+                if keep < fed:
+                    layer.linear_attn.rewind(c, keep)
+                if not c.keep_stash:
+                    c.stash = None
+            elif keep < fed:
+                c.trim(fed - keep)
+
+    def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
+        """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first ``keep``
+        (the caller stopped reading mid-round). Selects (or replays) from the stash ``keep_stash`` retained."""
+        for layer, c in zip(self.layers, cache):
+            if isinstance(c, SpecArraysCache):
+                if c.stash is None:
+                    raise RuntimeError("rewind needs the last verify's stash (keep_stash)")
+                layer.linear_attn.rewind(c, keep)
+                c.stash = None
+            else:
+                c.trim(kept - keep)
+
+    def cache_state(self, cache: List[Any]) -> List[mx.array]:
+        """The arrays that hold the committed state (for eval and for bitwise comparisons)."""
+        out = []
+        for c in cache:
+            if isinstance(c, KVCache):
+                if c.keys is not None:
+                    out += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+            elif isinstance(c, QuantizedKVCache):  # kv_bits: (packed, scales, biases) each
+                if c.keys is not None:
+                    out += [x[..., : c.offset, :] for x in (*c.keys, *c.values)]
+            else:
+                out += [x for x in c.cache if x is not None]
+        return out
