@@ -1,130 +1,35 @@
 """``block_size="auto"``: choose each round's number of drafts from what the session measured.
 
-The arithmetic: with conditional acceptances a_1..a_K (a_j = P(draft j kept | drafts 1..j-1
-kept)) a round of k drafts emits on average
-    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        (the 1 is the target's own token)
-and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide (drafting
-included). The chooser takes the k that maximises E(k) / c(k + 1): expected tokens per second.
+With conditional acceptances a_1..a_K (a_j = P(draft j kept | drafts 1..j-1 kept)) a round of k
+drafts emits on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens (the 1 is the target's own
+token) and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide, drafting
+included. ``choose`` returns the k that maximises E(k) / c(k + 1), expected tokens per second.
+Both come from the session's own rounds; nothing is assumed about the device.
 
-What it measures, from the session's own rounds (nothing is assumed about the device):
-- acceptance: per position, counts of the rounds that judged that draft. Every round that drafts
-  multiplies all positions' counts by ``decay`` before adding its own judgments (recent drafting
-  rounds weigh more, and the evidence about a position no recent round reached fades); rounds
-  without drafts leave the counts as they are. ``decay`` 0.98 keeps about 50 drafting rounds'
-  worth; 0.9 (before) kept about 10, whose noise moved the choice between widths a few percent
-  apart (replayed on 256-token traces of the seven demo prompts, the worst prompt's auto / best
-  fixed block 0.944 -> 0.948 alone, 0.957 with the reach below; README: *How it was tuned*).
-  The estimate shrinks the counts towards a prior worth ``prior_weight`` rounds: ``prior`` for
-  position 1, the estimate of position j - 1 for position j (a deeper draft is assumed as good
-  as the one before it until measured).
-- acceptance in context: the same counts kept apart per number of drafts the previous round kept
-  (when it drafted), each table decaying by ``decay`` on its own rounds, and shrunk towards the
-  estimate above with ``context_weight`` rounds. The choice uses the estimate of the context it
-  is in. On text that loops, where a round starts decides what it keeps: the CLI's default
-  prompt falls into a 6-token loop whose rounds alternate between keeping 3 drafts and keeping
-  1, so the position-averaged acceptance (0.95 / 0.5 / 0.48 / 0.04) keeps the block wide for
-  both, while per context the round after one that kept 3 drafts 1 or 2 and the round after one
-  that kept 1 drafts 3 to 5 (simulated: 0.99x the best fixed block there, 0.89x without). After
-  a round whose first draft was rejected (context 0) the estimate of draft 1 also falls faster
-  than the pooled one: text the head cannot predict stops drafting sooner (but not on a
-  context's first judgments: see ``min_evidence`` below).
-  ``context_weight=None`` switches it off.
-- acceptance keyed by the ids a round starts from: the loop shows the chooser every id it emits
-  (``see``), and the last ``token_context`` (2) of them when a round is chosen are its key. The
-  round's judgments also count in that key's table (decaying by ``decay`` on its own rounds),
-  and the choice uses that table shrunk towards the context's estimate with ``token_weight``
-  (1) rounds; a key not met before leaves the context's estimate as it is. Where text repeats
-  itself, what the head can draft from a place is what it could the last time the run was
-  there: the demo pair's code prompt falls into a 56-token loop where the drafts the last round
-  kept do not tell the places a round starts from apart and the last two ids do. Replayed on
-  the eight demo prompts' 512-token traces (the costs and measured noise of
-  ``demo-pair-blis-auto-512-vm-2026-12-03``, 100 seeds, 20 offsets), auto / best fixed block,
-  worst prompt and mean, unkeyed -> keyed: 0.940 / 0.964 -> 0.948 / 0.980 at 128 tokens, 0.956
-  / 0.982 -> 0.983 / 1.024 at 256, 0.966 / 0.994 -> 0.986 / 1.052 at 512; on nine held-out
-  openings never used to tune it 0.922 / 0.981 -> 0.960 / 1.024, 0.938 / 1.010 -> 0.959 /
-  1.059, 0.953 / 1.020 -> 1.019 / 1.081. On text that never repeats a pair of ids (the
-  realistic-size random pair's 96-token traces) no key recurs and nothing changes.
-  ``token_weight=None`` switches it off.
-- cost: per width, the median of its last ``cost_window`` round times, lowered where the straight
-  line through its measured drafting neighbours' medians (for the widest measured width: the two
-  below it, the line never below the nearer one's) says it is cheaper: pooled with that line,
-  the line worth ``pooling`` samples. One slow round does not keep a width out of use; a width
-  that looks cheap is chosen, so measured. Width 1 (the plain step, no drafts) is no point on
-  that line (``pooled``).
-Exploration, deterministic (no random numbers; the same measurements give the same choices):
-- the choice values deeper acceptance optimistically: a_j + ``optimism`` / (n_j + 1) ** 0.75
-  (at most 1) for j >= 2, a_j in the current context, n_j the rounds of this generation that
-  judged draft j (all contexts, not decayed); a deeper draft that few rounds judged gets tried,
-  and its own counts then decide (on a 128-token run an early rejection at a deep position,
-  never judged again, otherwise kept the block narrow). The bonus fades with the judgments, so
-  once a deep draft is measured its measurement decides: counted with the decay (at most 10
-  rounds' worth at 0.9) as 0.4 / sqrt(n_j + 1) it stayed at 0.12 or above for good and kept
-  the block wide where deep drafts are kept less often than the first (code3: 0.88x the best
-  fixed block); fading as 1 / (n_j + 1) it let a context whose deep drafts were rejected once
-  narrow the block on prose, whose deep drafts are kept more often than its first (0.88-0.92x);
-  the power 0.75 between them measured best over seven prompts (README, *How it was tuned*).
-  Position 1 is judged by every drafting round and re-checked by the probes below: no bonus
-  there, so text the head cannot predict does not keep drafting on hope. The bonus widens the
-  block by at most ``explore_reach`` (2) drafts beyond what the measured acceptance alone
-  picks: a bonus on four unjudged positions at once took rounds from two drafts to six, dear
-  where verify and drafting are (on the realistic-size pair a width-6 round costs 1.6x a
-  width-3 one; real runs in one process, no record: auto / its best fixed block, mean over
-  four prompts 0.920 -> 0.931 there (worst prompt 0.882 -> 0.875, within its noise), 0.966 ->
-  0.975 over seven demo prompts at 256 tokens, worst demo prompt 0.924 -> 0.934). Its cost:
-  where deep drafts are kept more often than the first (prose) a block that starts narrow
-  widens slowly or not at all;
-- an unmeasured width is valued on the straight line through the measured ones (between two
-  measured widths, the line through them; above the widest, the line through the two widest,
-  never cheaper than the widest); with width 1 alone measured, width 2 at width 1's cost, so
-  the second round drafts once. From the third round the choice goes straight to the width the
-  line and the acceptance say (within the bonus's reach), and its own measurement then
-  decides. (Valuing only the next width up, at the cost of the one below, climbed one width a
-  round: a 128-token run of the demo pair spent its first five rounds at narrow widths, and a
-  pair whose verify costs 1.7x a step at width 2 tried every width up to the widest.)
-- a width next to the one the arithmetic picks whose measurement is older than ``stale_rounds``
-  rounds, or the unmeasured width just above it where a wider one was measured, is valued at
-  most at the cost of the dearest measured width below it (hill-climbing: an outlier sample or
-  a drift next to the choice gets corrected, and a width the line overprices, as a verify that
-  turns dear past width 3 makes the line through widths 2 and 6 do, gets tried; far widths keep
-  their last measurement, so text the head cannot predict does not pay for re-measuring wide
-  blocks);
-- width 1 (no drafts) is measured in the first round and re-measured every ``stale_rounds``;
-- after a run of rounds without drafts, one round drafts 1 token (a probe), so a stretch where
-  drafting did not pay does not hide a later one where it does. The run is 4 rounds at first,
-  doubles after each probe that does not bring drafting back (rejected, or kept but still not
-  worth a draft) up to ``probe_every``, and is 4 again after any drafting round the arithmetic
-  chose (an early rejection, or a first round at a width that paid one-time costs, is
-  re-checked soon; text no head predicts, or a pair whose drafts do not pay however often they
-  are kept, pays for few probes).
-No drafts needs evidence (``min_evidence``, 3), since it commits to a stretch and a probe
-gets one round to undo it:
-- while the session has timed fewer than ``min_evidence`` drafting rounds, a choice of no drafts
-  by the arithmetic is overruled by the best drafting choice: a median of one or two samples is
-  a stalled round's word (simulated with a 1.6x stall every 8 rounds, a stall on the second
-  round priced drafting out for a stretch, then its probe, and whole runs decoded plain: the
-  worst runs fell to 0.42x the best fixed block on enumeration; 0.87x with the rule);
-- with contexts on, the choice between drafting and not values draft 1 at least at the pooled
-  estimate: one rejection in context 0 does not stop drafting (on the demo pair's code the
-  round after a rejected first draft keeps its first draft more often than the average round
-  does), nor does a context's table that an opening's rejections filled (it decays on its own
-  rounds only, and once drafting stops few come: the realistic-size pair's code prompt opens
-  with seven rejected first drafts, and context 0 then stopped drafting for 124 of 170 rounds,
-  0.78x block 3, where the pooled estimate had recovered). Among drafting widths the context's
-  own estimate still chooses.
-Text no head predicts pays one more drafting round at the start (three, not two).
-A choice of no drafts commits to the rounds up to the next probe (``undrafted_stretch``): the
-loop runs them as pipelined one-token steps, as fast as plain decode, and observes each at the
-stretch's mean when it ends (a pipelined step has no time of its own).
-Round costs that outlive one generation (``RoundCosts``, opt-in, not what ``"auto"`` makes): a
-chooser given one starts from the samples earlier generations left there, as old as they are
-(a width not timed for ``stale_rounds`` rounds of the session is re-measured as within one),
-and adds its own. A round's cost belongs to the device, the model and the decoding setup, not to
-the text, and one 128-token generation has too few rounds to measure it well: its first rounds
-at widths 1 and 2 and its medians of a few noisy samples. Replayed as a record runs
-(``scripts/simulate_chooser.py --session``) it is mixed: better on random characters and code,
-worse with stalls on enumeration (README: *Round costs across a session's generations*).
-The defaults were tuned by replaying recorded acceptance traces of the demo pair against the
-BLIS record's costs with noisy round times (``scripts/simulate_chooser.py``).
+- Acceptance: per position, counts of the rounds that judged and kept that draft; every drafting
+  round first fades all counts by ``decay``. The estimate shrinks them towards ``prior`` (draft
+  1) or the previous position's estimate, worth ``prior_weight`` rounds. Two finer tables refine
+  it: per context (the drafts the previous round kept, shrunk with ``context_weight``) and per
+  key (the last ``token_context`` ids the run emitted, fed by ``see``, shrunk with
+  ``token_weight``); each decays on its own rounds only, and ``None`` switches it off.
+- Cost: per width, the median of its last ``cost_window`` round times, only ever lowered towards
+  the line through its measured drafting neighbours (worth ``pooling`` samples); an unmeasured
+  width is valued on that line. Width 1, the plain step, is no point on the line.
+- Exploration, deterministic (the same observations give the same choices): a deep draft
+  (j >= 2) gets the bonus ``optimism`` / (n_j + 1) ** ``BONUS_POWER``, n_j its judgments in this
+  generation, which widens the block by at most ``explore_reach`` drafts; a width next to the
+  choice not measured for ``stale_rounds`` rounds is valued at most at the dearest measured
+  narrower width (hill-climbing); width 1 is re-measured every ``stale_rounds`` rounds.
+- No drafts: overruled by the best drafting choice until ``min_evidence`` drafting rounds are
+  timed, and with contexts on draft 1 is valued at least at its pooled estimate. A choice of no
+  drafts commits to the rounds up to the next probe (``undrafted_stretch``), a round of one
+  draft; the gap between probes starts at ``PROBE_FIRST``, doubles after each probe that does
+  not bring drafting back, up to ``probe_every``, and starts again after any drafting round the
+  arithmetic chose.
+- ``RoundCosts`` (opt-in, not what ``"auto"`` makes) keeps round times across a session's
+  generations.
+The defaults were chosen by replaying recorded acceptance traces of the demo pair against
+measured round costs (``scripts/simulate_chooser.py``); see docs/block-size.md.
 """
 
 from __future__ import annotations
@@ -138,8 +43,9 @@ from mlx_mtp.errors import MTPError
 AUTO = "auto"
 PROBE_FIRST = 4  # rounds without drafts before the first probe
 DEFAULT_MAX_BLOCK_SIZE = 6
-# How fast the exploration bonus of a deep draft fades with its judgments: 0.5 kept the block
-# too wide on code, 1 too narrow on prose (module docstring)
+# How fast the exploration bonus of a deep draft fades with its judgments: a slower fade keeps
+# the block wide where deep drafts are rarely kept, a faster one lets an early rejection narrow
+# it for good (chosen by simulation; see docs/block-size.md)
 BONUS_POWER = 0.75
 
 
@@ -320,10 +226,8 @@ class BlockChooser:
         dear gets tried again, while one that looks cheap is chosen and so measured (an error
         that way corrects itself). Width 1 is no point on the line: its round is the plain
         one-token step, without drafts or accept hook, and can cost more than a width-2 round
-        (the demo pair's first round, cold, cost 18 ms against width 2's 12.5: the line through
-        them put width 6 at -10 ms, and pooled with it a width-6 round of 21 ms looked cheaper
-        than width 2 for the rest of a CLI run, kept at width 6 where drafts 4 and 5 were kept
-        5% and 2% of the time)."""
+        (a cold first round, say), which would tilt the line down and make wide rounds look
+        cheaper than they are."""
         widths = sorted(w for w in self.median if w > 1)
         out = dict(self.median)
         for i, w in enumerate(widths):

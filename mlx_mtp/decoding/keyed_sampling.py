@@ -5,9 +5,10 @@ differ run to run. Sampled output must not: with a seed it is reproducible. So u
 token at output position n is always the target's own draw
     t_n = argmax(logits_n + G_n),   G_n = Gumbel noise from the key of (seed, n)
 (the Gumbel-max form of sampling from softmax(logits_n); ``logits_n`` are the user's processed,
-filtered, temperature-scaled logits, as ``mlx_mtp.decoding.sampling.Sampler.logits``). A draft is kept
-while it equals that draw. t_n depends on the tokens before n and on G_n only, never on how the
-rounds were cut, so the output is plain sampling with per-position keys whatever the widths.
+filtered, temperature-scaled logits, as ``mlx_mtp.decoding.sampling.Sampler.logits``). A draft
+is kept while it equals that draw. t_n depends on the tokens before n and on G_n only, never on
+how the rounds were cut, so the output is plain sampling with per-position keys whatever the
+widths.
 
 Drafts: ``point-mass`` uses the drafter's greedy drafts; ``gumbel-coupled`` draws draft n with
 the same G_n from the drafter's own distribution q_n, so a draft is kept exactly when the two
@@ -45,8 +46,8 @@ class PositionKeys:
 def draw(sampler, logprobs: mx.array, keys: PositionKeys, first: int, *,
          logits: Optional[mx.array] = None, noise: Sequence[mx.array] = ()) -> mx.array:
     """The target's draws for rows ``logprobs [w, V]`` at positions first .. first + w - 1
-    (uint32 ``[w]``). ``sampler`` is an ``mlx_mtp.decoding.sampling.Sampler``; a bare sampler function
-    (mlx-lm's) is called row by row with mlx's global seed set to each position's key.
+    (uint32 ``[w]``). ``sampler`` is an ``mlx_mtp.decoding.sampling.Sampler``; a bare sampler
+    function (mlx-lm's) is called row by row with mlx's global seed set to each position's key.
 
     For a ``Sampler``: ``logits``, the same rows before log-normalization, saves the pass of exp
     that normalizing costs where no filter needs it (an argmax does not see a row's shift);

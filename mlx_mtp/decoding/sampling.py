@@ -18,10 +18,10 @@ p is what mlx-lm's own sampler draws from: the logits after the user's logits pr
 then top-p, min-p, top-k, then temperature, exactly in ``mlx_lm.sample_utils.make_sampler``'s
 order and with its functions.
 
-Cost: on a CPU a pass over the vocabulary with a transcendental is dear (mlx's CPU exp is ~15 ns
-an element: 0.12 ms for an 8k row; random bits ~0.1 ms, a log ~0.04 ms), so the
-speculative-sampling pieces make one exp pass per row and draw by inverse CDF (``draw_rows``:
-one uniform and one running sum per row) instead of Gumbel-max over random bits per column.
+Cost: on a CPU a pass over the vocabulary with a transcendental (exp, log, random bits) is dear
+next to the rest of a small round, so the speculative-sampling pieces make one exp pass per row
+and draw by inverse CDF (``draw_rows``: one uniform and one running sum per row) instead of
+Gumbel-max over random bits per column.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class RunStats:
     drafted: int = 0
     accepted: int = 0
     host_syncs: int = 0
-    draft_syncs: int = 0  # evaluations / host reads while drafting (one per block: phase 1)
+    draft_syncs: int = 0  # evaluations / host reads while drafting (one per block with device_ids)
     # auto: rounds without drafts run as pipelined one-token steps (a stretch up to the next probe)
     undrafted_steps: int = 0
     # True (MLX_MTP_SYNC_PHASES=1): each phase was evaluated before the next, so phase_s times its
@@ -44,9 +44,11 @@ class RunStats:
     # cost estimates see (scripts/simulate_chooser.py --sigma record replays with it)
     round_log_s: Dict[int, List[float]] = field(default_factory=dict)
     peak_memory_gb: float = 0.0
-    # greedy / point-mass / speculative-sampling (``mlx_mtp.decoding.sampling``); None when no MTP loop ran.
+    # greedy / point-mass / speculative-sampling (``mlx_mtp.decoding.sampling``); None when no
+    # MTP loop ran.
     acceptance_rule: Optional[str] = None
-    # The exactness gate's decision (mlx_mtp.exactness.gate): MTP on or declined, why, and the probe.
+    # The exactness gate's decision (mlx_mtp.exactness.gate): MTP on or declined, why, and the
+    # probe.
     mtp_enabled: bool = True
     gate_reason: str = ""
     exactness: Dict[str, object] = field(default_factory=dict)
