@@ -1,4 +1,4 @@
-"""Where a drafter step's time goes (phase 0 of the drafter work).
+"""Where a drafter step's time goes, stage by stage.
 
 MLX is lazy: an unforced timer around a stage measures graph building, and the whole step lands
 wherever the first evaluation happens. So the split is opt-in: ``MLX_MTP_DRAFT_PROFILE=1`` makes

@@ -14,7 +14,8 @@ from mlx_mtp.models.protocols import Drafter, Target
 @dataclass
 class MTPModel:
     mlx_model: nn.Module  # mlx-lm's own model: plain decode runs on this unchanged
-    target: Target  # the family's adapter (``mlx_mtp.models.qwen3_5.target``, ``mlx_mtp.models.gemma4.target``)
+    # the family's adapter (``mlx_mtp.models.qwen3_5.target``, ``mlx_mtp.models.gemma4.target``)
+    target: Target
     drafter: Optional[Drafter]  # None when no head was loaded
     config: dict = field(default_factory=dict)
     path: Optional[Path] = None

@@ -1,36 +1,32 @@
-"""How the MTP drafter runs: the optimization phases of issue 4, each a switch.
+"""How the MTP drafter runs: each drafter optimization is a switch.
 
-Defaults are what measured best on the device it was measured on (the Linux CPU backend; record
-``benchmark_results/drafter-phases-*``), and no phase that can change acceptance is on by default:
-  device_ids    phase 1: drafted ids stay on the device and the block is evaluated once. On: the
-                round loop's one-read-per-round design; off (a host round trip per draft, kept to
-                measure it) was no faster or slower here, where a sync costs microseconds.
-  fused_argmax  phase 2a: at T=0 the LM head is projected in row chunks with a running argmax,
-                so the full logits row never exists. Off: no measurable gain on the CPU (the
-                logits row is tiny next to the weights it is computed from); no GPU measured.
-  vocab         phase 2b: a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). None: the
-                sidecar the model folder ships in ``mtp/draft_vocab/``, if any (the demo pair's
-                4096 ids: its acceptance A/B lost no draft, draft step and accept hook ~0.7x),
-                else the full head.
-  compiled      phase 5: a draft step and an accept hook run as one ``mx.compile``d graph each
-                (``mlx_mtp.models.qwen3_5.compiled_head``): embedding lookup, head, LM head + argmax. On:
-                at draft sizes the head is bound by per-op overhead, which compiling cuts
-                (~0.75-0.8x here); drafts stay deterministic (not always bitwise the eager
-                head's), the output is unchanged.
-  merged        issue 12 part 4: the compiled step runs ``mlx_mtp.models.qwen3_5.fused_head``'s head, its
+The defaults were chosen by measurement on the Linux CPU backend (see docs/configuration.md), and
+no switch that can change acceptance is on by default:
+  device_ids    drafted ids stay on the device and the block is evaluated once: the round loop's
+                one-host-read-per-round design. Off: a host round trip per draft (kept so its cost
+                can be measured).
+  fused_argmax  at T=0 the LM head is projected in row chunks (``fused_chunk`` rows) with a
+                running argmax, so the full logits row never exists. Off: on the CPU the logits
+                row is tiny next to the weights it is computed from.
+  vocab         a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). None: the sidecar
+                the model folder ships in ``mtp/draft_vocab/``, if any, else the full head.
+  compiled      a draft step and an accept hook run as one ``mx.compile``d graph each
+                (``mlx_mtp.models.qwen3_5.compiled_head``): embedding lookup, head, LM head +
+                argmax. On: at draft sizes the head is bound by per-op overhead, which compiling
+                cuts; drafts stay deterministic (not always bitwise the eager head's), the output
+                is unchanged.
+  merged        the compiled step runs ``mlx_mtp.models.qwen3_5.fused_head``'s head: its
                 q/k/v/gate and MLP gate/up products merged and its paired norms / RoPE calls as
-                one (~95 graph nodes a step instead of ~123). On: draft step ~0.8x, accept hook
-                ~0.8-0.9x on the demo pair, no slower on a 280M pair; acceptance unchanged.
-  row_kernel    issue 12 part 4: the compiled step's products (the merged head's and a whole
-                unquantized LM head's) through the row kernel as a lazy op
-                (``mlx_mtp.models.qwen3_5.row_products``), each weight row read once. None: on where
-                the loaded CPU BLAS is OpenBLAS (which packs the weights for every few-row
-                product: draft 0.79 -> 0.70 ms, accept hook 1.17 -> 1.09 ms a block-3 round on
-                the demo pair) and the lazy row kernel runs; BLIS measured no change. Drafts may
-                differ in a near tie, never the output.
-  bits          phase 3: quantize the head's projections at load (affine, ``group_size``; ``fc``
-                stays unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar
-                loop on x86 and made the drafter step ~1.4x slower; acceptance A/B pending.
+                one, so a step has fewer graph nodes. On; acceptance unchanged.
+  row_kernel    the compiled step's products (the merged head's and a whole unquantized LM
+                head's) through the row kernel as a lazy op
+                (``mlx_mtp.models.qwen3_5.row_products``), each weight row read once. None: on
+                where the loaded CPU BLAS is OpenBLAS (which packs the weights for every few-row
+                product) and the lazy row kernel runs. Drafts may differ in a near tie, never the
+                output.
+  bits          quantize the head's projections at load (affine, ``group_size``; ``fc`` stays
+                unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar loop
+                on x86, slower than the unquantized head there.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The two interfaces the shared round loop (``mlx_mtp.decoding.rounds``) runs on: a ``Target``
-(one per family, over mlx-lm's own model: ``mlx_mtp.models.qwen3_5.target``, ``mlx_mtp.models.gemma4.target``)
-and a ``Drafter`` (``mlx_mtp.models.qwen3_5.drafter``, ``mlx_mtp.models.gemma4.drafter``).
+(one per family, over mlx-lm's own model: ``mlx_mtp.models.qwen3_5.target``,
+``mlx_mtp.models.gemma4.target``) and a ``Drafter`` (``mlx_mtp.models.qwen3_5.drafter``,
+``mlx_mtp.models.gemma4.drafter``).
 
 Shapes are for batch 1: ids ``[1, T]``, hidden states ``[1, T, H]``, logits ``[T, V]``.
 
@@ -9,9 +10,9 @@ committed position, i.e. (hidden of the target at position p, token at position 
 pair's token is the bonus: sampled but not yet fed to the target. ``draft(k)`` proposes the k
 tokens that follow the bonus, as a device array, without reading anything back to the host.
 
-Optional, for lossless sampling at temperature > 0 (``mlx_mtp.decoding.sampling``): a drafter that can
-sample implements ``draft_sampled`` too (``SamplingDrafter``). One that cannot is still exact at
-any temperature: the loop then uses the point-mass rule with its argmax drafts.
+Optional, for lossless sampling at temperature > 0 (``mlx_mtp.decoding.sampling``): a drafter
+that can sample implements ``draft_sampled`` too (``SamplingDrafter``). One that cannot is still
+exact at any temperature: the loop then uses the point-mass rule with its argmax drafts.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ class Drafter(Protocol):
 class SamplingDrafter(Drafter, Protocol):
     def draft_sampled(self, k: int, sample) -> mx.array:
         """Like ``draft``, but draw each of the ``k`` ids with ``sample(logits [1, Vd], ids=None)``
-        (a ``mlx_mtp.decoding.sampling.DraftSampler``: it applies the user's processing, samples on the
-        drafting stream and records q). ``ids`` is the drafter's id table when its LM head covers
-        only part of the vocabulary. Returns the sampled ids ``[k]``; no host sync."""
+        (a ``mlx_mtp.decoding.sampling.DraftSampler``: it applies the user's processing, samples
+        on the drafting stream and records q). ``ids`` is the drafter's id table when its LM head
+        covers only part of the vocabulary. Returns the sampled ids ``[k]``; no host sync."""
 
 
 class DrafterDefaults:

@@ -37,8 +37,9 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
     """Load the target through mlx-lm and attach its MTP drafter (run as ``draft_options``
     says: ``mlx_mtp.models.options``). The other arguments are ``mlx_lm.load``'s; adapters
     change the target only (the MTP head stays the checkpoint's: acceptance may drop, output
-    stays exact). ``split``: ``"pipeline"`` or ``"tensor"`` (or a ``mlx_mtp.models.distributed.Split``)
-    splits the target over the processes ``mlx.launch`` started (``mlx_mtp.models.distributed``)."""
+    stays exact). ``split``: ``"pipeline"`` or ``"tensor"`` (or a
+    ``mlx_mtp.models.distributed.Split``) splits the target over the processes ``mlx.launch``
+    started (``mlx_mtp.models.distributed``)."""
     if cpu_blas.STATE.error:
         raise MTPError(cpu_blas.STATE.error)
     if model_config is not None and not isinstance(model_config, dict):

@@ -1,6 +1,6 @@
 """The part of a target adapter that does not depend on the family: an mlx-lm model whose text
-trunk returns post-norm hidden states, and the row-exact verify set-up (``mlx_mtp.exactness.row_exact``).
-Family adapters add caches, logits, verify and rollback."""
+trunk returns post-norm hidden states, and the row-exact verify set-up
+(``mlx_mtp.exactness.row_exact``). Family adapters add caches, logits, verify and rollback."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """Gemma 4 attention that computes a verify block row by row, exactly as decode would.
 
-A multi-query SDPA is not reduced like a one-query SDPA under every BLAS or backend (measured on
-this project's CPU with BLIS, even for 8 keys; see ``shared/design/cpu-backend.md``), so a verify
-row could differ from the decode step it stands for in the last bits. Inside a verify (a cache
-that says ``verifying``), this subclass feeds the block's K/V to its cache one row at a time
-(``update_rows``: the single-token updates of plain decode) and gives each query row its own SDPA
-over exactly the K/V that update returned, with no mask, as decode does. The KV-shared layers get
-the same per-row K/V from their producer. Everything else is mlx-lm's ``gemma4_text.Attention``.
+A multi-query SDPA is not reduced like a one-query SDPA under every BLAS or backend (on the CPU with
+BLIS, even for 8 keys; see docs/exactness.md), so a verify row could differ from the decode step it
+stands for in the last bits. Inside a verify (a cache that says ``verifying``), this subclass feeds
+the block's K/V to its cache one row at a time (``update_rows``: the single-token updates of plain
+decode) and gives each query row its own SDPA over exactly the K/V that update returned, with no
+mask, as decode does. The KV-shared layers get the same per-row K/V from their producer. Everything
+else is mlx-lm's ``gemma4_text.Attention``.
 """
 
 from __future__ import annotations

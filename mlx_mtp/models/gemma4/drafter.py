@@ -1,8 +1,8 @@
 """The Gemma 4 assistant (``gemma4_assistant`` / ``gemma4_unified_assistant``) and its drafter.
 
-Spec ``gemma4-mtp.md`` §1-2. A separate small checkpoint: a stack of Q-only Gemma 4 decoder
-layers (no k/v projections, no KV cache of its own) whose attention reads the target's K/V (the
-last own-KV target layer of each layer type). One draft step:
+A separate small checkpoint: a stack of Q-only Gemma 4 decoder layers (no k/v projections, no KV
+cache of its own) whose attention reads the target's K/V (the last own-KV target layer of each layer
+type). One draft step:
 
     x  = pre_projection([embed_tgt(tok) * sqrt(H_tgt), h])    # h: target post-norm hidden, or
     x  = layers(x, target K/V, RoPE at a constant position)   #    the previous step's state
@@ -27,7 +27,7 @@ from mlx_mtp.errors import MTPError
 from mlx_mtp.models.protocols import DrafterDefaults
 
 QUERY_POSITIONS = ("last_kv", "bonus")
-DEFAULT_QUERY_POSITION = "last_kv"  # p - 1, as vLLM and mlx-vlm (spec §2.2)
+DEFAULT_QUERY_POSITION = "last_kv"  # p - 1, as vLLM and mlx-vlm
 
 
 def assistant_text_args(config: dict) -> _gemma4_text.ModelArgs:
@@ -180,7 +180,7 @@ class Gemma4AssistantDrafter(DrafterDefaults):
         self._rearm(hidden, next_ids)
 
     def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
-        # No forward here: the assistant has no cache to extend (spec §2.1).
+        # No forward here: the assistant has no cache to extend.
         self._rearm(hidden, next_ids)
 
     def _draft(self, k: int, pick) -> mx.array:

@@ -61,7 +61,7 @@ def _rope(params: dict) -> tuple:
 
 
 def check_pair(config: dict, target: Gemma4Target, source: str) -> None:
-    """Config-level checks of the assistant against the target (spec §1.2 invariants)."""
+    """Config-level checks of the assistant against the target: the settings a pair must share."""
     text = config.get("text_config")
     if not isinstance(text, dict):
         raise MTPError(f"{source}: config.json has no text_config object")
@@ -156,6 +156,6 @@ def load_assistant(drafter_path, target: Gemma4Target) -> Gemma4Assistant:
         raise MTPError(f"{source}: config.json does not describe a Gemma 4 assistant ({e})") from None
     check_geometry(assistant, target, source)
     _token_ordering(weights, assistant, source)
-    # An MLX-quantized folder is quantized as it says; the centroids stay unquantized (spec §1.3).
+    # An MLX-quantized folder is quantized as it says; the centroids stay unquantized.
     return load_checked(assistant, weights, source, dtype=target.dtype,
                         quantization=config.get("quantization"))

@@ -2,9 +2,9 @@
 
 mlx-lm's ``RotatingKVCache`` refuses to trim once the context passes its window
 (``is_trimmable()`` turns False and ``trim_prompt_cache`` then silently trims nothing), so rejected
-drafts would stay in the window and corrupt the output (spec ``gemma4-mtp.md`` §3.3). And even a
-trim that works (``KVCache``) leaves the buffer capacity that the rejected rows grew, which plain
-decode never had.
+drafts would stay in the window and corrupt the output. And even a trim that works
+(``KVCache``) leaves the buffer capacity that the rejected rows grew, which plain decode never
+had.
 
 These subclasses take a verify block the way plain decode takes its tokens: one single-token
 ``update_and_fetch`` per row, keeping the cache state after each row (MLX arrays are values; the

@@ -1,5 +1,5 @@
 """Target adapter for Gemma 4 (``gemma4_text``, and the multimodal ``gemma4`` / ``gemma4_unified``
-wrappers, which hold a ``gemma4_text.Model`` at ``.language_model``). Spec ``gemma4-mtp.md`` §3.
+wrappers, which hold a ``gemma4_text.Model`` at ``.language_model``).
 
 The target is mlx-lm's own model and mlx-lm's own cache classes, in subclasses
 (``rollback_caches``) that can always roll back a verify block, also past the sliding window where

@@ -1,10 +1,10 @@
-"""The MTP head's forward over a few rows as one ``mx.compile``d graph (phase 5).
+"""The MTP head's forward over a few rows as one ``mx.compile``d graph.
 
 At draft sizes the head is bound by per-op overhead, not by its weights: a step is ~35 small
 ops, and each eager call pays Python graph building plus one scheduled kernel per op. Compiled,
 a step is one call whose graph MLX has already simplified and fused (elementwise chains become
-one kernel), traced once per (rows, cache capacity). Measured on the demo pair's 2-core CPU:
-draft step ~0.75x, accept hook ~0.8x; the LM head's weight read is what is left.
+one kernel), traced once per (rows, cache capacity). What is left is mostly the LM head's
+weight read.
 
 What makes it traceable with fixed shapes: during the trace the head's KV cache is a
 ``BufferKV`` that holds the whole preallocated buffer and an ``offset`` *array*, so

@@ -1,4 +1,4 @@
-"""The Qwen3.5 / Qwen3.6 / Qwen3-Next MTP head (spec ``qwen3_5-mtp.md`` §1-2) and its drafter.
+"""The Qwen3.5 / Qwen3.6 / Qwen3-Next MTP head and its drafter.
 
 The head is one full-attention decoder layer of the target's own family, an ``fc`` (2H -> H) over
 ``[norm(embed(x_{p+1})), norm(h_p)]`` (embedding first), and a final norm. It borrows the target's
@@ -70,10 +70,10 @@ class MTPHead(nn.Module):
 class QwenMTPDrafter(DrafterDefaults):
     """Drafts with the MTP head, recurrently: draft j > 1 feeds the head its own output.
 
-    Accept hook (exact variant, spec §2.4): trim this round's approximate entries, then run the
-    head over the accepted pairs with the target's true hidden states; that forward also yields
-    the next round's first draft (``first_draft``). ``options`` and ``vocab_ids`` (a reduced draft
-    vocabulary, sorted target ids) select the optimizations of ``mlx_mtp.models.options``.
+    Accept hook (exact variant): trim this round's approximate entries, then run the head over the
+    accepted pairs with the target's true hidden states; that forward also yields the next round's
+    first draft (``first_draft``). ``options`` and ``vocab_ids`` (a reduced draft vocabulary, sorted
+    target ids) select the optimizations of ``mlx_mtp.models.options``.
     """
 
     def __init__(self, head: MTPHead, target, options: DraftOptions = DraftOptions(),
@@ -94,7 +94,8 @@ class QwenMTPDrafter(DrafterDefaults):
         # The embedding lookup, head and LM head + argmax of a step as one compiled call (not
         # with the fused chunked argmax, which exists to avoid the logits row).
         self.whole_step = self.compiled is not None and not self.lm.fused and self.lm.whole
-        self.profiler = DraftProfiler()  # a run installs its own (mlx_mtp.models.draft_profile.attach)
+        # a run installs its own (mlx_mtp.models.draft_profile.attach)
+        self.profiler = DraftProfiler()
         self.syncs = 0  # host reads made while drafting (only with device_ids off)
         self.reset()
 
@@ -130,14 +131,14 @@ class QwenMTPDrafter(DrafterDefaults):
 
     def _forward(self, embeds: mx.array, hidden: mx.array) -> mx.array:
         """The head over ``S`` new rows: compiled for the few rows of a draft step or an accept
-        hook (phase 5), eager for a prompt chunk."""
+        hook (``DraftOptions.compiled``), eager for a prompt chunk."""
         if self.compiled is not None and self.compiled.usable(embeds.shape[1], self.cache):
             return self.compiled(embeds, hidden, self.cache)
         return self.head(embeds, hidden, self.cache)
 
     def _via_host(self, tok: mx.array) -> mx.array:
-        """Phase 1 off (kept to measure it): the id makes a host round trip, as it would if the
-        loop read every draft."""
+        """``device_ids`` off (kept to measure it): the id makes a host round trip, as it would
+        if the loop read every draft."""
         value = tok.item()
         self.syncs += 1
         self.profiler.stage("readback")
@@ -167,8 +168,9 @@ class QwenMTPDrafter(DrafterDefaults):
         return tok
 
     def draft_sampled(self, k: int, sample) -> mx.array:
-        """Like ``draft``, but every id is drawn by ``sample`` (``mlx_mtp.decoding.sampling.DraftSampler``),
-        which records the distribution q it was drawn from (on the draft vocabulary, if any)."""
+        """Like ``draft``, but every id is drawn by ``sample``
+        (``mlx_mtp.decoding.sampling.DraftSampler``), which records the distribution q it was
+        drawn from (on the draft vocabulary, if any)."""
         first_logits = self.first_draft_logits
         if first_logits is None:
             first_logits = self.lm.project(self.first_draft_hidden[:, -1])

@@ -1,4 +1,4 @@
-"""The MTP head with its small products merged (issue 12 part 4): fewer ops per draft step.
+"""The MTP head with its small products merged: fewer ops per draft step.
 
 At draft sizes a head step is bound by per-op dispatch, not by its weights (on the CPU each
 ``mx.fast`` norm / RoPE / attention runs as several small fallback ops). ``FusedHead`` computes
@@ -7,12 +7,12 @@ what ``MTPHead`` computes with fewer ops, on weights rearranged once when the dr
   - q, k, v and the output gate as one product, with q's and k's rows next to each other so
     q_norm and k_norm are one norm and RoPE is one call over the q and k heads together;
   - the MLP's gate and up as one product.
-~95 graph nodes a compiled step instead of ~123 (11 products -> 8). Weights keep mlx's
-``[out, in]`` layout: stored ``[in, out]`` (``x @ W``, which pays for the draft vocabulary's LM
-head) the merged products measured slower here (3 rows ~1.15x). It computes what ``MTPHead``
-computes up to rounding: drafts stay deterministic and the target verifies each one, so the
-output is unchanged. The head's own modules are untouched (saving, quantizing and ``carry`` still
-see ``MTPHead``); the merged weights are copies taken when the drafter is built.
+A compiled step has 8 products instead of 11, and fewer graph nodes. Weights keep mlx's
+``[out, in]`` layout: the ``[in, out]`` layout that pays for the draft vocabulary's LM head
+(``x @ W``) is slower for the merged products. It computes what ``MTPHead`` computes up to rounding:
+drafts stay deterministic and the target verifies each one, so the output is unchanged. The head's
+own modules are untouched (saving, quantizing and ``carry`` still see ``MTPHead``); the merged
+weights are copies taken when the drafter is built.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A GatedDeltaNet layer's verify of T tokens, between its projections, as one compiled graph per
-T (issue 12).
+T.
 
 At small sizes a verify's cost is the number of kernels it runs, and the GatedDeltaNet layers
 took most of a verify's extra: mlx-lm's ops path (``gated_delta_ops``) runs its compiled one-step
@@ -9,8 +9,8 @@ ops) are one kernel per op. ``capture_mixer`` runs the conv window, conv, silu, 
 recurrence and the gated norm as one ``mx.compile``d function per T and layer shape (weights
 passed in), which fuses the elementwise ops (the depthwise conv too where it sums its taps as
 the products do: ``taps_conv``); its recurrence (``_block``) splits the per-token
-inputs once, keeps the reduced axis of its sums and runs 5 kernels a step. A w = 3 verify of the
-demo pair then runs 1029 compute kernels, a decode step 1041 (1233 with mlx-lm's ops).
+inputs once, keeps the reduced axis of its sums and runs 5 kernels a step, so a verify runs
+about as many kernels as a decode step.
 
 The same float operations in the same order, but fusion and a reduction's shape are the
 backend's business, so each signature (T, layer shape, dtypes, device) is checked once against
@@ -18,12 +18,12 @@ the uncompiled reference (``reference_mixer``: mlx-lm's ops, op for op) on seede
 with the layer's own weights, every output bitwise; where it differs, it keeps the reference.
 
 On larger layers the recurrence itself dominates (5 passes of MLX's elementwise kernels over the
-state per token: ~1.3 ms a token on a 1 MB state). There ``kernel_mixer`` runs it in a C kernel
-(``gdn_kernel``: each block of state rows stays in L1 over the T tokens) between two compiled
-graphs (before: conv window, conv, silu, q/k norms, g, beta; after: the gated norm). The kernel
-evaluates its inputs, a host sync per layer, so it is tried only where T x the state's bytes is at
-least ``KERNEL_MIN_BYTES`` (``kernel_pays``), and used only where the same per-signature check
-passes; else the compiled graph, else the reference.
+state per token). There ``kernel_mixer`` runs it in a C kernel (``gdn_kernel``: each block of state
+rows stays in L1 over the T tokens) between two compiled graphs (before: conv window, conv, silu,
+q/k norms, g, beta; after: the gated norm). The kernel evaluates its inputs, a host sync per layer,
+so it is tried only where T x the state's bytes is at least ``KERNEL_MIN_BYTES`` (``kernel_pays``),
+and used only where the same per-signature check passes; else the compiled graph, else the
+reference.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _mixer(T: int, shape: Tuple, taps: bool) -> Callable:
     """``reference_mixer`` of T tokens for layers of ``shape``, compiled, weights as inputs:
     ``(qkv, z, b, a, conv_state, state, conv_w, A_log, dt_bias, norm_w) -> (out, conv_input,
     keep, *states)``. ``taps``: the conv as ``taps_conv``, fused with silu; MLX's CPU conv runs
-    a depthwise conv as one small product per channel, about 8 kernels' time on the demo pair."""
+    a depthwise conv as one small product per channel."""
     key = (T, shape, taps)
     fn = _compiled.get(key)
     if fn is not None:
@@ -271,17 +271,13 @@ def _signature(layer, args) -> Tuple:
 
 TAPS, CONV = "taps", "conv"  # the compiled mixer, its conv as taps_conv or mx.conv1d
 KERNEL_TAPS, KERNEL_CONV = "kernel+taps", "kernel+conv"  # kernel_mixer, its conv likewise
-# The kernel splits the compiled graph in two around a host sync (about 0.2 ms a layer), and
-# saves time in proportion to the state it passes over: T tokens x the recurrent state
-# (B * Hv * Dv * Dk floats). Measured in a verify forward (scripts/verify_arms.py, kernel
-# against no_gdn_kernel, contended 2-core x86): the demo pair's 64 KB layers lose at T = 1-4
-# and win at 6 and 8; a 256 KB layer's mixer alone wins 0.1 ms at T = 1, 0.6 at 3; the
-# realistic-size pair's 1 MB layers win at every T (w = 3: 1.33x a decode step, not 1.62x).
+# The eager kernel splits the compiled graph in two around a host sync, and saves time in
+# proportion to the state it passes over: T tokens x the recurrent state (B * Hv * Dv * Dk
+# floats). Below this many bytes the sync costs more than the kernel saves (chosen by
+# measurement on the CPU with scripts/verify_arms.py).
 KERNEL_MIN_BYTES = 384 * 1024
-# As a lazy MLX op (``lazy_kernels``) the kernel adds no host sync: on the demo pair (64 KB
-# layers; contended 2-core x86, alternated in one process) a verify / decode step with it against
-# the compiled graph measured w = 2 / 3 / 4: 0.87x / 0.93x / 1.10x against 1.01x / 1.15x / 1.30x.
-# Smaller states are not measured: they keep the compiled graph.
+# As a lazy MLX op (``mlx_mtp.cpu.lazy_ops``) the kernel adds no host sync, so it pays from
+# smaller states on (chosen by measurement on the CPU); smaller states keep the compiled graph.
 LAZY_KERNEL_MIN_BYTES = 128 * 1024
 
 

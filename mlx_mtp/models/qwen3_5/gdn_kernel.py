@@ -1,14 +1,14 @@
 """The GatedDeltaNet recurrence of a verify (T tokens, every step's state returned) as one compiled
-C kernel (``mlx_mtp/kernels/gdn_steps.c``), in the float operations of mlx-lm's one-token step.
+C kernel (``mlx_mtp/cpu/csrc/gdn_steps.c``), in the float operations of mlx-lm's one-token step.
 
 mlx-lm's ops path (``_gated_delta_step_ops``, which plain decode runs on the CPU) makes 5 passes
-over the whole recurrent state per token with MLX's elementwise kernels; on a realistic-size
-layer (16 heads of 128 x 128, 1 MB) that is about 1.3 ms a token. The kernel holds a block of
-state rows in L1 over the T tokens and reads and writes the state once per token. Its sums are
-sequential from zero in key order, as MLX's CPU ``sum`` over a contiguous axis is on x86, and it
-is built with ``-ffp-contract=off``, as MLX's compiled CPU kernels are built without FMA, so it
-can equal the ops path bitwise; ``gdn_block`` uses it for a layer only where a check on the
-layer's own weights says it does.
+over the whole recurrent state per token with MLX's elementwise kernels, which dominates a verify on
+a realistic-size layer (16 heads of 128 x 128, 1 MB of state). The kernel holds a block of state
+rows in L1 over the T tokens and reads and writes the state once per token. Its sums are sequential
+from zero in key order, as MLX's CPU ``sum`` over a contiguous axis is on x86, and it is built with
+``-ffp-contract=off``, as MLX's compiled CPU kernels are built without FMA, so it can equal the ops
+path bitwise; ``gdn_block`` uses it for a layer only where a check on the layer's own weights says
+it does.
 
 Built and loaded by ``mlx_mtp.cpu.native``; ``MLX_MTP_GDN_KERNEL=0`` (or ``MLX_MTP_ROW_KERNEL=0``,
 every kernel) switches it off. It runs as a lazy MLX op where ``mlx_mtp.cpu.lazy_ops`` is
@@ -62,7 +62,7 @@ def _host(x: mx.array) -> np.ndarray:
 def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
     """``gdn_block.reference_states`` from its recurrence's inputs (q, k [B,T,Hk,Dk] not
     repeated to the value heads, v [B,T,Hv,Dv], g and beta [B,T,Hv], state [B,Hv,Dv,Dk]):
-    ``(y [B,T,Hv,Dv], [state_1..state_T])``: lazy where ``lazy_kernels`` is available, else
+    ``(y [B,T,Hv,Dv], [state_1..state_T])``: lazy where ``mlx_mtp.cpu.lazy_ops`` is available, else
     computed eagerly (the inputs evaluated, a host sync)."""
     lib = KERNEL.load()
     if lib is None:
@@ -80,7 +80,7 @@ def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
     if ops is not None:
         y, *steps = ops.gdn_steps(q, k, v, g, beta, state)
         return y, steps
-    cpu_pin.hold()  # inside a verify: the threads onto one core before the sync (cpu_pin)
+    cpu_pin.hold()  # inside a verify: the threads onto one core before the sync (mlx_mtp.cpu.pin)
     mx.eval(q, k, v, g, beta, state)
     inputs = [_host(x) for x in (q, k, v, g, beta, state)]
     y = np.empty((B, T, Hv, Dv), np.float32)
@@ -89,6 +89,6 @@ def states(q, k, v, g, beta, state) -> Tuple[mx.array, List[mx.array]]:
                            B, T, Hk, Hv, Dk, Dv)
     if rc:
         raise RuntimeError(f"gdn kernel failed ({rc}) for q {q.shape} v {v.shape}")
-    # One array per step (copies): MLX slices of one [T, ...] array cost more to evaluate here
-    # (0.4 ms for one 1 MB step, against 0.05 ms for its copy).
+    # One array per step (copies): MLX slices of one [T, ...] array cost several times more to
+    # evaluate here than a copy of each step.
     return mx.array(y), [mx.array(out[t]) for t in range(T)]

@@ -1,4 +1,4 @@
-"""A quantized MTP drafter (phase 3): the head's projections in affine 4- or 8-bit.
+"""A quantized MTP drafter: the head's projections in affine 4- or 8-bit.
 
 The drafter proposes and the target verifies, so quantizing the head can only cost acceptance.
 ``fc`` (the 2H -> H input projection) stays unquantized unless asked (quantized checkpoints in the

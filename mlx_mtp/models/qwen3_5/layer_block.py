@@ -1,13 +1,13 @@
-"""The rest of a decoder layer's verify as compiled graphs per width (issue 12).
+"""The rest of a decoder layer's verify as compiled graphs per width.
 
 ``gdn_block`` compiles the GatedDeltaNet layers' middle; what is left of a verify on small
 models is per-op overhead: mlx-lm's uncompiled ops for the RMSNorms (on the CPU
-``mx.fast.rms_norm`` runs as ~8 separate ops: 77 norms a forward of the demo pair), the residual
+``mx.fast.rms_norm`` runs as several separate ops, and a forward has two per layer), the residual
 adds, the MLP's ``silu(gate) * up`` and the attention layer's head split, q/k norms and output
 gate. Inside a verify (``compiling()``, entered by the target's ``verify``, and by its ``decode``,
 the loop's one-token steps: the same pieces at width 1; prefill and ``hidden``, the exactness
-probe's reference chain, stay mlx-lm's own code), these run as ``mx.compile``d functions, one per width, layer
-shape and dtype, weights passed in:
+probe's reference chain, stay mlx-lm's own code), these run as ``mx.compile``d functions, one
+per width, layer shape and dtype, weights passed in:
 
 - ``norm``: an RMSNorm (the input norms, the final norm): ``VerifyRMSNorm``.
 - ``tail``: a decoder layer after its mixer, ``h = x + r; out = h + mlp(norm(h))``: the whole
@@ -41,9 +41,12 @@ from mlx_lm.models.activations import swiglu
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.exactness.row_exact import bitwise_equal
 
-enabled = True  # False: every piece runs as the ops (the verify_arms ``uncompiled_layers`` arm)
-_active = 0
-_compiled: Dict[Tuple, Callable] = {}
+# False: every piece runs as the ops, to compare the two paths in one process (tests,
+# scripts/verify_arms.py's ``uncompiled_layers`` arm); nothing user-facing sets it.
+enabled = True
+_active = 0  # open ``compiling()`` bodies; module state: mlx-lm's forward hands the layers no context
+# Per process, keyed by shapes, dtypes and weights' signature, so every model shares them:
+_compiled: Dict[Tuple, Callable] = {}  # signature -> the compiled piece
 _checked: Dict[Tuple, object] = {}  # signature -> the choice (or True / False)
 
 WHOLE, SPLIT = "whole", "split"

@@ -164,8 +164,8 @@ def load_head_from_drafter(drafter_path, target: Qwen3_5Target) -> MTPHead:
 
 def make_drafter(head: MTPHead, target: Qwen3_5Target, options: DraftOptions,
                  path: Path) -> QwenMTPDrafter:
-    """The drafter with ``options`` applied: the head quantized (phase 3), a draft vocabulary
-    sidecar read against the target's tokenizer and LM head (phase 2b)."""
+    """The drafter with ``options`` applied: the head quantized (``bits``), a draft vocabulary
+    sidecar read against the target's tokenizer and LM head (``vocab``)."""
     if options.bits is not None:
         quantize_head(head, bits=options.bits, group_size=options.group_size,
                       quantize_fc=options.quantize_fc)

@@ -1,13 +1,12 @@
 """The drafter's products through the row kernel (``mlx_mtp.cpu.row_kernel``) where the BLAS packs.
 
-A draft step and an accept hook multiply 1-6 rows by each of the head's weights and by the
-draft LM head. OpenBLAS 0.3.21 runs such a product as a full GEMM that packs the weight first,
-every call; the row kernel, as a lazy MLX op (``lazy_kernels``: it runs inside the compiled
-step), reads each weight row once. Demo pair, block 3, OpenBLAS, each phase synced, alternated
-by process on the 2-core Xeon VM (no record): draft 0.79 -> 0.70 ms and accept hook 1.17 -> 1.09
-ms a round, and at block 6 draft 2.77 -> 2.36-2.44 ms; with BLIS, whose one-row products do not
-pack, no change, so ``None`` (auto) takes it with OpenBLAS only. The kernel sums in another order
-than the BLAS: a draft may differ in a near tie, never the output (the target verifies it).
+A draft step and an accept hook multiply 1-6 rows by each of the head's weights and by the draft LM
+head. OpenBLAS runs such a product as a full GEMM that packs the weight first, every call; the row
+kernel, as a lazy MLX op (``mlx_mtp.cpu.lazy_ops``: it runs inside the compiled step), reads each
+weight row once. BLIS does not pack one-row products, so the kernel gains nothing there, and
+``None`` (auto) takes it with OpenBLAS only (chosen by measurement on the CPU). The kernel sums in
+another order than the BLAS: a draft may differ in a near tie, never the output (the target verifies
+it).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Target adapter for the hybrid Qwen families: Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
 Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
 GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
-token of the block, so a partial accept is rolled back by selecting the state at the accepted
-length (no recompute). Between its projections, the layer's verify is one compiled graph per
-width, on large states with the recurrence in a C kernel, where a check says it equals mlx-lm's
-ops bitwise (``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``:
-norms, residual adds, MLP, the attention's parts around its cache update). Where mlx-lm would run
-its Metal kernel instead of the ops recurrence, the inputs are stashed and the kept tokens
-replayed (spec §3.2, option A).
+token of the block, so a partial accept is rolled back by selecting the state at the accepted length
+(no recompute). Between its projections, the layer's verify is one compiled graph per width, on
+large states with the recurrence in a C kernel, where a check says it equals mlx-lm's ops bitwise
+(``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``: norms, residual
+adds, MLP, the attention's parts around its cache update). Where mlx-lm would run its Metal kernel
+instead of the ops recurrence, the inputs are stashed and the kept tokens replayed.
 
 Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
 ``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
@@ -132,8 +131,8 @@ class Qwen3NextSpecGDN(_CapturingGDN, _qwen3_next.Qwen3NextGatedDeltaNet):
 class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
     """mlx-lm's gated full attention (both families use this class). Inside a verify it computes
     the attention of each query row separately, against the keys a decode step at that position
-    would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (measured
-    with BLIS on CPU: the score matmul's width is the context length). Its parts before the
+    would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (with BLIS
+    on the CPU it is not: the score matmul's width is the context length). Its parts before the
     cache update and after the attention are compiled graphs where ``layer_block``'s check
     passed."""
 
@@ -239,7 +238,8 @@ class Qwen3_5Target(TrunkTarget):
 
     def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
         """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first ``keep``
-        (the caller stopped reading mid-round). Selects (or replays) from the stash ``keep_stash`` retained."""
+        (the caller stopped reading mid-round). Selects (or replays) from the stash
+        ``keep_stash`` retained."""
         for layer, c in zip(self.layers, cache):
             if isinstance(c, SpecArraysCache):
                 if c.stash is None:

@@ -1,4 +1,4 @@
-"""Reduced draft vocabulary (phase 2b): the drafter projects only the most frequent target ids.
+"""Reduced draft vocabulary: the drafter projects only the most frequent target ids.
 
 A wrong draft is rejected by the target, so a draft vocabulary can only cost acceptance (when the
 true next token lies outside it), never exactness. It is derived offline and shipped as a sidecar
