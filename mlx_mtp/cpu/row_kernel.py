@@ -4,18 +4,19 @@ Plain decode multiplies one row (MLX's CPU backend calls ``cblas_sgemm`` with M 
 (0.9, AVX2) reduces each output of that product in a fixed order: 8 lanes (input index mod 8),
 each a sequential fused multiply-add, the lanes added pairwise ((0+1)+(2+3))+((4+5)+(6+7)), then
 the last K % 8 products added one by one. Its multi-row products take another order for inputs
-wider than 512, so an exact verify used to compute each row on its own, reading the weights once
-per row. ``kernels/row_dot.c`` computes T rows in the one-row order while it streams each weight
-row once, so an exact verify reads the weights about once, like a decode step. It covers the
-first N - N % 8 output columns: BLIS reduces the last N % 8 another way, which ``row_exact``
-computes with BLAS one-row products. ``row_exact.install`` uses the kernel for a layer only where
-a bitwise check on the layer's own weights says it equals the layer's own one-row call.
+wider than 512, so an exact verify would have to compute each row on its own, reading the weights
+once per row. ``mlx_mtp/cpu/csrc/row_dot.c`` computes T rows in the one-row order while it
+streams each weight row once, so an exact verify reads the weights about once, like a decode
+step. It covers the first N - N % 8 output columns: BLIS reduces the last N % 8 another way,
+which ``mlx_mtp.exactness.row_exact`` computes with BLAS one-row products.
+``row_exact.install`` uses the kernel for a layer only where a bitwise check on the layer's own
+weights says it equals the layer's own one-row call.
 
 The C source is built and loaded by ``mlx_mtp.cpu.native`` (a per-user cache, ``reason()`` when it
 is unavailable, ``MLX_MTP_ROW_KERNEL=0``); where it is unavailable ``row_exact`` keeps its other
 paths. Given the weight as an ``mx.array``, ``products`` runs the kernel as a lazy MLX op
-(``lazy_kernels``: no host sync, the same bytes) where the extension builds; otherwise, and for
-a numpy weight, eagerly (it evaluates its input, a host sync, so it cannot run inside an
+(``mlx_mtp.cpu.lazy_ops``: no host sync, the same bytes) where the extension builds; otherwise, and
+for a numpy weight, eagerly (it evaluates its input, a host sync, so it cannot run inside an
 ``mx.compile``d function).
 """
 
@@ -81,7 +82,7 @@ def weight_view(weight: mx.array) -> np.ndarray:
 def products(x: mx.array, w, columns: int, threads: int = 1) -> mx.array:
     """``x @ w[:columns].T`` ([..., T, K] -> [..., T, columns]) in BLIS's one-row order, for
     ``columns`` a multiple of 8. ``w``: the weight (a row-contiguous float32 ``mx.array``), run
-    as a lazy op where ``lazy_kernels`` is available, or its ``weight_view``, run eagerly
+    as a lazy op where ``mlx_mtp.cpu.lazy_ops`` is available, or its ``weight_view``, run eagerly
     (evaluates ``x``, a host sync)."""
     lib = load()
     if lib is None:
@@ -95,7 +96,7 @@ def products(x: mx.array, w, columns: int, threads: int = 1) -> mx.array:
         if ops is not None:
             return ops.row_dot(x.reshape(-1, K), w, columns, threads).reshape(*lead, T, columns)
         w = weight_view(w)
-    cpu_pin.hold()  # inside a verify: the threads onto one core before the syncs (cpu_pin)
+    cpu_pin.hold()  # inside a verify: the threads onto one core before the syncs (mlx_mtp.cpu.pin)
     mx.eval(x)  # the host sync: the kernel runs on the evaluated input
     xv = np.asarray(memoryview(x)).reshape(-1, K)  # zero-copy unless x is a strided view
     if not xv.flags.c_contiguous or xv.dtype != np.float32:

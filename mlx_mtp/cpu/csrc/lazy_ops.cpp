@@ -1,14 +1,14 @@
 // mlx_mtp's two C kernels (row_dot.c, gdn_steps.c) as lazy MLX graph ops (CPU only).
 //
-// The eager ctypes path (mlx_mtp/row_kernel.py, mlx_mtp/qwen3_5/gdn_kernel.py) evaluates each
-// kernel's inputs (a host sync), converts them to numpy, runs the C function and wraps its
-// output: about 60 syncs per verify on a realistic-size pair. Here each kernel is an MLX
+// The eager ctypes path (mlx_mtp/cpu/row_kernel.py, mlx_mtp/models/qwen3_5/gdn_kernel.py)
+// evaluates each kernel's inputs (a host sync), converts them to numpy, runs the C function and
+// wraps its output: dozens of syncs per verify on a realistic-size pair. Here each kernel is an MLX
 // Primitive whose eval_cpu queues the same C function on the CPU stream after the work that
 // makes its inputs, so a verify builds one graph and syncs once, when its result is read.
 // The C files are compiled with the same flags as the ctypes libraries (see CMakeLists.txt),
 // so the ops' bytes equal the eager path's.
 //
-// Built by mlx_mtp/lazy_kernels.py with CMake against the installed MLX; the nanobind used
+// Built by mlx_mtp/cpu/lazy_ops.py with CMake against the installed MLX; the nanobind used
 // must be ABI-compatible with the one mlx.core was built with (mlx 0.32: nanobind 3.x).
 
 #include <cstddef>
@@ -38,7 +38,7 @@ using namespace mlx::core;
 
 namespace {
 
-constexpr int LAZY_OPS_ABI = 1;  // lazy_kernels.ABI of the Python side that calls this module
+constexpr int LAZY_OPS_ABI = 1;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
 
 Stream cpu_stream() { return default_stream(Device::cpu); }
 

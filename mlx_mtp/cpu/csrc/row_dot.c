@@ -3,7 +3,7 @@
    y[t, n] = x[t, :] . w[n, :] for t < T, n < N (N a multiple of 8: the columns that BLIS
    reduces with its 8-column kernel), w row-major [N, K] as nn.Linear stores
    it. Each output is reduced exactly as BLIS 0.9's one-row product (sgemm with M = 1) reduces it
-   on AVX2 (measured bitwise, see mlx_mtp/row_kernel.py):
+   on AVX2 (checked bitwise, see mlx_mtp/cpu/row_kernel.py):
      - 8 lanes, lane j summing k = j mod 8 over the first K - K % 8 inputs, each lane a sequential
        fused multiply-add in k order;
      - the lanes added pairwise: ((0+1)+(2+3))+((4+5)+(6+7));
@@ -15,10 +15,10 @@
    one-row product decode makes. T > 6 rows are split into groups of at most 6 that share
    a column block of weights while it is in cache. Threads, when asked for, split the output
    columns. With 2 or more rows a call holds only 2-4 columns' weight streams, too few for the
-   memory system to reach its bandwidth (12-13 GB/s where the 8-column one-row call reaches 16,
-   weights read from DRAM, 2-core AMD EPYC); those calls also prefetch the next columns' rows
-   at the same offset, which measured 0.8-0.9x the time at 2-3 rows. A prefetch never faults
-   (past the last column it reads nothing the result depends on) and changes no arithmetic. */
+   memory system to reach its bandwidth when the weights come from DRAM; those calls also
+   prefetch the next columns' rows at the same offset, which makes them faster. A prefetch never
+   faults (past the last column it reads nothing the result depends on) and changes no
+   arithmetic. */
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -67,7 +67,7 @@ static void rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const float *w,
     }                                                                                           \
 }
 
-/* Columns per call by rows, measured on a 2-core AMD EPYC (AVX2): 8 / 4 / 4 / 2 / 2 / 2. */
+/* Columns per call by rows (8 / 4 / 4 / 2 / 2 / 2; chosen by measurement on AVX2). */
 ROWS_KERNEL(1, 8)
 ROWS_KERNEL(2, 4)
 ROWS_KERNEL(3, 4)
