@@ -10,7 +10,7 @@ whose rows depend on the row count, ...), so it is measured, never assumed:
   block arm  fresh caches, the same prefill, then one ``target.verify`` over the whole block;
   compare    every position's full logits row as raw bytes.
 Within a draw the prefill runs once: every arm starts from its own deep copy of the prefilled
-caches (the same bytes and buffer shapes the prefill left; re-running it for each width was
+caches (the same bytes and buffer shapes the prefill left; re-running it for each width would be
 most of a block arm's time).
 
 Three draws of synthetic tokens; equal only if every draw is. A probe that cannot run is a

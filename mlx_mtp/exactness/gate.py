@@ -2,8 +2,9 @@
 session may use equal the single-token chain, byte for byte, on this device.
 
 Anything else (a block that diverges, a probe that could not run) declines: the session decodes
-plainly with mlx-lm (``mlx_mtp.decoding.plain``) and logs one reason, which also goes into the stats.
-This holds on every device; on Apple GPU generation 15+ the reason also names the kernel cause.
+plainly with mlx-lm (``mlx_mtp.decoding.plain``) and logs one reason, which also goes into the
+stats. This holds on every device; on Apple GPU generation 15+ the reason also names the kernel
+cause.
 ``MLX_MTP_ALLOW_INEXACT=1`` runs MTP anyway, with a loud warning, recorded in the stats.
 """
 
@@ -88,8 +89,8 @@ def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool) 
 def check(model, block_size: int, device: Optional[DeviceFacts] = None,
           kv=None) -> GateDecision:
     """Probe (memoized) every width the session may use, decide, and log the reason once.
-    ``kv`` (``mlx_mtp.io.kv_settings.KVSettings``): the session quantizes its KV cache, so its verify
-    blocks run against both caches; both are probed."""
+    ``kv`` (``mlx_mtp.io.kv_settings.KVSettings``): the session quantizes its KV cache, so its
+    verify blocks run against both caches; both are probed."""
     allow_inexact = allow_inexact_from_env()  # bad values fail before any work
     widths = session_widths(block_size)
     probes = probe_exactness(model.target, widths) if widths else []
@@ -113,7 +114,8 @@ def apply(model, block_size: int, stats, kv=None) -> GateDecision:
     stats.gate_reason = decision.reason
     stats.exactness = decision.to_dict()
     if decision.mtp_enabled and not decision.override and hasattr(model, "mlx_model"):
-        # How the probed verify stays exact: which layers compute rows how (mlx_mtp.exactness.row_exact).
+        # How the probed verify stays exact: which layers compute rows how
+        # (mlx_mtp.exactness.row_exact).
         stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
     return decision
 

@@ -1,21 +1,21 @@
 """Row-exact verify matmuls: buy back block-vs-chain exactness where the matmul kernel needs it.
 
 A verify forward multiplies T rows at once; plain decode multiplies one. Some kernels reduce a
-multi-row product differently from a one-row one (measured on the CPU backend: BLIS for input dims
+multi-row product differently from a one-row one (on the CPU backend: BLIS for input dims
 > 512 and for output dims that are not a multiple of 8; OpenBLAS for mid-sized output dims from 4
-rows; see ``shared/design/cpu-backend.md``). Then the verify logits are not byte-identical to
+rows; see docs/exactness.md). Then the verify logits are not byte-identical to
 decode and T=0 output can drift.
 
 ``install`` measures, once per layer shape, whether each linear layer of the target is row-invariant
 for every verify width the session may use, on the layer's own weights and kernel. Layers that are
-not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time, which
-is exactly what decode does. Everything else keeps the fast multi-row path.
+not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time,
+which is exactly what decode does. Everything else keeps the fast multi-row path.
 
 How a switched float32 layer (no bias) computes its rows, first choice first:
 
-- ``kernel_products``: the compiled row kernel (``mlx_mtp.cpu.row_kernel``), which reproduces BLIS's
-  one-row reduction order for all T rows while it streams the weights once (the last N % 8 output
-  columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
+- ``kernel_products``: the compiled row kernel (``mlx_mtp.cpu.row_kernel``), which reproduces
+  BLIS's one-row reduction order for all T rows while it streams the weights once (the last
+  N % 8 output columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
   ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
   weights, for every width 2..max_width.
 - ``transposed_products``: ``(W @ x.T).T``, the verify's rows on the other operand side of one
@@ -26,15 +26,14 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
   weights again.
 - ``one_row_products`` (below), else separate one-row calls (quantized layers too).
 
-``one_row_products``: a float matrix is split into
-column blocks of at most ``BLOCK_BYTES`` and the T rows times every block are one batched matmul
-whose batch entries are one-row products (MLX runs a batched matmul as one BLAS call per batch
-entry, here each with M = 1, the call decode makes), rows varying fastest. So each block of
-weights is read from memory once and stays in cache for the other rows, in one MLX op. ``install`` checks this
-formulation bitwise against one-row products of the whole matrix on the layer's own weights
-(column blocking assumes the BLAS reduces each output column alike whatever the column count);
-where it differs, or for quantized layers, the rows are separate one-row calls. The exactness
-probe still has the last word.
+``one_row_products``: a float matrix is split into column blocks of at most ``BLOCK_BYTES`` and the
+T rows times every block are one batched matmul whose batch entries are one-row products (MLX runs a
+batched matmul as one BLAS call per batch entry, here each with M = 1, the call decode makes), rows
+varying fastest. So each block of weights is read from memory once and stays in cache for the other
+rows, in one MLX op. ``install`` checks this formulation bitwise against one-row products of the
+whole matrix on the layer's own weights (column blocking assumes the BLAS reduces each output column
+alike whatever the column count); where it differs, or for quantized layers, the rows are separate
+one-row calls. The exactness probe still has the last word.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
 
-_active = 0
+_active = 0  # open ``verifying()`` bodies (module state: mlx-lm's forward passes no context)
 
 
 @contextmanager
@@ -189,8 +188,8 @@ def kernel_products(layer, x: mx.array) -> mx.array:
 def kernel_threads() -> int:
     """The kernel's threads: ``MLX_MTP_VERIFY_THREADS`` (default 1 whatever the library, unlike
     the round's BLAS count; 0 = the bound library's count). Each output is computed by one
-    thread, so the bytes do not depend on it. More than one thread measured much slower on a
-    busy 2-core machine (threads waiting for descheduled ones); not yet measured idle."""
+    thread, so the bytes do not depend on it. More than one thread is much slower on a busy
+    machine (threads wait for descheduled ones)."""
     n = cpu_blas.verify_thread_count()
     return n if n else (cpu_blas.STATE.threads or 1)
 
@@ -220,8 +219,8 @@ def chunks_equal_rows(fn, max_width: int, chunk: int, in_dims: int, dtype) -> bo
 
 
 def block_columns(weight: mx.array) -> int:
-    """Output columns per block of ``weight`` ([N, K]): 64 (measured best of 16..128 here, with
-    BLIS, for K = 1024 and 3072), fewer where 64 rows of K would not fit BLOCK_BYTES (a multiple
+    """Output columns per block of ``weight`` ([N, K]): 64 (chosen by measurement with BLIS),
+    fewer where 64 rows of K would not fit BLOCK_BYTES (a multiple
     of 16, at least 16); the whole matrix when it is narrower."""
     N, K = weight.shape
     cols = 64
@@ -264,7 +263,7 @@ def _adapter_classes() -> Tuple[type, ...]:
     return (LoRALinear, DoRALinear)
 
 
-_ROW_EXACT_ADAPTERS: Dict[type, type] = {}
+_ROW_EXACT_ADAPTERS: Dict[type, type] = {}  # one made class per adapter class for the process
 
 
 def _row_exact_adapter(cls: type) -> type:
@@ -416,7 +415,7 @@ def method(layer) -> str:
 def report(model: nn.Module) -> Dict[str, object]:
     """The switched layers of ``model`` counted by ``method``, and whether the kernel is
     available (why not, when it is not) and, where a layer uses it, whether it runs lazily or
-    eagerly (``lazy_kernels.mode``): for the run's stats."""
+    eagerly (``mlx_mtp.cpu.lazy_ops.mode``): for the run's stats."""
     counts: Dict[str, int] = {}
     for _, layer in model.named_modules():
         m = method(layer)
