@@ -157,9 +157,9 @@ def _fp8_classes(block, dtype, model_type: str):
 def load_mlx_lm_model(path: Path, config: dict, *, lazy: bool = False,
                       fp8_dtype: Optional[mx.Dtype] = None, model_config: Optional[dict] = None,
                       trust_remote_code: bool = False):
-    """``(model, config)``: mlx-lm's ``load_model`` for ``path``, FP8 block-quantized weights dequantized to
-    ``fp8_dtype`` (default: the config's dtype, else bfloat16); errors as one line that keeps the
-    first few tensor names."""
+    """``(model, config)``: mlx-lm's ``load_model`` for ``path``, FP8 block-quantized weights
+    dequantized to ``fp8_dtype`` (default: the config's dtype, else bfloat16); errors as one line
+    that keeps the first few tensor names."""
     source = str(path / "config.json")
     fp8.check_quantization(config, source)
     block = fp8.fp8_block(config, source)
