@@ -1,9 +1,9 @@
 """The embedded demo pair: what ``python -m mlx_mtp.generate`` runs without ``--model``.
 
-A small Qwen3.5-architecture target (16 layers, hidden 256, GatedDeltaNet + gated full attention,
-8k BPE vocabulary) and its trained MTP head, stored as a raw Hugging Face checkpoint folder in
-the package and loaded through the same code path as any real checkpoint. Trained on the Python
-standard library's sources by ``scripts/demo_pair/`` (README: "The demo pair").
+A small Qwen3.5-architecture target (16 layers, hidden 256, GatedDeltaNet + gated full attention, 8k
+BPE vocabulary) and its trained MTP head, stored as a raw Hugging Face checkpoint folder in the
+package and loaded through the same code path as any real checkpoint. Trained on the Python standard
+library's sources by ``tools/demo_pair/`` (its model card: ``mlx_mtp/demo_pair/README.md``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """One loaded model and what a request does with it: prompt ids, then a stream of events.
 
-Runs on the server's one decode thread (``worker.py``) and uses the library's API
-(``mlx_mtp.load``, ``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, and for ``--no-mtp``
-``plain_stream_generate``, as the CLI) plus mlx-lm's own pieces: its chat conversion for
-tokenizers without a template, its logits processors, its stop sequences and text state machine (``mlx_lm.generate``), so stop strings and reasoning text behave
-as in ``mlx_lm.server``.
+Runs on the server's one decode thread (``worker.py``) and uses the library's API (``mlx_mtp.load``,
+``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, and for ``--no-mtp``
+``plain_stream_generate``, as the CLI) plus mlx-lm's own pieces: its chat conversion for tokenizers
+without a template, its logits processors, its stop sequences and text state machine
+(``mlx_lm.generate``), so stop strings and reasoning text behave as in ``mlx_lm.server``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.no_mtp = no_mtp
-        # None: the library's defaults (block size "auto" since issue 16)
+        # None: the library's defaults (block size "auto")
         self.block_kwargs = {k: v for k, v in (("block_size", block_size),
                                                ("max_block_size", max_block_size))
                              if v is not None}
