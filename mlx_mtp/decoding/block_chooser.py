@@ -29,7 +29,7 @@ Both come from the session's own rounds; nothing is assumed about the device.
 - ``RoundCosts`` (opt-in, not what ``"auto"`` makes) keeps round times across a session's
   generations.
 The defaults were chosen by replaying recorded acceptance traces of the demo pair against
-measured round costs (``scripts/simulate_chooser.py``); see docs/block-size.md.
+measured round costs (``tools/simulate_chooser.py``); see docs/block-size.md.
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ class BlockChooser:
         those past the first rejection unjudged): every position's counts fade by ``decay``,
         then the round's count, in the pooled table, the undecayed ``judged`` and the tables of
         the context and the key the round was chosen in (those tables alone fade). ``observe``
-        calls it; ``scripts/simulate_chooser.py --judge-all`` overrides it to count every
+        calls it; ``tools/simulate_chooser.py --judge-all`` overrides it to count every
         draft."""
         judged = range(min(accepted + 1, drafts))
         tables = [(self.hits, self.tests)]

@@ -41,7 +41,7 @@ class RunStats:
     rounds_s: float = 0.0
     # verify width -> [rounds, mean, sum of squared deviations] of log(round wall seconds)
     # (Welford): how far a width's round times spread within one run, the noise a chooser's
-    # cost estimates see (scripts/simulate_chooser.py --sigma record replays with it)
+    # cost estimates see (tools/simulate_chooser.py --sigma record replays with it)
     round_log_s: Dict[int, List[float]] = field(default_factory=dict)
     peak_memory_gb: float = 0.0
     # greedy / point-mass / speculative-sampling (``mlx_mtp.decoding.sampling``); None when no

@@ -274,7 +274,7 @@ KERNEL_TAPS, KERNEL_CONV = "kernel+taps", "kernel+conv"  # kernel_mixer, its con
 # The eager kernel splits the compiled graph in two around a host sync, and saves time in
 # proportion to the state it passes over: T tokens x the recurrent state (B * Hv * Dv * Dk
 # floats). Below this many bytes the sync costs more than the kernel saves (chosen by
-# measurement on the CPU with scripts/verify_arms.py).
+# measurement on the CPU with benchmarks/verify_arms.py).
 KERNEL_MIN_BYTES = 384 * 1024
 # As a lazy MLX op (``mlx_mtp.cpu.lazy_ops``) the kernel adds no host sync, so it pays from
 # smaller states on (chosen by measurement on the CPU); smaller states keep the compiled graph.

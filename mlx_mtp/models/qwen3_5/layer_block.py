@@ -42,10 +42,11 @@ from mlx_mtp.exactness import row_exact
 from mlx_mtp.exactness.row_exact import bitwise_equal
 
 # False: every piece runs as the ops, to compare the two paths in one process (tests,
-# scripts/verify_arms.py's ``uncompiled_layers`` arm); nothing user-facing sets it.
+# benchmarks/verify_arms.py's ``uncompiled_layers`` arm); nothing user-facing sets it.
 enabled = True
-_active = 0  # open ``compiling()`` bodies; module state: mlx-lm's forward hands the layers no context
-# Per process, keyed by shapes, dtypes and weights' signature, so every model shares them:
+_active = 0  # open ``compiling()`` bodies (module state: mlx-lm's forward passes no context)
+# Per process: keyed by the piece, its settings and its inputs' device, shapes and dtypes, so
+# every layer (of every model) with that signature shares them.
 _compiled: Dict[Tuple, Callable] = {}  # signature -> the compiled piece
 _checked: Dict[Tuple, object] = {}  # signature -> the choice (or True / False)
 
