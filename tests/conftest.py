@@ -9,7 +9,7 @@ import mlx.core as mx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import tiny_checkpoints as tc  # noqa: E402
+from support import tiny_checkpoints as tc  # noqa: E402
 from mlx_lm.generate import generate_step as mlx_generate_step  # noqa: E402
 from mlx_lm.utils import load_model as mlx_load_model  # noqa: E402
 

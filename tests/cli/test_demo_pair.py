@@ -43,7 +43,7 @@ def test_the_demo_is_a_raw_hugging_face_checkpoint_under_40_mb():
     assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
             "mtp.layers.0.self_attn.q_proj.weight"} <= keys
     assert sum(p.stat().st_size for p in d.iterdir()) < 40 * 2**20
-    check = json.loads((d / "export_check.json").read_text())  # written by scripts/demo_pair/export.py
+    check = json.loads((d / "export_check.json").read_text())  # written by tools/demo_pair/export.py
     assert check["target_max_abs_diff"] < 2e-3 and check["head_max_abs_diff"] < 2e-3
 
 

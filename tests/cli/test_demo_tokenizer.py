@@ -1,5 +1,5 @@
 """The demo pair's tokenizer files load through mlx-lm / transformers and split text exactly as the
-raw ``tokenizers.Tokenizer`` the pair was trained with (scripts/demo_pair/corpus.py) does."""
+raw ``tokenizers.Tokenizer`` the pair was trained with (tools/demo_pair/corpus.py) does."""
 
 import sys
 import sysconfig
@@ -16,7 +16,7 @@ from mlx_mtp.io.checkpoint import load_tokenizer
 from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
 from mlx_mtp.generate import encode_prompt
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "demo_pair"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "demo_pair"))
 import corpus  # noqa: E402
 
 # Held-out text: written for this test, not from the standard library the pair was trained on.

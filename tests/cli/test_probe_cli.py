@@ -6,7 +6,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from conftest import run_module
-from perturbed import PerturbedVerify
+from support.perturbed import PerturbedVerify
 
 from mlx_mtp.exactness import block_vs_chain as exactness
 from mlx_mtp.models.model import MTPModel

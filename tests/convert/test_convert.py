@@ -14,14 +14,14 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
-import tiny_fp8 as tf
+from support import tiny_checkpoints as tc
+from support import tiny_fp8 as tf
 from conftest import run_module
 from mlx.utils import tree_flatten
 from mlx_lm.convert import convert as mlx_lm_convert
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.utils import load_model as mlx_load_model
-from tiny_gemma4 import Checkpoints
+from support.tiny_gemma4 import Checkpoints
 
 import mlx_mtp
 from mlx_mtp import MTPError

@@ -7,12 +7,12 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from chisquare import goodness_of_fit
+from support.chisquare import goodness_of_fit
 from conftest import CODE_PROMPT, cli, reference_greedy
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from oracle import ForcedHeadDrafter, TableDrafter
+from support.oracle import ForcedHeadDrafter, TableDrafter
 
 import mlx_mtp
 from mlx_mtp import MTPError
@@ -228,7 +228,7 @@ def test_max_block_size_bounds_auto_and_the_probe(dense_dir):
 def test_auto_on_gemma4_with_forced_acceptance_is_exact(tmp_path_factory):
     """The Gemma 4 assistant reads the target's K/V and keeps only the newest pair: rounds
     without drafts hand it their pairs later in one piece, which must re-arm it correctly."""
-    from tiny_gemma4 import WINDOW, Checkpoints
+    from support.tiny_gemma4 import WINDOW, Checkpoints
 
     class ForcedAssistant(ForcedHeadDrafter):
         def bind_cache(self, cache):

@@ -502,8 +502,9 @@ def test_a_cold_first_round_does_not_make_wide_rounds_look_cheap():
     assert c.choose() == 3
 
 
-# Round costs per width of the BLIS demo-pair record (benchmark_results/demo-pair-blis-vm-
-# 2026-12-01.json: verify per width, drafter steps, accept hook; scripts/simulate_chooser.py).
+# Round costs per width, fixed here (no record is read): verify per width, drafter steps and
+# accept hook of the demo pair measured with BLIS on a 2-core VM (tools/simulate_chooser.py
+# derives such costs from a benchmark record).
 RECORD_COST = [0.01827, 0.02491, 0.02887, 0.03631, 0.04142, 0.04269]
 TRACES = Path(__file__).resolve().parents[1] / "data" / "demo_pair_traces.json"
 TRACES_512 = TRACES.with_name("demo_pair_traces_512.json")
@@ -522,7 +523,7 @@ def fixed_choices(L, k, n):
 
 def replay_trace(chooser, L, n=128, tokens=None):
     """The round loop on a recorded trace: a round of k drafts at output position p keeps
-    min(L[p], k) (scripts/acceptance_traces.py checked that against real runs). ``tokens``: the
+    min(L[p], k) (tools/acceptance_traces.py checked that against real runs). ``tokens``: the
     trace's output ids, shown to the chooser as the loop shows them (up to the round's first,
     the bonus at p); None shows none."""
     emitted, p, choices, seen = 1, 0, [], 0

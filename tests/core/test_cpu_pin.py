@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from conftest import reference_greedy
-from native_support import require_lazy
+from support.native_support import require_lazy
 
 import mlx_mtp
 from mlx_mtp import MTPError

@@ -6,7 +6,7 @@ import json
 import mlx.core as mx
 import pytest
 from conftest import reference_greedy
-from oracle import OracleDrafter
+from support.oracle import OracleDrafter
 
 import mlx_mtp
 generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)

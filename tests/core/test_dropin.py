@@ -8,7 +8,7 @@ import logging
 import mlx.core as mx
 import mlx_lm
 import pytest
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from conftest import CODE_PROMPT
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.generate import stream_generate as mlx_stream_generate
@@ -359,7 +359,7 @@ def test_max_kv_size_past_the_window_as_mlx_lm(dense_dir, caplog):
 
 
 def test_gemma4_max_kv_size_past_the_window_and_kv_bits_refused(tmp_path_factory, tmp_path):
-    from tiny_gemma4 import WINDOW, Checkpoints
+    from support.tiny_gemma4 import WINDOW, Checkpoints
 
     ckpts = Checkpoints(tmp_path_factory)
     path = ckpts.target("31b", "text")

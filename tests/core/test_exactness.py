@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
-from perturbed import BrokenVerify, CountingTarget, PerturbedVerify, one_ulp
+from support.perturbed import BrokenVerify, CountingTarget, PerturbedVerify, one_ulp
 
 import mlx_mtp
 from mlx_mtp.exactness import block_vs_chain as exactness

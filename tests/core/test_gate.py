@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from conftest import reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
-from perturbed import BrokenVerify, PerturbedVerify
+from support.perturbed import BrokenVerify, PerturbedVerify
 
 import mlx_mtp
 from mlx_mtp.exactness import block_vs_chain as exactness
@@ -339,11 +339,12 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
 
 
 DECLINING_CLI = """
+import importlib
 import sys
 sys.path.insert(0, {tests!r})
 generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
 from mlx_mtp.models import registry as loading
-from perturbed import PerturbedVerify
+from support.perturbed import PerturbedVerify
 from mlx_mtp.models.model import MTPModel
 
 real_load = loading.load

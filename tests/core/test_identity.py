@@ -6,7 +6,7 @@ from conftest import CODE_PROMPT, reference_greedy
 from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from oracle import ForcedHeadDrafter, OracleDrafter
+from support.oracle import ForcedHeadDrafter, OracleDrafter
 
 import mlx_mtp
 from mlx_mtp.decoding.stats import RunStats

@@ -17,7 +17,7 @@ from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import native
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel
-from native_support import gdn_inputs as gdn_recurrence_inputs, require_lazy
+from support.native_support import gdn_inputs as gdn_recurrence_inputs, require_lazy
 
 BLIS = cpu_blas.STATE.name == "BLIS"
 

@@ -14,7 +14,7 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.cpu import row_kernel
-from native_support import require_kernel
+from support.native_support import require_kernel
 
 BLIS = cpu_blas.STATE.name == "BLIS"
 

@@ -1,4 +1,4 @@
-"""RunStats' spread of round times within a run (what scripts/simulate_chooser.py's noise
+"""RunStats' spread of round times within a run (what tools/simulate_chooser.py's noise
 models): exact arithmetic on given round times."""
 
 import math

@@ -9,14 +9,14 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from chisquare import goodness_of_fit, two_sample
+from support.chisquare import goodness_of_fit, two_sample
 from conftest import CODE_PROMPT
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from oracle import OracleDrafter, TableDrafter
+from support.oracle import OracleDrafter, TableDrafter
 
 import mlx_mtp
 generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
@@ -130,7 +130,7 @@ def test_gemma4_sampling_has_plain_samplings_joint_distribution(tmp_path_factory
     """The other family through the same loop: a Gemma 4 target with its assistant sampling the
     drafts (full-vocabulary q, the 31B-like layout without a centroid head). Random weights, so
     drafts are mostly rejected: this checks the rejection / residual / bonus path for Gemma."""
-    from tiny_gemma4 import Checkpoints
+    from support.tiny_gemma4 import Checkpoints
 
     ckpts = Checkpoints(tmp_path_factory)
     target = ckpts.target("31b")
@@ -393,7 +393,7 @@ def test_a_draft_vocabulary_keeps_plain_samplings_distribution(soft_dir, plain_r
                                                                tmp_path):
     """Phase 2b at T > 0: the drafter's q lives on the sidecar's ids (even ids here), and the
     output keeps plain sampling's distribution."""
-    from mlx_mtp.models.qwen3_5 import draft_vocab
+    from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
     from mlx_mtp.models.options import DraftOptions
 
     full = mlx_mtp.load_model(soft_dir)

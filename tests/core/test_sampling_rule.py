@@ -7,7 +7,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from chisquare import chi2_sf, goodness_of_fit, two_sample
+from support.chisquare import chi2_sf, goodness_of_fit, two_sample
 from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 

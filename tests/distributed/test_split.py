@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from benchmarks.harness import launch
 from mlx_mtp.models.distributed import TIMEOUT_ENV, WATCHDOG_EXIT
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-import tiny_checkpoints as tc
-import tiny_gemma4 as tg
+from support import tiny_checkpoints as tc
+from support import tiny_gemma4 as tg
 import mlx_mtp
 from mlx_mtp.models.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, timeout_from_env
 from mlx_mtp.errors import MTPError

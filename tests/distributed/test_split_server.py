@@ -20,7 +20,7 @@ import time
 import pytest
 from conftest import run_module
 
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from benchmarks.harness.server_process import ServerProcess
 
 openai = pytest.importorskip("openai")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
-from tiny_gemma4 import WINDOW, Checkpoints
+from support.tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp.models.gemma4.attention as gemma4_attention
 from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache

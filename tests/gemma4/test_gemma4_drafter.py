@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
-from tiny_gemma4 import WINDOW, Checkpoints
+from support.tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp
 from mlx_mtp.models.gemma4.drafter import Gemma4AssistantDrafter

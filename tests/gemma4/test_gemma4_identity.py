@@ -6,8 +6,8 @@ import pytest
 from conftest import reference_greedy
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
-from oracle import ForcedHeadDrafter, OracleDrafter
-from tiny_gemma4 import WINDOW, Checkpoints
+from support.oracle import ForcedHeadDrafter, OracleDrafter
+from support.tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp
 from mlx_mtp.decoding.stats import RunStats

@@ -10,7 +10,7 @@ import pytest
 from conftest import assert_headless_model_decodes_plainly, cli, reference_greedy
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import load as load_tokenizer
-from tiny_gemma4 import Checkpoints
+from support.tiny_gemma4 import Checkpoints
 
 import mlx_mtp
 from mlx_mtp import MTPError

@@ -8,14 +8,14 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from conftest import reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp
 from mlx_mtp import MTPError
 from mlx_mtp import draft_vocab as draft_vocab_cli
-from mlx_mtp.models.qwen3_5 import draft_vocab
+from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.models.options import DraftOptions
 

@@ -3,15 +3,15 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from conftest import reference_greedy
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
-from oracle import ForcedHeadDrafter
+from support.oracle import ForcedHeadDrafter
 
 import mlx_mtp
-from mlx_mtp.models.qwen3_5 import draft_vocab
+from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.models.options import DraftOptions
 from mlx_mtp.models.model import MTPModel

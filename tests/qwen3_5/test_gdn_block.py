@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
-from native_support import blas_bindings
+from support.native_support import blas_bindings
 
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas

@@ -16,11 +16,11 @@ from conftest import CODE_PROMPT, reference_greedy
 from mlx_lm.models.gated_delta import compute_g
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from oracle import OracleDrafter
+from support.oracle import OracleDrafter
 
 import mlx_mtp
-import tiny_checkpoints as tc
-from native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
+from support import tiny_checkpoints as tc
+from support.native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import native

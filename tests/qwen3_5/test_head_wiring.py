@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 import pytest
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from conftest import reference_greedy
 
 import mlx_mtp

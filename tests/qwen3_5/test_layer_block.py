@@ -17,7 +17,7 @@ from conftest import CODE_PROMPT, reference_greedy
 from mlx_lm.models.qwen3_next import Qwen3NextMLP
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from native_support import blas_bindings
+from support.native_support import blas_bindings
 
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas

@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from conftest import assert_headless_model_decodes_plainly, reference_greedy
 from mlx.utils import tree_flatten
 

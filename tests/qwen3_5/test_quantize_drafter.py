@@ -5,7 +5,7 @@ import json
 
 import mlx.core as mx
 import pytest
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
 from conftest import reference_greedy
 from mlx.utils import tree_flatten
 

@@ -381,7 +381,7 @@ TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}"
 @pytest.fixture(scope="module")
 def templated(tmp_path_factory):
     """A tiny checkpoint whose tokenizer has a chat template, served with --block-size 4."""
-    import tiny_checkpoints as tc
+    from support import tiny_checkpoints as tc
 
     path = tc.write_raw_hf(tmp_path_factory.mktemp("chat") / "ckpt", seed=0)
     config = json.loads((path / "tokenizer_config.json").read_text())

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from tiny_checkpoints import build_target, write_tokenizer
+from .tiny_checkpoints import build_target, write_tokenizer
 
 VOCAB = 320  # >= the test tokenizer's 300 ids; a multiple of the 16 centroids
 WINDOW = 16
