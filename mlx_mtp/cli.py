@@ -80,10 +80,12 @@ unit_interval = _checked(float, "a number", lambda v: 0.0 <= v <= 1.0, "between 
 non_negative_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
 
 
-def cli_main(parser, run_fn, show, argv=None) -> int:
-    """Parse, run, print (``--json``: one JSON object, else ``show(result)``); bad input is one
-    ``error: ...`` line on stderr and a non-zero exit, never a traceback."""
-    args = parser.parse_args(argv)
+def cli_main(parser, run_fn, show, argv=None, *, args=None) -> int:
+    """Parse (unless ``args`` are given), run, print (``--json``: one JSON object, else
+    ``show(result)``); bad input is one ``error: ...`` line on stderr and a non-zero exit, never a
+    traceback."""
+    if args is None:
+        args = parser.parse_args(argv)
     try:
         result = run_fn(args)
     except MTPError as e:

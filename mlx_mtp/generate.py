@@ -29,7 +29,7 @@ from mlx_mtp.decoding.rounds import (MAX_BLOCK_SIZE, check_no_draft_model, gener
                                      speculative_generate_step)
 from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.demo import model_or_demo
+from mlx_mtp.demo import DEMO_DECODE, model_or_demo
 from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness.gate import table_rows as gate_table_rows
 from mlx_mtp.models import registry
@@ -174,8 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the embedded demo pair, mlx_mtp/demo_pair)")
     p.add_argument("--drafter", help="folder or repo id of a separate MTP head (qwen3_5_mtp), "
                    "or the Gemma 4 assistant (gemma4_assistant; required for Gemma 4)")
-    p.add_argument("--prompt", default=None, help="prompt text (default: a short code prompt)")
-    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--prompt", type=prompt_text, default=None,
+                   help="prompt text (default: the start of a Python class, for the demo pair)")
+    p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
+                   help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--block-size", type=block_size_or_auto, default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
                         f"decode through the MTP loop), or auto: chosen every round from the "
@@ -183,19 +185,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-block-size", type=block_size, default=DEFAULT_MAX_BLOCK_SIZE,
                    help=f"the widest block --block-size auto may choose (default "
                         f"{DEFAULT_MAX_BLOCK_SIZE})")
-    p.add_argument("--temp", type=temperature, default=0.0, help="sampling temperature")
+    p.add_argument("--temp", type=temperature, default=0.0,
+                   help="sampling temperature (default 0: greedy, identical to plain decode)")
     p.add_argument("--top-p", type=unit_interval, default=0.0, help="sampling top-p (0: off)")
     p.add_argument("--min-p", type=unit_interval, default=0.0, help="sampling min-p (0: off)")
     p.add_argument("--top-k", type=non_negative_int, default=0, help="sampling top-k (0: off)")
     p.add_argument("--min-tokens-to-keep", type=positive_int, default=1,
                    help="tokens min-p always keeps")
     p.add_argument("--repetition-penalty", type=non_negative_float, default=None,
-                   help="mlx-lm's repetition penalty (e.g. 1.1; default: none)")
-    p.add_argument("--repetition-context-size", type=positive_int, default=20,
-                   help="tokens of history the repetition penalty looks at")
+                   help=f"mlx-lm's repetition penalty (default: none; with the demo pair "
+                        f"{DEMO_DECODE.repetition_penalty})")
+    p.add_argument("--repetition-context-size", type=positive_int, default=None,
+                   help=f"tokens of history the repetition penalty looks at (default "
+                        f"{REPETITION_CONTEXT_SIZE}; with the demo pair "
+                        f"{DEMO_DECODE.repetition_context_size})")
     p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
-                   help="acceptance rule at temperature > 0 (auto: speculative-sampling when the "
-                        "drafter can sample, else point-mass)")
+                   help="how drafts are accepted at --temp > 0 (default auto: "
+                        "speculative-sampling with a fixed --block-size, gumbel-coupled under "
+                        "--block-size auto, when the drafter can sample, else point-mass). At "
+                        "--temp 0 the rule is greedy. The stats name the rule used: greedy, "
+                        "point-mass, speculative-sampling or gumbel-coupled")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--draft-vocab", default=None,
                    help="reduced draft vocabulary sidecar folder (python -m mlx_mtp.draft_vocab)")
@@ -212,13 +221,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=SPLITS, default=None,
                    help="split the target over the processes mlx.launch started: pipeline "
                         "(layers) or tensor (heads); output on rank 0 only")
+    p.add_argument("--verbose", type=str2bool, default=True, metavar="{True,False}",
+                   help="after the text, print the run's statistics to stderr (default True; "
+                        "False: the text only), as mlx_lm.generate's --verbose")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
 
 
-# Code, like the demo pair's corpus (the Python standard library).
+# Code, like the demo pair's corpus (the Python standard library). It ends inside the method's
+# body: the demo tokenizer merges a newline with the next line's indent, so a bare trailing
+# newline is a token the model rarely saw there.
 DEFAULT_PROMPT = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
-                  "    def push(self, item):\n")
+                  "    def push(self, item):\n        ")
+REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default
+
+
+def prompt_text(s: str) -> str:
+    if not s:
+        raise argparse.ArgumentTypeError("expected some text to continue, got an empty string")
+    return s
+
+
+def str2bool(s: str) -> bool:
+    """mlx_lm.generate's ``--verbose`` values: True / T / False / F, any case."""
+    if s.lower() in ("true", "t"):
+        return True
+    if s.lower() in ("false", "f"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
 
 
 def _prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
@@ -233,6 +263,7 @@ def _without_eos(tokens, tokenizer):
 
 
 def run(args) -> dict:
+    is_demo = args.model is None
     args.model = model_or_demo(args.model, args.drafter)
     widest = args.max_block_size if args.block_size == AUTO else args.block_size
     need_head = not args.no_mtp and widest > 1
@@ -245,6 +276,12 @@ def run(args) -> dict:
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, min_p=args.min_p,
                            min_tokens_to_keep=args.min_tokens_to_keep, top_k=args.top_k)
     sampler.check_vocab(model.target.vocab_size)
+    if is_demo and args.repetition_penalty is None:
+        args.repetition_penalty = DEMO_DECODE.repetition_penalty
+        if args.repetition_context_size is None:
+            args.repetition_context_size = DEMO_DECODE.repetition_context_size
+    if args.repetition_context_size is None:
+        args.repetition_context_size = REPETITION_CONTEXT_SIZE
     processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
                                         repetition_context_size=args.repetition_context_size)
     if args.seed is None and model.split is not None and args.temp > 0:
@@ -278,21 +315,31 @@ def run(args) -> dict:
     return out
 
 
-def print_report(result: dict, stats_rows) -> None:
-    print(result["text"])
-    print("=" * 40)
-    print(tabulate(stats_rows, headers=["statistic", "value"], tablefmt="simple"))
+def print_report(result: dict, stats_rows, verbose: bool = True) -> None:
+    """The text on stdout; the statistics on stderr, so that ``> out.txt`` keeps the text only."""
+    print(result["text"], flush=True)
+    if verbose:
+        print("=" * 40, file=sys.stderr)
+        print(tabulate(stats_rows, headers=["statistic", "value"], tablefmt="simple"),
+              file=sys.stderr)
 
 
 def main(argv=None) -> int:
-    return cli_main(build_parser(), run, lambda result: print_report(
-        result, gate_table_rows(result) + _rows_from_result(result)), argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return cli_main(parser, run, lambda result: print_report(
+        result, gate_table_rows(result) + _rows_from_result(result), args.verbose), args=args)
+
+
+def _rate(tokens: int, tps: float) -> str:
+    """``N tokens, R tok/s``; a rate needs time to measure: ``n/a`` for a run without any."""
+    return f"{tokens} tokens, " + (f"{tps:.1f} tok/s" if tps > 0 else "n/a tok/s")
 
 
 def _rows_from_result(result: dict):
     rows = [
-        ("prompt", f"{result['prompt_tokens']} tokens, {result['prompt_tps']:.1f} tok/s"),
-        ("generation", f"{result['generation_tokens']} tokens, {result['generation_tps']:.1f} tok/s"),
+        ("prompt", _rate(result["prompt_tokens"], result["prompt_tps"])),
+        ("generation", _rate(result["generation_tokens"], result["generation_tps"])),
     ]
     if result["mtp_enabled"]:
         rows += [

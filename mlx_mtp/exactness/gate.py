@@ -11,6 +11,7 @@ cause.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -97,6 +98,20 @@ def check(model, block_size: int, device: Optional[DeviceFacts] = None,
     if widths and kv is not None:
         probes += probe_exactness(model.target, widths, kv=kv)
     decision = decide(probes, device or current_device_facts(), allow_inexact)
+    _log_once(model.target, decision)
+    return decision
+
+
+# The reasons already logged for each target: a server checks the gate on every request, and its
+# log should say the decision once, not once a request.
+_logged_reasons: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _log_once(target, decision: GateDecision) -> None:
+    seen = _logged_reasons.setdefault(target, set())
+    if decision.reason in seen:
+        return
+    seen.add(decision.reason)
     if decision.override:
         logger.warning("WARNING: MTP output is NOT guaranteed to equal plain decoding. %s",
                        decision.reason)
@@ -104,7 +119,6 @@ def check(model, block_size: int, device: Optional[DeviceFacts] = None,
         logger.warning("%s", decision.reason)
     else:
         logger.info("%s", decision.reason)
-    return decision
 
 
 def apply(model, block_size: int, stats, kv=None) -> GateDecision:

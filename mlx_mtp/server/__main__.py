@@ -10,7 +10,7 @@ import sys
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
 from mlx_mtp import MTPError
 from mlx_mtp import cli
-from mlx_mtp.demo import model_or_demo
+from mlx_mtp.demo import DEMO_DECODE, DEMO_MODEL_ID, model_or_demo
 from mlx_mtp.models.distributed import SPLITS, init_split
 
 DEFAULT_MAX_QUEUE = 16
@@ -49,9 +49,26 @@ def build_parser() -> cli.Parser:
     p.add_argument("--top-p", type=cli.unit_interval, default=1.0, help="default top_p (1.0)")
     p.add_argument("--top-k", type=cli.non_negative_int, default=0, help="default top_k (0: off)")
     p.add_argument("--min-p", type=cli.unit_interval, default=0.0, help="default min_p (0.0)")
+    p.add_argument("--repetition-penalty", type=cli.non_negative_float, default=None,
+                   help=f"default repetition_penalty (0: off; with the demo pair "
+                        f"{DEMO_DECODE.repetition_penalty})")
+    p.add_argument("--repetition-context-size", type=cli.positive_int, default=None,
+                   help=f"default repetition_context_size (20; with the demo pair "
+                        f"{DEMO_DECODE.repetition_context_size})")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     return p
+
+
+def _repetition_defaults(args) -> dict:
+    """The requests' default repetition penalty: the flags', else the demo pair's for the demo
+    pair (``mlx_mtp.demo.DEMO_DECODE``), else off."""
+    penalty, context = args.repetition_penalty, args.repetition_context_size
+    if args.model is None and penalty is None:
+        penalty = DEMO_DECODE.repetition_penalty
+        context = DEMO_DECODE.repetition_context_size if context is None else context
+    return {"repetition_penalty": 0.0 if penalty is None else penalty,
+            "repetition_context_size": 20 if context is None else context}
 
 
 def main(argv=None) -> int:
@@ -97,14 +114,15 @@ def main(argv=None) -> int:
         sys.stderr.write(f"error: {e}\n")
         return 1
     mtp = worker.warm_up.mtp
-    model_id = args.model or "mlx_mtp-demo-pair"
+    model_id = args.model or DEMO_MODEL_ID
     print(f"mlx_mtp.server: {model_id} on http://{args.host}:{args.port} "
           f"(MTP {'on' if mtp['mtp_enabled'] else 'off'}: {mtp['gate_reason']}; "
           f"queue {args.max_queue}; no authentication)"
           + (f" [rank 0 of {split.size}, {split.kind} split, pid {os.getpid()}]" if split else ""),
           flush=True)
     defaults = Defaults(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p,
-                        top_k=args.top_k, min_p=args.min_p)
+                        top_k=args.top_k, min_p=args.min_p, model=model_id,
+                        **_repetition_defaults(args))
     if split is not None:
         # uvicorn re-raises SIGTERM / SIGINT after its graceful shutdown: swallowed, so rank 0
         # stops its worker below (which tells the other ranks to exit) and exits 0 (mlx.launch

@@ -32,6 +32,9 @@ class Defaults:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 0.0  # 0: off (mlx_lm.server's default)
+    repetition_context_size: int = 20
+    model: str = "default_model"  # the id every response names, as /v1/models does
 
 
 @dataclass
@@ -158,10 +161,11 @@ def parse(raw: bytes, kind: str, defaults: Defaults) -> GenerationRequest:
         raise RequestError(f"the request body must be a JSON object, got {_show(data)}")
     body = _Body(data)
     _refuse_unsupported(body)
-    model = body.get("model", "default_model")
+    model = body.get("model", defaults.model)
     if not isinstance(model, str):
         raise RequestError(f"model must be a string, got {_show(model)}", param="model")
-    req = GenerationRequest(kind=kind, model=model)
+    # One model is served: responses name it whatever id the request used.
+    req = GenerationRequest(kind=kind, model=defaults.model)
     if kind == "chat":
         req.messages = _messages(body)
     else:
@@ -177,8 +181,9 @@ def parse(raw: bytes, kind: str, defaults: Defaults) -> GenerationRequest:
     req.top_p = body.number("top_p", defaults.top_p, lo=0, hi=1)
     req.top_k = body.integer("top_k", defaults.top_k, lo=0)
     req.min_p = body.number("min_p", defaults.min_p, lo=0, hi=1)
-    req.repetition_penalty = body.number("repetition_penalty", 0.0, lo=0)
-    req.repetition_context_size = body.integer("repetition_context_size", 20, lo=1)
+    req.repetition_penalty = body.number("repetition_penalty", defaults.repetition_penalty, lo=0)
+    req.repetition_context_size = body.integer("repetition_context_size",
+                                               defaults.repetition_context_size, lo=1)
     req.seed = body.integer("seed", None)
     req.stop = _stop(body)
     req.stream = body.boolean("stream", False)
