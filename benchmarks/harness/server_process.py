@@ -1,5 +1,5 @@
 """Run ``python -m mlx_mtp.server`` as a child process on a free local port and wait until it
-serves (for tests and ``scripts/bench_server.py``); with ``split``, under ``mlx.launch`` on
+serves (for tests and ``benchmarks.bench_server``); with ``split``, under ``mlx.launch`` on
 ``ranks`` local processes."""
 
 from __future__ import annotations

@@ -1,13 +1,26 @@
 """The benchmark harness writes a complete record (smoke run on a tiny head-agreeing pair)."""
 
 import json
-import sys
-from pathlib import Path
 
-import tiny_checkpoints as tc
+import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_mtp  # noqa: E402
+from benchmarks import bench_mtp, common
+from support import tiny_checkpoints as tc
+
+
+def test_distinct_ngram_share_on_hand_made_ids():
+    """Distinct n-grams over all n-grams of the ids: 1.0 without a repeat, falling with a loop."""
+    share = common.distinct_ngram_share
+    assert share([1, 2, 3, 4, 5, 6]) == 1.0  # 3 four-grams, all distinct
+    assert share([7, 7, 7, 7, 7, 7, 7]) == 0.25  # 4 four-grams, one distinct
+    # a loop of period 3: 7 four-grams (1 2 3 1, 2 3 1 2, 3 1 2 3, then again), 3 distinct
+    assert share([1, 2, 3, 1, 2, 3, 1, 2, 3, 1]) == 3 / 7
+    assert share([1, 2, 3, 4]) == 1.0  # exactly one four-gram
+    assert share([1, 2, 3]) is None and share([]) is None  # no four-gram to judge
+    assert share([1, 1, 2, 1, 1], n=2) == 3 / 4  # (1 1), (1 2), (2 1), (1 1)
+    assert share((5, 6, 5, 6), n=1) == 0.5
+    with pytest.raises(ValueError):
+        share([1, 2], n=0)
 
 
 def test_bench_writes_markdown_and_json(tmp_path):
@@ -24,13 +37,22 @@ def test_bench_writes_markdown_and_json(tmp_path):
     assert all(r["identical_to_classic"] for r in data["rows"])
     three = data["rows"][1]
     assert three["acceptance"] > 0.9 and len(three["per_position_acceptance"]) == 2
-    n_prompts = len(bench_mtp.DEFAULT_PROMPTS)  # code, prose, a repetitive list, random characters
+    n_prompts = len(common.DEFAULT_PROMPTS)  # code, prose, a repetitive list, random characters
     assert n_prompts == 4
     assert len(data["raw"]["classic"]) == 2 * 4 and len(data["raw"]["mtp3"]) == 2 * 4
     assert data["cpu_blas"] == result["cpu_blas"] and data["bandwidth_gbs"] > 0
     text = md[0].read_text()
     assert three["mtp_enabled"] and three["exactness"]["verdict"] == "equal"
     assert "- block 3: MTP ran; verdict equal; all widths equal" in md[0].read_text()
+    # every run's output and every prompt's row carry the share of distinct 4-grams (the
+    # prompt's: the median of its plain runs'), in the .md's per-prompt table too
+    assert all(0 < r["distinct_4gram_share"] <= 1 for arm in data["raw"].values() for r in arm)
+    for p in data["per_prompt"]:
+        runs = [r["distinct_4gram_share"] for r in data["raw"]["classic"]
+                if r["prompt"] == p["prompt"]]
+        assert p["distinct_4gram_share"] == sorted(runs)[0] == sorted(runs)[1]  # T=0: one text
+        assert f"| {p['prompt']} | {p['distinct_4gram_share']:.2f} | {p['classic_tps']:.1f} |" \
+            in text
     # verify ms per width (3 drafts-full rounds, and the budget's shorter last rounds) and the
     # same as a multiple of the plain decode step
     assert "3" in three["verify_ms_by_width"] and data["rows"][0]["verify_ms_by_width"] == {}
@@ -49,13 +71,12 @@ def test_bench_writes_markdown_and_json(tmp_path):
         assert section in text
     # Queued phases (the default): the split says so, and no drafter step is claimed from them.
     assert three["phases_synced"] is False and three["drafter_step_ms"] is None
-    assert ("Draft and accept hook queued (the default): their device work is timed in the "
-            "verify that waits for it.") in text
+    assert "`MLX_MTP_SYNC_PHASES=1`" in text.split("## Round split")[1].split("## Verify")[0]
     # The synced pass (one run per prompt of every arm, each phase waiting for its own work):
     # its split, the verify alone over the same pass's plain step, not mixed into the tok/s.
     synced = data["synced"]
     assert [(r["arm"], r["prompt"]) for r in synced] == [
-        (arm, p) for p in bench_mtp.DEFAULT_PROMPTS for arm in ("classic", "mtp1", "mtp3")]
+        (arm, p) for p in common.DEFAULT_PROMPTS for arm in ("classic", "mtp1", "mtp3")]
     assert all(r["stats"]["phases_synced"] for r in synced if r["arm"] != "classic")
     assert all(r["identical"] for r in synced if r["arm"] != "classic")
     assert three["synced_runs"] == 4 and three["synced_identical"] is True
@@ -117,7 +138,7 @@ def test_bench_auto_arm_reports_per_prompt_against_the_best_fixed_block(tmp_path
     runs = data["raw"]["mtpauto"]
     assert sum(auto["block_sizes"].values()) == sum(r["stats"]["rounds"] for r in runs)
     assert set(auto["block_sizes"]) <= {"1", "2", "3", "4"} and data["max_block_size"] == 4
-    assert [p["prompt"] for p in data["per_prompt"]] == list(bench_mtp.DEFAULT_PROMPTS)
+    assert [p["prompt"] for p in data["per_prompt"]] == list(common.DEFAULT_PROMPTS)
     for p in data["per_prompt"]:
         fixed = {b: p["mtp_tps"][b] for b in ("1", "3")}
         best = max(fixed, key=fixed.get)
@@ -126,8 +147,8 @@ def test_bench_auto_arm_reports_per_prompt_against_the_best_fixed_block(tmp_path
         assert p["auto_vs_plain"] == p["mtp_tps"]["auto"] / p["classic_tps"]
     text = next((tmp_path / "out").glob("auto-*.md")).read_text()
     assert "## Per prompt (medians over pairs)" in text
-    assert "| prompt | classic tok/s | block 1 tok/s | block 3 tok/s | block auto tok/s | " \
-           "auto / best fixed | that block, paired | auto / plain | " \
+    assert "| prompt | distinct 4-grams | classic tok/s | block 1 tok/s | block 3 tok/s | " \
+           "block auto tok/s | auto / best fixed | that block, paired | auto / plain | " \
            "widths auto chose (width: rounds) |" in text
     # and pair by pair: one pair, so each range is that pair's own ratio
     for p in data["per_prompt"]:
@@ -197,7 +218,6 @@ def test_auto_against_each_fixed_block_pair_by_pair():
                         "| auto / plain | widths auto chose (width: rounds) |")
     assert lines[5] == ("| code | 50.0 | 80.0 | 100.0 | 90.0 | 0.90x (block 5) | 0.90x (0.90-1.10) "
                         "| 0.90x (0.90-1.10) | 1.80x | 2: 3, 6: 30 |")
-    assert lines[7].startswith("\"auto / best fixed, held out\": for each pair, the fixed block ")
     assert lines[7].endswith("Blocks so chosen: code 5: 3.")
     assert "## Auto against each fixed block, pair by pair" in lines
     assert lines[-3:-1] == ["| prompt | vs block 3 | vs block 5 | hardest block, paired |",
@@ -270,3 +290,73 @@ def test_round_spread_pools_each_runs_deviations_from_its_own_mean():
     assert got["all"]["rounds"] == 10
     assert abs(got["all"]["log_sd"] - math.sqrt((ss3 + ss6) / 7)) < 1e-12
     assert bench_mtp.round_spread_by_width([{"rounds": 5}]) == {}  # a record before the field
+
+
+def _write(folder, name, topic):
+    path = folder / name
+    path.write_text(json.dumps({"topic": topic}))
+    return path
+
+
+def test_the_newest_record_of_a_topic_is_found_by_the_date_in_its_name(tmp_path):
+    """``<topic>-*.json`` also matches longer topics and contended records: neither counts."""
+    _write(tmp_path, "drafter-phases-vm-2026-11-30.json", "drafter-phases")
+    _write(tmp_path, "drafter-phases-vm-2026-12-01.json", "drafter-phases")
+    _write(tmp_path, "drafter-phases-demo-pair-vm-2026-12-09.json", "drafter-phases-demo-pair")
+    _write(tmp_path, "drafter-phases-vm-2026-12-05-contended.json", "drafter-phases")
+    _write(tmp_path, "drafter-phases-other-host-2026-10-01.json", "drafter-phases")
+    got = common.topic_records("drafter-phases", tmp_path)
+    assert [p.name for p in got] == ["drafter-phases-other-host-2026-10-01.json",
+                                     "drafter-phases-vm-2026-11-30.json",
+                                     "drafter-phases-vm-2026-12-01.json"]
+    assert common.newest_record("drafter-phases", tmp_path).name == \
+        "drafter-phases-vm-2026-12-01.json"
+    assert common.newest_record("drafter-phases-demo-pair", tmp_path).name == \
+        "drafter-phases-demo-pair-vm-2026-12-09.json"
+    assert common.record_date(got[1].with_suffix(".md")) == "2026-11-30"
+    assert common.record_date(tmp_path / "drafter-phases-vm-2026-11-30-tps.png") == "2026-11-30"
+    assert common.record_date(tmp_path / "idle-baseline-vm.json") is None
+    with pytest.raises(FileNotFoundError):
+        common.newest_record("no-such-topic", tmp_path)
+
+
+def test_superseded_files_are_every_file_of_the_topic_but_the_newest_records(tmp_path):
+    for name in ("t-vm-2026-12-01.json", "t-vm-2026-12-03.json"):
+        _write(tmp_path, name, "t")
+    _write(tmp_path, "t-vm-2026-12-04-contended.json", "t")
+    _write(tmp_path, "t-longer-vm-2026-11-01.json", "t-longer")  # another topic
+    for name in ("t-vm-2026-12-01.md", "t-vm-2026-12-01-tps.png", "t-vm-2026-12-02-tps.png",
+                 "t-vm-2026-12-03.md", "t-vm-2026-12-03-tps.png", "t-vm-2026-12-04-contended.md",
+                 "t-longer-vm-2026-11-01.md", "idle-baseline-vm.json"):
+        (tmp_path / name).write_text("")
+    got = [p.name for p in common.superseded("t", tmp_path)]
+    assert got == ["t-vm-2026-12-01-tps.png", "t-vm-2026-12-01.json", "t-vm-2026-12-01.md",
+                   "t-vm-2026-12-02-tps.png", "t-vm-2026-12-04-contended.json",
+                   "t-vm-2026-12-04-contended.md"]
+    assert common.superseded("t-longer", tmp_path) == []
+    assert common.superseded("none", tmp_path) == []
+
+
+def test_prompt_sets_and_a_bad_prompts_file(tmp_path, capsys):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="bench")
+    common.add_prompt_args(p)
+    assert common.prompts_of(p.parse_args([]), p) == common.DEFAULT_PROMPTS
+    assert list(common.prompts_of(p.parse_args(["--prompts", "code"]), p)) == [
+        "code2", "code3", "code4"]
+    assert len(common.prompts_of(p.parse_args(["--prompts", "held-out"]), p)) == 9
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"a": ""}))
+    with pytest.raises(SystemExit) as e:
+        common.prompts_of(p.parse_args(["--prompts-json", str(bad)]), p)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"--prompts-json {bad}: expected a JSON object of non-empty prompt strings")
+
+
+def test_the_command_a_record_states_names_a_benchmark_as_python_m_does():
+    path = str(common.ROOT / "benchmarks" / "bench_mtp.py")
+    assert common.command_line([path, "--model", "a b"]) == \
+        "python -m benchmarks.bench_mtp --model 'a b'"
+    assert common.command_line(["/elsewhere/x.py", "-q"]) == "/elsewhere/x.py -q"

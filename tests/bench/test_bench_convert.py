@@ -1,13 +1,10 @@
-"""scripts/bench_convert.py writes a complete record (smoke run on a tiny head-agreeing pair)."""
+"""benchmarks.bench_convert writes a complete record (smoke run on a tiny head-agreeing pair)."""
 
 import json
-import sys
 from pathlib import Path
 
-import tiny_checkpoints as tc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_convert  # noqa: E402
+from benchmarks import bench_convert
+from support import tiny_checkpoints as tc
 
 
 def test_bench_convert_writes_a_record_per_arm(tmp_path):
@@ -22,7 +19,13 @@ def test_bench_convert_writes_a_record_per_arm(tmp_path):
     assert data["rows"][0]["acceptance"] > 0.9
     md_path = next((tmp_path / "out").glob("smoke-*.md"))
     md = md_path.read_text()
-    assert "| target 8-bit, head 8-bit |" in md and "quantized matmuls are scalar loops" in md
+    assert "| target 8-bit, head 8-bit |" in md
+    # each arm's output: its share of distinct 4-grams, in the JSON and the arm's row
+    for r in data["rows"]:
+        assert 0 < r["distinct_4gram_share"] <= 1
+    row = data["rows"][1]
+    assert (f"| target 8-bit, head 8-bit | {row['distinct_4gram_share']:.2f} | "
+            f"{row['classic_tps']:.1f} | {row['mtp_tps']:.1f} |") in md
     # The idle check is in the record; a busy machine (--allow-busy) is labelled, not hidden.
     check = data["idle_check"]
     assert check["verdict"] in ("idle", "contended") and check["during"]["total"]["wall_s"] > 0

@@ -2,13 +2,9 @@
 
 import json
 import os
-import sys
-from pathlib import Path
 
-import tiny_checkpoints as tc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_drafter  # noqa: E402
+from benchmarks import bench_drafter
+from support import tiny_checkpoints as tc
 
 
 def test_bench_drafter_writes_the_ablation_record(tmp_path):
@@ -54,6 +50,8 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
                     "## The floor", "## Idle check", "## What it says"):
         assert section in text
     assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
+    share = data["distinct_4gram_share"]["code"]  # the plain output's, per prompt
+    assert 0 < share <= 1 and f"code {share:.2f}" in text
     stem = md[0].stem
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [f"{stem}-rounds.png",
                                                                         f"{stem}-step.png"]

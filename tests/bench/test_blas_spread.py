@@ -1,4 +1,4 @@
-"""scripts/blas_spread.py writes its controls: one process that stays up and does the CLI's default
+"""benchmarks.blas_spread writes its controls: one process that stays up and does the CLI's default
 plain run once per round, beside the fresh processes, and a numpy-only host probe per round."""
 
 import json
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_record_has_the_one_process_control(tmp_path):
-    r = subprocess.run([sys.executable, "scripts/blas_spread.py", "--processes", "2", "--arms",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.blas_spread", "--processes", "2", "--arms",
                         "default", "--max-tokens", "4", "--allow-busy", "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -35,8 +35,7 @@ def test_the_record_has_the_one_process_control(tmp_path):
 
 
 def test_correlation_is_pearsons_r():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import blas_spread
+    from benchmarks import blas_spread
     assert abs(blas_spread.correlation([1, 2, 3], [2, 4, 6]) - 1.0) < 1e-12
     assert abs(blas_spread.correlation([1, 2, 3], [3, 2, 1]) + 1.0) < 1e-12
     assert blas_spread.correlation([1, 1, 1], [1, 2, 3]) == 0.0

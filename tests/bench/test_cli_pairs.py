@@ -1,4 +1,4 @@
-"""scripts/cli_pairs.py: the CLI's default run against --no-mtp over alternating pairs of fresh
+"""benchmarks.cli_pairs: the CLI's default run against --no-mtp over alternating pairs of fresh
 processes, with what each tok/s covers stated in the record."""
 
 import json
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_pairs(*args, out):
-    return subprocess.run([sys.executable, "scripts/cli_pairs.py", *args, "--out", str(out)],
+    return subprocess.run([sys.executable, "-m", "benchmarks.cli_pairs", *args, "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
@@ -36,11 +36,22 @@ def test_pairs_alternate_and_the_ratio_is_each_pairs_own(tmp_path):
     assert s["identical"] is True and s["generation_tokens"] == [6]
     assert s["meets_bar"] == (s["ratio"]["median"] >= 1.7)
     assert sum(s["widths"].values()) == sum(sum(p["mtp"]["block_sizes"].values()) for p in runs)
+    # each run's output: its share of distinct 4-grams (the record's: the plain runs' median)
+    for p in runs:
+        assert p["mtp"]["distinct_4gram_share"] == p["plain"]["distinct_4gram_share"] > 0
+    assert s["distinct_4gram_share"] == runs[0]["plain"]["distinct_4gram_share"]
     md = record.with_suffix(".md").read_text()
     assert "`python -m mlx_mtp.generate --json --max-tokens 6` (MTP)" in md
-    assert "- What the tok/s cover: Both arms' `generation_tps`" in md
+    assert f"- What the tok/s cover: {data['covers']}" in md
     assert "## Pairs" in md and "| 1 | plain |" in md
+    share = f"{s['distinct_4gram_share']:.2f}"
+    assert f"| {share} / {share} |" in md and f"| {_cell_ratio(s)} | {share} |" in md
     assert r.stdout.count("pair ") == 2
+
+
+def _cell_ratio(s):
+    r = s["ratio"]
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
 
 
 def test_flags_the_script_sets_itself_are_refused(tmp_path):

@@ -1,17 +1,13 @@
-"""scripts/draft_acceptance.py: the expected drafts kept per chain is block verification's, and
+"""tools.draft_acceptance: the expected drafts kept per chain is block verification's, and
 the script runs end to end (smoke run on the tiny soft pair)."""
 
 import json
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
 
 from mlx_mtp.decoding import sampling
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import draft_acceptance  # noqa: E402
+from tools import draft_acceptance
 
 P = mx.array([[0.5, 0.2, 0.1, 0.1, 0.1, 0.0],
               [0.1, 0.6, 0.1, 0.0, 0.1, 0.1],

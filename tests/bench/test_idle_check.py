@@ -1,4 +1,4 @@
-"""The benchmark scripts' idle check: /proc readings, the decision, and the refusal of a busy machine."""
+"""The benchmarks' idle check: /proc readings, the decision, and the refusal of a busy machine."""
 
 import json
 import os
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import tiny_checkpoints as tc
+from support import tiny_checkpoints as tc
+
+from benchmarks import idle as ic
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import idle_check as ic  # noqa: E402
 
 T = ic.CLK  # ticks per second in /proc
 
@@ -128,26 +128,26 @@ def pair(tmp_path_factory):
     return d, model
 
 
-# Every script that writes a record: the check refuses before the run starts.
-@pytest.mark.parametrize("script", ["bench_mtp.py", "bench_drafter.py", "bench_convert.py",
-                                    "bench_server.py", "bench_split.py", "blas_spread.py",
-                                    "probe_cost.py", "cli_pairs.py"])
+# Every benchmark that writes a record: the check refuses before the run starts.
+@pytest.mark.parametrize("script", ["bench_mtp", "bench_drafter", "bench_convert",
+                                    "bench_server", "bench_split", "blas_spread",
+                                    "probe_cost", "cli_pairs"])
 def test_a_cpu_burning_neighbour_is_refused(script, pair, burner, tmp_path):
     d, model = pair
     m = ["--model", str(model)]
-    args = {"bench_mtp.py": m + ["--block-sizes", "1", "--pairs", "1", "--max-tokens", "4"],
-            "bench_drafter.py": m + ["--corpus", str(d / "corpus.txt"), "--draft-vocab-size",
+    args = {"bench_mtp": m + ["--block-sizes", "1", "--pairs", "1", "--max-tokens", "4"],
+            "bench_drafter": m + ["--corpus", str(d / "corpus.txt"), "--draft-vocab-size",
                                      "128", "--pairs", "1", "--max-tokens", "4", "--prompts-json",
                                      str(d / "prompts.json"), "--work", str(tmp_path / "work")],
-            "bench_convert.py": m + ["--arms", "8:none", "--group-size", "32", "--pairs", "1",
+            "bench_convert": m + ["--arms", "8:none", "--group-size", "32", "--pairs", "1",
                                      "--max-tokens", "4"],
-            "bench_server.py": m + ["--pairs", "1", "--max-tokens", "4", "--clients", "1",
+            "bench_server": m + ["--pairs", "1", "--max-tokens", "4", "--clients", "1",
                                     "--requests", "1"],
-            "bench_split.py": m + ["--splits", "pipeline", "--pairs", "1", "--max-tokens", "4"],
-            "blas_spread.py": ["--processes", "2", "--arms", "default", "--max-tokens", "4"],
-            "probe_cost.py": m + ["--repeats", "1", "--record"],
-            "cli_pairs.py": ["--pairs", "1", "--cli-args=--max-tokens 4"]}[script]
-    r = bench([f"scripts/{script}", *args], tmp_path)
+            "bench_split": m + ["--splits", "pipeline", "--pairs", "1", "--max-tokens", "4"],
+            "blas_spread": ["--processes", "2", "--arms", "default", "--max-tokens", "4"],
+            "probe_cost": m + ["--repeats", "1", "--record"],
+            "cli_pairs": ["--pairs", "1", "--cli-args=--max-tokens 4"]}[script]
+    r = bench(["-m", f"benchmarks.{script}", *args], tmp_path)
     assert r.returncode == 1, r.stderr
     line = r.stderr.strip().splitlines()
     assert len(line) == 1 and line[0].startswith("error: the machine was not idle: other processes "
@@ -158,7 +158,7 @@ def test_a_cpu_burning_neighbour_is_refused(script, pair, burner, tmp_path):
 
 def test_allow_busy_writes_a_labelled_record_naming_the_neighbour(pair, burner, tmp_path):
     _, model = pair
-    r = bench(["scripts/bench_mtp.py", "--model", str(model), "--block-sizes", "1", "--pairs", "1",
+    r = bench(["-m", "benchmarks.bench_mtp", "--model", str(model), "--block-sizes", "1", "--pairs", "1",
                "--max-tokens", "4", "--topic", "busy", "--allow-busy"], tmp_path)
     assert r.returncode == 0, r.stderr
     js = list((tmp_path / "out").glob("busy-*-contended.json"))
@@ -171,8 +171,9 @@ def test_allow_busy_writes_a_labelled_record_naming_the_neighbour(pair, burner, 
              for c in w["competitors"]}
     assert burner.pid in named
     md = js[0].with_suffix(".md").read_text()
-    assert md.split("\n")[2].startswith("**CONTENDED: NOT A RESULT**: other processes used ")
-    assert "## Idle check" in md and "- Verdict: **contended** (contended: not a result): " in md
+    reasons = "; ".join(check["reasons"])
+    assert md.split("\n")[2] == f"**{ic.LABEL.upper()}**: {reasons}"
+    assert "## Idle check" in md and f"- Verdict: **contended** ({ic.LABEL}): {reasons}" in md
 
 
 def test_a_unit_of_the_run_is_judged_alone():
@@ -239,22 +240,24 @@ def test_a_unit_the_hypervisor_stole_from_is_measured_again(monkeypatch, retakes
         assert check["during"]["kept"] == {**check["during"]["total"], "wall_s": 10.0,
                                            "steal_cores": 0.0}
         assert check["verdict"] == "idle"
-        md = "\n".join(ic.markdown(check))
-        assert ("- Units judged on their own: 1 kept, 1 retaken (not quiet: measured again, the "
-                "attempt dropped)\n  - retaken: pair 0 code (10 s): the hypervisor stole 0.30 "
-                "cores\n- During, without the retaken attempts (10 s): others 0.00 cores on "
-                "average; steal 0.00 (what the verdict judges)") in md
+        lines = ic.markdown(check)
+        at = next(i for i, line in enumerate(lines) if line.startswith("- Units judged"))
+        assert "1 kept, 1 retaken" in lines[at]
+        assert lines[at + 1] == f"  - retaken: pair 0 code (10 s): {units[0]['reasons'][0]}"
+        assert "(10 s)" in lines[at + 2] and "others 0.00" in lines[at + 2] \
+            and "steal 0.00" in lines[at + 2]
     else:  # no retakes left, or --allow-busy: the attempt is kept and the run judged with it
         assert got == "attempt 1" and attempts == [0]
         assert [u["retaken"] for u in units] == [False] and "kept" not in check["during"]
         assert check["verdict"] == "contended"
         assert check["reasons"] == ["the hypervisor stole 0.30 cores during the run"]
-        assert ("  - kept although not quiet (no retakes left, or --allow-busy): pair 0 code: "
-                "the hypervisor stole 0.30 cores") in "\n".join(ic.markdown(check))
+        assert any(line.startswith("  - kept although not quiet") and
+                   line.endswith(f": pair 0 code: {units[0]['reasons'][0]}")
+                   for line in ic.markdown(check))
 
 
 def test_retakes_and_wait_idle_must_not_be_negative(tmp_path):
-    r = bench(["scripts/cli_pairs.py", "--pairs", "1", "--retakes", "-1"], tmp_path)
+    r = bench(["-m", "benchmarks.cli_pairs", "--pairs", "1", "--retakes", "-1"], tmp_path)
     assert r.returncode == 1
     assert r.stderr.strip() == "error: --retakes and --wait-idle must be >= 0, got -1 and 0"
 
@@ -272,8 +275,9 @@ def test_wait_idle_waits_out_a_busy_window(monkeypatch):
     assert w.waits[0]["reasons"] == ["other processes used 1.00 cores before the run"]
     check = w.finish()
     assert check["verdict"] == "idle" and len(check["waits"]) == 2
-    assert ("- Waited for an idle machine before the run: other processes used 1.00 cores "
-            "before the run") in "\n".join(ic.markdown(check))
+    waited = [line for line in ic.markdown(check) if line.startswith("- Waited")]
+    assert len(waited) == 2 and all(line.endswith(f"before the run: {'; '.join(x['reasons'])}")
+                                    for line, x in zip(waited, w.waits))
     fake2 = FakeProc(busy_until=20.0)
     monkeypatch.setattr(ic, "read_proc", fake2.read)
     monkeypatch.setattr(ic.time, "sleep", fake2.sleep)

@@ -1,4 +1,4 @@
-"""Benchmark records carry pictures drawn from their JSON (scripts/record_plots.py, issue 20).
+"""Benchmark records carry pictures drawn from their JSON (benchmarks.plots).
 
 Small records are built here in the structure bench_mtp.py / bench_drafter.py write (the fields
 their summarize() returns), so the pictures and markdown come from the same code a real run uses.
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import bench_drafter, bench_mtp
+from benchmarks import common as bench_common
+from benchmarks import plots as record_plots
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_common  # noqa: E402
-import bench_drafter  # noqa: E402
-import bench_mtp  # noqa: E402
-import record_plots  # noqa: E402
+RECORDS = ROOT / "tests" / "data" / "records"  # trimmed copies of committed records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEM = "smoke-host-2026-01-01"
@@ -159,9 +159,8 @@ def test_drafter_record_is_written_with_its_pictures(tmp_path):
 
 def test_without_matplotlib_the_record_is_written_and_the_pictures_skipped(tmp_path):
     (tmp_path / "record.json").write_text(json.dumps(mtp_record()))
-    code = (NO_MATPLOTLIB + f"sys.path.insert(0, {str(ROOT / 'scripts')!r}); import json, "
-            "pathlib, bench_common, bench_mtp; out = pathlib.Path(sys.argv[1]); "
-            "bench_common.write_record(out, "
+    code = (NO_MATPLOTLIB + "import json, pathlib; from benchmarks import common, bench_mtp; "
+            "out = pathlib.Path(sys.argv[1]); common.write_record(out, "
             "json.loads((out / 'record.json').read_text()), bench_mtp.render)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -177,28 +176,26 @@ def test_without_matplotlib_the_record_is_written_and_the_pictures_skipped(tmp_p
 # ------------------------------------------------------------------------------ --render
 
 
-def run_script(script: str, *args, prefix: str = "") -> subprocess.CompletedProcess:
-    if prefix:  # run the script's main() after ``prefix`` (e.g. hiding matplotlib)
+def run_script(module: str, *args, prefix: str = "") -> subprocess.CompletedProcess:
+    if prefix:  # run the module's main() after ``prefix`` (e.g. hiding matplotlib)
         cmd = [sys.executable, "-c", prefix + "import runpy; sys.argv = sys.argv[1:]; "
-               "runpy.run_path(sys.argv[0], run_name='__main__')", str(ROOT / script), *args]
+               "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)", module, *args]
     else:
-        cmd = [sys.executable, str(ROOT / script), *args]
+        cmd = [sys.executable, "-m", module, *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def committed(kind: str) -> Path:
-    """A committed record of ``kind`` (whichever sorts first, the busy-machine history included:
-    re-drawing needs only the record's shape)."""
-    for path in sorted((ROOT / "benchmark_results").rglob("*.json")):
-        if record_plots.check(json.loads(path.read_text()), kind) is None:
-            return path
-    pytest.fail(f"no committed {kind} record in benchmark_results/")
+    """A real record of ``kind`` (a fixture: re-drawing needs only the record's shape)."""
+    path = RECORDS / {"mtp": "demo-pair-blis.json", "drafter": "drafter-phases.json"}[kind]
+    assert record_plots.check(json.loads(path.read_text()), kind) is None
+    return path
 
 
 @pytest.mark.parametrize("script,kind,pictures", [
-    ("scripts/bench_mtp.py", "mtp", MTP_PICTURES),
-    ("scripts/bench_drafter.py", "drafter", DRAFTER_PICTURES)])
+    ("benchmarks.bench_mtp", "mtp", MTP_PICTURES),
+    ("benchmarks.bench_drafter", "drafter", DRAFTER_PICTURES)])
 def test_render_redraws_a_committed_record(tmp_path, script, kind, pictures):
     src = committed(kind)
     js, md = tmp_path / src.name, tmp_path / src.with_suffix(".md").name
@@ -250,7 +247,7 @@ def test_render_without_an_md_writes_one(tmp_path):
 def test_render_without_matplotlib_is_a_clear_error(tmp_path):
     js = tmp_path / f"{STEM}.json"
     js.write_text(json.dumps(mtp_record()))
-    proc = run_script("scripts/bench_mtp.py", "--render", str(js), prefix=NO_MATPLOTLIB)
+    proc = run_script("benchmarks.bench_mtp", "--render", str(js), prefix=NO_MATPLOTLIB)
     assert proc.returncode == 1
     assert proc.stderr == 'error: --render needs matplotlib: pip install -e ".[bench]"\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == [js.name]

@@ -3,25 +3,32 @@ round for round, its cost model is the record's, and it replays the chooser."""
 
 import json
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import simulate_chooser as sim  # noqa: E402
+from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts
+from tools import simulate_chooser as sim
 
-from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "tests" / "data" / "records"  # trimmed copies of committed records
+# The idle BLIS demo-pair record, whose runs decoded the texts of sim.TRACES.
+RECORD = RECORDS / "demo-pair-blis.json"
+BIG_RECORD = RECORDS / "big-pair-blis.json"
+
+
+def simulate(argv):
+    """The command line on the fixture record (a later ``--record`` in ``argv`` wins)."""
+    return sim.main(["--record", str(RECORD), *argv])
 
 
 def test_traces_reproduce_the_records_fixed_block_runs():
     """At T=0 a fixed block's rounds are a function of the text: replaying the traces gives the
     rounds and kept drafts every run of the record counted."""
     traces = json.loads(sim.TRACES.read_text())
-    record = json.loads(sim.RECORD.read_text())
-    costs = sim.costs_from_record(sim.RECORD)
+    record = json.loads(RECORD.read_text())
+    costs = sim.costs_from_record(RECORD)
     n = traces["max_tokens"]
     checked = 0
     for block in (2, 3, 4):
@@ -35,8 +42,8 @@ def test_traces_reproduce_the_records_fixed_block_runs():
 
 
 def test_cost_model_is_the_records():
-    record = {str(r["block_size"]): r for r in json.loads(sim.RECORD.read_text())["rows"]}
-    c = sim.costs_from_record(sim.RECORD)
+    record = {str(r["block_size"]): r for r in json.loads(RECORD.read_text())["rows"]}
+    c = sim.costs_from_record(RECORD)
     auto = {int(w): ms for w, ms in record["auto"]["verify_ms_by_width"].items()}
     # auto's own verify costs; a width it never verified from the fixed arm that ran it as its block
     assert c.verify == {w: auto[w] if w in auto else record[str(w)]["verify_ms_by_width"][str(w)]
@@ -56,7 +63,7 @@ def test_cost_model_is_the_records():
     else:  # the ends say more pairs cost less (noise): the rule makes the line flat, at the median
         flat = statistics.median(record[b]["round_ms"]["accept"] for b in fixed_blocks)
         assert (c.accept(x0), c.accept(x1)) == (pytest.approx(flat), pytest.approx(flat))
-    fixed = sim.costs_from_record(sim.RECORD, "fixed")
+    fixed = sim.costs_from_record(RECORD, "fixed")
     assert fixed.verify[3] == record["3"]["verify_ms_by_width"]["3"]
     # a round of 2 drafts keeping 1: verify(3) + one drafter step + accept(2 pairs) + the rest
     assert c.round_ms(2, 1) == pytest.approx(c.verify[3] + c.draft_step + c.accept(2)
@@ -69,7 +76,7 @@ def test_cost_model_is_the_records():
 
 
 def test_a_width_auto_never_verified_costs_what_its_fixed_arm_measured(tmp_path):
-    record = json.loads(sim.RECORD.read_text())
+    record = json.loads(RECORD.read_text())
     for r in record["rows"]:
         if r["block_size"] == "auto":
             r["verify_ms_by_width"] = {w: ms for w, ms in r["verify_ms_by_width"].items()
@@ -85,7 +92,7 @@ def test_a_width_auto_never_verified_costs_what_its_fixed_arm_measured(tmp_path)
 
 def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
     traces = json.loads(sim.TRACES.read_text())
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     a = sim.simulate(traces, costs, seeds=2, sigma=0.15)
     assert a == sim.simulate(traces, costs, seeds=2, sigma=0.15)
     assert list(a) == ["code", "prose", "enumeration", "random"]
@@ -98,7 +105,7 @@ def test_simulation_is_deterministic_and_reports_every_prompt(capsys):
     # widths 1 and 2, the widest, width 5 once (unmeasured beside the choice: tried), then the
     # widest; the last round, width 3, cut by the token budget
     assert got["widths"] == {1: 1, 2: 1, 3: 1, 5: 1, 6: 20}
-    sim.main(["--seeds", "1"])
+    simulate(["--seeds", "1"])
     out = capsys.readouterr().out
     assert "| enumeration |" in out and "auto / best fixed" in out
 
@@ -113,7 +120,7 @@ class _Scripted(BlockChooser):
 
 
 def test_a_stretch_without_drafts_runs_at_the_plain_step_and_the_drafter_catches_up_later():
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     chooser = _Scripted(5)
     got = sim.replay([1] * 13, 14, costs, sim.Noise(0, 0.0), chooser=chooser)
     # 10 pipelined steps (tokens 2-11), then the drafting round's catch-up of their 10 pairs
@@ -135,7 +142,7 @@ def test_a_stretch_without_drafts_runs_at_the_plain_step_and_the_drafter_catches
 def test_offsets_replay_each_seed_from_its_own_position():
     traces = json.loads(sim.TRACES.read_text())
     traces["prompts"] = {"code": traces["prompts"]["code"]}
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     got = sim.simulate(traces, costs, seeds=2, sigma=0.1, offsets=2)["code"]
     L, n = traces["prompts"]["code"]["L"], traces["max_tokens"]
     for b in (1, 4):
@@ -158,7 +165,7 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs(tmp_path):
     """Two noisy fixed arms can say the hook cost less at more tokens per round: the model then
     takes it flat at their median instead of a falling line (the realistic-size record's arms,
     with the hook's ms set to fall, as an earlier take of that record had them)."""
-    record = json.loads((sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-02.json")
+    record = json.loads(BIG_RECORD
                         .read_text())
     rows = {str(r["block_size"]): r for r in record["rows"]}
     assert rows["3"]["tokens_per_round"] > rows["2"]["tokens_per_round"]
@@ -210,7 +217,7 @@ def test_the_accept_hook_never_gets_cheaper_with_more_pairs(tmp_path):
 ])
 def test_bad_arguments_name_the_flag(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
-        sim.main(argv)
+        simulate(argv)
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(msg)
 
@@ -231,7 +238,7 @@ def test_chooser_settings_replay_auto_with_them(capsys):
     assert type(sim.chooser_settings("cost_window=3")["cost_window"]) is int
     # the table's auto column is the chooser with those settings, on the same seeds
     traces = json.loads(sim.TRACES.read_text())
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     argv = ["--seeds", "2", "--offsets", "3"]
 
     want = {}
@@ -240,14 +247,14 @@ def test_chooser_settings_replay_auto_with_them(capsys):
                         lambda k: BlockChooser(k, optimism=0.0, context_weight=None))):
         got = sim.simulate(traces, costs, 2, 0.15, make_chooser=make, offsets=3)
         want[text] = f"{got['code']['auto']:.1f}"
-        sim.main(argv + (["--chooser", text] if text else []))
+        simulate(argv + (["--chooser", text] if text else []))
         assert auto_column(capsys.readouterr().out) == [want[text]]
     assert want[""] != want["optimism=0,context_weight=none"]  # the settings changed the choices
 
 
 def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(capsys):
     traces = json.loads(sim.TRACES.read_text())
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     got = sim.simulate(traces, costs, 2, 0.15, offsets=3, session=RoundCosts())
 
     class First(BlockChooser):  # remembers its first choice
@@ -274,7 +281,7 @@ def test_a_session_shares_round_costs_across_auto_runs_in_the_records_order(caps
     # chooser of its own starts at width 1
     assert firsts[0] == 0 and min(firsts[1:]) > 0
     assert BlockChooser(5).choose() == 0
-    sim.main(["--seeds", "1", "--session"])
+    simulate(["--seeds", "1", "--session"])
     assert "| random |" in capsys.readouterr().out
 
 
@@ -304,13 +311,13 @@ def test_max_tokens_cuts_recorded_traces(capsys):
     assert long["max_tokens"] == 512  # the input is left as it was
     # through the command line: the 128-token cut replays as the 128-token file does
     path = str(sim.ROOT / "tests" / "data" / "demo_pair_traces_512.json")
-    sim.main(["--traces", path, "--max-tokens", "128", "--seeds", "1"])
+    simulate(["--traces", path, "--max-tokens", "128", "--seeds", "1"])
     rows = table_rows(capsys.readouterr().out)
-    sim.main(["--seeds", "1"])
+    simulate(["--seeds", "1"])
     want = table_rows(capsys.readouterr().out)
     assert [rows[k] for k in want] == list(want.values())
     with pytest.raises(SystemExit) as e:
-        sim.main(["--max-tokens", "129"])
+        simulate(["--max-tokens", "129"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "--max-tokens: expected 2 to 128 (the traces' tokens), got 129")
@@ -329,7 +336,7 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
     assert (own.tests, own.hits, own.judged) == ([1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1, 0, 0])
     # replayed: every drafting round's judgments reach draft 5 on a trace that keeps all five
     chooser = sim.JudgeAll(5)
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     got = sim.replay([5] * 40, 41, costs, sim.Noise(0, 0.0), chooser=chooser)
     drafting = sum(n for w, n in got["widths"].items() if w > 1)
     assert got["widths"][2] >= 1  # the second round drafts one, and is judged on five
@@ -338,7 +345,7 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
     traces = json.loads(sim.TRACES.read_text())
     want = sim.simulate(traces, costs, 1, 0.15,
                         make_chooser=lambda k: sim.JudgeAll(k, optimism=0.0))["code"]["auto"]
-    sim.main(["--seeds", "1", "--judge-all", "--chooser", "optimism=0"])
+    simulate(["--seeds", "1", "--judge-all", "--chooser", "optimism=0"])
     assert auto_column(capsys.readouterr().out) == [f"{want:.1f}"]
     assert want != sim.simulate(traces, costs, 1, 0.15)["code"]["auto"]
 
@@ -353,7 +360,7 @@ def test_round_spread_gives_each_fixed_blocks_yield_per_round(capsys):
     # 9 tokens: the round at p = 6 may keep only 9 - 7 - 1 = 1 (the token budget)
     assert sim.round_yields(L, 9, 3) == [3, 2, 1, 2]
     assert sum(sim.round_yields(L, 10, 6)) == 9  # every token after the first, whatever block
-    costs = sim.costs_from_record(sim.RECORD)
+    costs = sim.costs_from_record(RECORD)
     for b in (2, 3, 4, 5, 6):
         got = sim.replay(L, 10, costs, sim.Noise(0, 0.0), fixed=b)
         assert len(sim.round_yields(L, 10, b)) == sum(got["widths"].values())
@@ -361,7 +368,7 @@ def test_round_spread_gives_each_fixed_blocks_yield_per_round(capsys):
     traces = json.loads(sim.TRACES.read_text())
     y = sim.round_yields(traces["prompts"]["code"]["L"], 128, 5)
     mean, sd = statistics.mean(y), statistics.stdev(y)
-    sim.main(["--round-spread"])
+    simulate(["--round-spread"])
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
             if line.startswith("| code | 5 |")]
     assert rows == [["| code", "5", str(len(y)), f"{mean:.2f}", f"{sd:.2f}",
@@ -369,8 +376,8 @@ def test_round_spread_gives_each_fixed_blocks_yield_per_round(capsys):
 
 
 def test_synthetic_run_prints_a_table(capsys):
-    path = sim.ROOT / "benchmark_results" / "big-pair-blis-vm-2026-12-02.json"
-    sim.main(["--record", str(path), "--acceptance", "0.6,0.4,0.1,0.1,0.15", "--max-tokens",
+    path = BIG_RECORD
+    simulate(["--record", str(path), "--acceptance", "0.6,0.4,0.1,0.1,0.15", "--max-tokens",
               "96", "--seeds", "1"])
     out = capsys.readouterr().out
     assert "| synthetic-3 |" in out and "auto / best fixed" in out
@@ -379,8 +386,8 @@ def test_synthetic_run_prints_a_table(capsys):
 def test_acceptance_traces_agree_with_real_runs_on_a_tiny_pair(tmp_path):
     """The trace script's replay one position at a time and its check against real fixed-block
     and auto runs (which raises on any round that kept other than min(L(p), k))."""
-    import tiny_checkpoints as tc
-    import acceptance_traces
+    from support import tiny_checkpoints as tc
+    from tools import acceptance_traces
 
     model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
     out = tmp_path / "traces.json"
@@ -398,8 +405,8 @@ def test_acceptance_traces_agree_with_real_runs_on_a_tiny_pair(tmp_path):
 def test_acceptance_traces_of_given_prompts_and_the_cli_default(tmp_path):
     """``--prompts-json`` replaces the benchmark's prompts; ``--cli-default`` adds the CLI's
     default prompt, fed as the CLI feeds it: its trace's tokens are the CLI's greedy text."""
-    import tiny_checkpoints as tc
-    import acceptance_traces
+    from support import tiny_checkpoints as tc
+    from tools import acceptance_traces
     import mlx_mtp
     from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
     from mlx_mtp.generate import encode_prompt
@@ -419,7 +426,7 @@ def test_acceptance_traces_of_given_prompts_and_the_cli_default(tmp_path):
 
 
 def test_acceptance_traces_refuse_prompts_json_that_is_not_an_object(tmp_path, capsys):
-    import acceptance_traces
+    from tools import acceptance_traces
 
     (tmp_path / "p.json").write_text(json.dumps(["def add(a, b):"]))
     with pytest.raises(SystemExit) as e:
@@ -433,15 +440,15 @@ def test_acceptance_traces_refuse_prompts_json_that_is_not_an_object(tmp_path, c
 def test_verify_steps_replace_the_records_verify_costs(capsys):
     """``--verify-steps``: verify(w) = the given multiple of the record's plain step; the other
     costs stay the record's."""
-    sim.main(["--seeds", "1", "--verify-steps", "1,1.25,1.25,1.25,1.35,1.45"])
+    simulate(["--seeds", "1", "--verify-steps", "1,1.25,1.25,1.25,1.35,1.45"])
     out = capsys.readouterr().out
-    c = sim.costs_from_record(sim.RECORD)
+    c = sim.costs_from_record(RECORD)
     want = {w: x * c.plain_step for w, x in enumerate([1, 1.25, 1.25, 1.25, 1.35, 1.45], 1)}
     assert f"costs (ms): {replace(c, verify=want)}" in out
     assert "| random |" in out
 
 
-AUTO_RECORD = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-vm-2026-12-03.json"
+AUTO_RECORD = RECORDS / "demo-pair-blis-auto.json"
 
 
 def test_a_record_without_block_1_takes_the_plain_step_from_mlx_lm_and_own_costs_split_arms():
@@ -469,7 +476,7 @@ def test_fixed_costs_take_width_1_from_the_fixed_arms_that_verified_one_token(tm
     """In the code-prompt auto record blocks 5 and 6 never ran a one-token round (the budget's
     last round was wider): ``fixed`` costs take width 1 from blocks 3 and 4 (it failed with a
     KeyError); with no fixed arm that ran one, auto's."""
-    path = sim.ROOT / "benchmark_results" / "demo-pair-blis-auto-code-vm-2026-12-03.json"
+    path = RECORDS / "demo-pair-blis-auto-code.json"
     record = json.loads(path.read_text())
     rows = {str(r["block_size"]): r for r in record["rows"]}
     assert [b for b in ("3", "4", "5", "6") if "1" in rows[b]["verify_ms_by_width"]] == ["3", "4"]
@@ -485,12 +492,12 @@ def test_fixed_costs_take_width_1_from_the_fixed_arms_that_verified_one_token(tm
 
 
 def test_own_costs_from_the_command_line(capsys):
-    sim.main(["--seeds", "1", "--record", str(AUTO_RECORD), "--verify-arm", "own"])
+    simulate(["--seeds", "1", "--record", str(AUTO_RECORD), "--verify-arm", "own"])
     out = capsys.readouterr().out
     assert f"costs (ms): {sim.costs_from_record(AUTO_RECORD, 'fixed')}" in out
     assert f"auto's costs (ms): {sim.costs_from_record(AUTO_RECORD, 'auto')}" in out
     with pytest.raises(SystemExit) as e:
-        sim.main(["--verify-arm", "own", "--verify-steps", "1,1,1,1,1,1"])
+        simulate(["--verify-arm", "own", "--verify-steps", "1,1,1,1,1,1"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "--verify-steps: not with --verify-arm own (it sets one verify cost table for every arm)")
@@ -499,7 +506,7 @@ def test_own_costs_from_the_command_line(capsys):
 def test_sigma_from_the_record_is_its_auto_arms_spread_within_a_run(tmp_path, capsys):
     """``--sigma record`` replays with the record's measured noise (the auto arm's
     round_spread_by_width, all widths): the same table as that number given."""
-    record = json.loads(sim.RECORD.read_text())
+    record = json.loads(RECORD.read_text())
     auto = next(r for r in record["rows"] if r["block_size"] == "auto")
     auto["round_spread_by_width"] = {"3": {"rounds": 40, "log_sd": 0.05},
                                      "all": {"rounds": 90, "log_sd": 0.0375}}
@@ -507,19 +514,19 @@ def test_sigma_from_the_record_is_its_auto_arms_spread_within_a_run(tmp_path, ca
     path.write_text(json.dumps(record))
     assert sim.record_sigma(path) == 0.0375
     argv = ["--record", str(path), "--seeds", "2", "--offsets", "3"]
-    sim.main(argv + ["--sigma", "record"])
+    simulate(argv + ["--sigma", "record"])
     measured = capsys.readouterr().out
     assert "sigma (the record's auto arm, within a run): 0.0375" in measured
-    sim.main(argv + ["--sigma", "0.0375"])
+    simulate(argv + ["--sigma", "0.0375"])
     given = capsys.readouterr().out
     assert table_rows(measured) == table_rows(given)
-    sim.main(argv)  # the default, 0.15: other round times, another table
+    simulate(argv)  # the default, 0.15: other round times, another table
     assert table_rows(capsys.readouterr().out) != table_rows(given)
     # a record from before the field: an error naming the flag and the record
     del auto["round_spread_by_width"]
     path.write_text(json.dumps(record))
     with pytest.raises(SystemExit) as e:
-        sim.main(argv + ["--sigma", "record"])
+        simulate(argv + ["--sigma", "record"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         f"--sigma record: {path} has no auto arm with round_spread_by_width (records before it "

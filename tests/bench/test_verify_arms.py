@@ -1,8 +1,7 @@
-"""scripts/verify_arms.py: every arm timed on a tiny wide target and the demo pair, the layers'
+"""benchmarks.verify_arms: every arm timed on a tiny wide target and the demo pair, the layers'
 choices restored; the all-kernel arms compute the installed verify's bytes."""
 
 import json
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,8 +13,7 @@ from mlx_mtp.exactness import row_exact
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.models.qwen3_5 import gdn_block
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import verify_arms  # noqa: E402
+from benchmarks import verify_arms
 
 
 def test_verify_arms_reports_every_arm_against_the_decode_step(wide_dir, capsys):

@@ -1,31 +1,32 @@
 """Was the machine idle while a benchmark ran? Checked before, during and after; written into the record.
 
 On 2 cores a busy neighbour halves plain decode and collapses multi-threaded BLAS, so a record taken
-beside one is not a result (shared/design/benchmarks.md). What is looked at:
+beside one is not a result (docs/benchmarks.md). What is looked at:
 - CPU time of other processes, from /proc: the machine's busy time (/proc/stat) minus what this
   process and its children used, sampled every couple of seconds while the benchmark runs, and in
   a short window before and after it; the processes that used the most are named.
 - steal time (/proc/stat): another virtual machine took our CPUs.
 - a short streaming-read bandwidth probe (numpy, one thread, no BLAS) before and after, against this
-  machine's idle figure (``python scripts/idle_check.py --calibrate`` on an idle machine writes it).
+  machine's idle figure (``python -m benchmarks.idle --calibrate`` on an idle machine writes it to
+  ``benchmark_results/idle-baseline-<host>.json``).
 - the load average, recorded only: it lags by a minute and counts the benchmark itself (and the
   previous one when records are taken back to back), so it cannot decide.
 
-The benchmark scripts use ``Watch`` around their run and refuse to write a record when the machine
-was not idle, unless ``--allow-busy``, which labels the record "contended: not a result".
+The benchmarks use ``Watch`` around their run (``benchmarks.common.watch`` / ``finish``) and
+refuse to write a record when the machine was not idle, unless ``--allow-busy``, which labels the
+record "contended: not a result".
 
-On a virtual machine the neighbours come and go within minutes (hypervisor steal of 0.1-0.25 cores
-for a few minutes, then 0.01), so a run of several minutes is rarely quiet from end to end. A script
-that measures in units (``Watch.unit``: one alternating pair of arms, one round of processes) has
-each unit judged on its own: the CPU time of other processes and the steal during it, and a
-bandwidth probe after it. A unit that was not quiet is measured again after a 20 s pause (at
-most ``--retakes`` times in a run) and the discarded attempt's time leaves the run's figures; the
-record lists every retake and why. Units alternate their arms, so dropping a whole unit favours no
-arm. ``--wait-idle S`` waits up to S seconds for a quiet idle window before the run (and after it)
-instead of refusing at once.
+On a virtual machine the neighbours come and go within minutes, so a run of several minutes is
+rarely quiet from end to end. A benchmark that measures in units (``Watch.unit``: one alternating
+pair of arms, one round of processes) has each unit judged on its own: the CPU time of other
+processes and the steal during it, and a bandwidth probe after it. A unit that was not quiet is
+measured again after a 20 s pause (at most ``--retakes`` times in a run) and the discarded
+attempt's time leaves the run's figures; the record lists every retake and why. Units alternate
+their arms, so dropping a whole unit favours no arm. ``--wait-idle S`` waits up to S seconds for a
+quiet idle window before the run (and after it) instead of refusing at once.
 
-    python scripts/idle_check.py --calibrate     # on an idle machine: store its idle bandwidth
-    python scripts/idle_check.py                 # check now (10 s window), print the verdict
+    python -m benchmarks.idle --calibrate     # on an idle machine: store its idle bandwidth
+    python -m benchmarks.idle                 # check now (10 s window), print the verdict
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 

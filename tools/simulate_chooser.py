@@ -1,8 +1,10 @@
 """Replay block-size policies on recorded acceptance traces with a device cost model: tokens per
 simulated second for every fixed block size and for ``BlockChooser`` (``block_size="auto"``).
 
-Wall-clock runs on a small shared machine are too noisy to tune a chooser by; at T=0 the drafts
-are a function of the text (``scripts/acceptance_traces.py`` records L(p), the drafts kept of K
+The question it answers: would a change to the block chooser (or to its settings, or to the round
+costs) bring ``auto`` closer to the best fixed block size, and on which prompts, before any
+wall-clock run? Wall-clock runs on a small shared machine are too noisy to tune a chooser by; at
+T=0 the drafts are a function of the text (``tools.acceptance_traces`` records L(p), the drafts kept of K
 made at output position p, and the output ids, which auto's chooser is shown as the loop shows
 them: ``BlockChooser.see``), so only the costs need a model. A round of k drafts at position p
 keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.decoding.rounds):
@@ -19,29 +21,29 @@ Fixed block 1 is the plain path (``plain_step`` per token). Each round's time (w
 clock and the chooser see) is multiplied by a seeded lognormal factor exp(sigma * N(0, 1));
 ``--spike-every`` adds a rare stall (x ``--spike``) on top. ``--sigma record`` takes sigma from
 the record: its auto arm's measured spread of round times within a run
-(``round_spread_by_width``, records from 2026-12-02 on); the default 0.15 is a stress, about
-2.5 times what the idle Xeon VM measures.
+(``round_spread_by_width``); the default 0.15 is a stress, about 2.5 times what an idle 2-core
+machine measures.
 
-The costs come from a benchmark record (``--record``, default the BLIS demo-pair record):
+The costs come from a ``benchmarks.bench_mtp`` record (``--record``: a record's JSON, or a topic,
+whose newest record in benchmark_results/ is read; default the topic ``demo-pair-blis``):
 ``verify_ms_by_width`` of an arm (``--verify-arm``: ``auto``, the default, takes a width auto
 never verified from the fixed arm that ran it as its block; ``fixed`` takes each width from the
 fixed arm that verified it most, else auto's; ``own`` gives each arm its own: the fixed blocks the
 fixed arms', auto its own rounds', for a record where auto's verifies ran dearer than the fixed
-arms' at the same width: 25.6 ms against 23.7 at width 3 in the auto record), the round split of the
+arms' at the same width), the round split of the
 fixed arms, the plain step (block 1's, else the record's mlx-lm step), the drafter step
 (measured per step where the record waited for each phase; else the draft phase's ms per step,
 the device work of queued drafts being inside the verify it overlaps).
 
 For a pair without recorded traces, ``--acceptance`` draws synthetic ones from its per-position
 acceptance (independent positions: no text's structure), e.g. the realistic-size pair:
-``--record benchmark_results/big-pair-blis-vm-2026-12-02.json --acceptance 0.6,0.4,0.1,0.1,0.15
---max-tokens 96``.
+``--record big-pair-blis --acceptance 0.6,0.4,0.1,0.1,0.15 --max-tokens 96``.
 
-    python scripts/simulate_chooser.py [--traces tests/data/demo_pair_traces.json] \
+    python -m tools.simulate_chooser [--traces tests/data/demo_pair_traces.json] \
         [--seeds 20] [--sigma 0.15] [--verify-arm auto|fixed|own] [--offsets 20] \
         [--verify-steps 1,1.25,1.25,1.25,1.35,1.45] [--session] \
         [--chooser decay=0.8,context_weight=none] [--max-tokens 256] [--judge-all] \
-        [--round-spread]
+        [--round-spread] [--record RECORD.json | --record TOPIC]
 
 ``--max-tokens N`` replays recorded traces cut to their first N tokens (a 512-token trace as a
 256-token generation). ``--judge-all`` replays auto with a chooser that learns as if every
@@ -71,18 +73,30 @@ import json
 import math
 import random
 import statistics
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts  # noqa: E402  (pure Python)
-from mlx_mtp.errors import MTPError  # noqa: E402
+from benchmarks.common import newest_record
+from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts  # (pure Python)
+from mlx_mtp.errors import MTPError
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD = ROOT / "benchmark_results" / "demo-pair-blis-vm-2026-12-03.json"
+RECORD_TOPIC = "demo-pair-blis"  # the default record: the newest of this topic
+# The demo pair's T=0 traces of the benchmarks' four prompts (``tools.acceptance_traces``'s
+# default output), the ones the record's runs decoded.
 TRACES = ROOT / "tests" / "data" / "demo_pair_traces.json"
+
+
+def record_path(text: str) -> Path:
+    """``--record``: a record's JSON file, or a topic whose newest record is taken
+    (``benchmarks.common.newest_record``). FileNotFoundError when it is neither."""
+    path = Path(text)
+    if path.suffix == ".json" or path.exists():
+        if not path.exists():
+            raise FileNotFoundError(f"no such record: {path}")
+        return path
+    return newest_record(text)
 
 
 @dataclass
@@ -383,7 +397,9 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int,
                     help="tokens per run: of the --acceptance traces (default 128), or the "
                          "recorded --traces cut to their first MAX_TOKENS (default: all)")
-    ap.add_argument("--record", default=str(RECORD))
+    ap.add_argument("--record", default=RECORD_TOPIC, metavar="RECORD.json|TOPIC",
+                    help="the bench_mtp record whose round costs are replayed, or a topic whose "
+                         f"newest record in benchmark_results/ is (default: {RECORD_TOPIC})")
     ap.add_argument("--verify-arm", choices=("auto", "fixed", "own"), default="auto",
                     help="verify cost per width: the record's auto arm's, the fixed arms' (each "
                          "width from the arm that verified it most), or each arm its own (fixed "
@@ -453,9 +469,13 @@ def main(argv=None):
     if args.round_spread:
         print(spread_table(traces, args.max_block_size))
         return
+    try:
+        args.record = record_path(args.record)
+    except FileNotFoundError as e:
+        ap.error(f"--record: {e}")
     own = args.verify_arm == "own"
-    costs = costs_from_record(Path(args.record), "fixed" if own else args.verify_arm)
-    auto_costs = costs_from_record(Path(args.record), "auto") if own else None
+    costs = costs_from_record(args.record, "fixed" if own else args.verify_arm)
+    auto_costs = costs_from_record(args.record, "auto") if own else None
     if args.verify_steps and own:
         ap.error("--verify-steps: not with --verify-arm own (it sets one verify cost table for "
                  "every arm)")
@@ -471,7 +491,7 @@ def main(argv=None):
     sigma = args.sigma
     if sigma == "record":
         try:
-            sigma = record_sigma(Path(args.record))
+            sigma = record_sigma(args.record)
         except MTPError as e:
             ap.error(f"--sigma record: {e}")
         print(f"sigma (the record's auto arm, within a run): {sigma:.4f}")

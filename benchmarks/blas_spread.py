@@ -4,10 +4,10 @@ Each round starts, for every BLAS arm (in alternating order), fresh processes of
 run on the demo pair, ``python -m mlx_mtp.generate --no-mtp --json`` and the same with MTP, and
 one that times a 512x512 f32 matmul (median of 50 after a warm-up). Per arm the record gives the
 plain and MTP tok/s of every process, their max/min (the spread), the worst process, and the matmul
-medians; the machine's idle check (scripts/idle_check.py) runs around the whole thing and
-judges each round on its own (a round that was not quiet is run again).
+medians; the machine's idle check (``benchmarks.idle``) runs around the whole thing and judges
+each round on its own (a round that was not quiet is run again).
 
-    python scripts/blas_spread.py [--processes 5] [--arms default,blis,openblas,...]
+    python -m benchmarks.blas_spread [--processes 5] [--arms default,blis,openblas,...]
 
 Each round also starts the host probe first: a fresh process that imports numpy only (no MLX, no
 mlx_mtp) and times matrix-vector products over a cache-sized and a memory-sized matrix. It says
@@ -15,7 +15,7 @@ what the machine itself gave at that moment: if it spreads as the CLI's runs do,
 host's (a VM shares its caches and memory with other guests), not a process's luck.
 
 Arms: ``default`` (what mlx_mtp binds with nothing set: BLIS, one thread fewer than the cores,
-over columns), ``blis`` (BLIS's own 2-D split over all cores: the default before issue 17),
+over columns), ``blis`` (BLIS's own 2-D split over all cores),
 ``blis-jc`` (all cores, over columns only: BLIS_JC_NT), ``blis-1`` (one thread), ``openblas`` (all
 cores), ``bundled`` (MLX's reference BLAS). Writes ``benchmark_results/blas-spread-<host>-
 <date>.{md,json}``.
@@ -31,13 +31,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
-from mlx_mtp.cpu import blas as cpu_blas  # noqa: E402
+from benchmarks import common
+from mlx_mtp.cpu import blas as cpu_blas
 
-WITHIN = 1.15  # the issue's bar: five fresh processes within 15% of each other
+ROOT = Path(__file__).resolve().parents[1]
+WITHIN = 1.15  # the bar: fresh processes of one BLAS choice within 15% of each other
 BLAS_VARS = ("MLX_MTP_CPU_BLAS", "BLIS_NUM_THREADS", "BLIS_JC_NT", "BLIS_PC_NT", "BLIS_IC_NT",
              "BLIS_JR_NT", "BLIS_IR_NT", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 MATMUL = """
@@ -198,7 +196,7 @@ def one_process(stayed: list) -> dict:
 
 def render(r: dict) -> str:
     # BLAS and environment are per arm (fresh processes), stated with the results
-    lines = bench_common.setup_lines(r, device=False, blas=False, env=False) + [
+    lines = common.setup_lines(r, device=False, blas=False, env=False) + [
              f"- {r['processes']} rounds; each round, per arm in alternating order, fresh processes "
              f"of `python -m mlx_mtp.generate --json --max-tokens {r['max_tokens']}` (demo pair, "
              "default prompt, T=0) with `--no-mtp` and without, and a 512x512 f32 matmul "
@@ -243,7 +241,7 @@ def render(r: dict) -> str:
                                             for x in r["host_probe_runs"]) + " GB/s (cache / memory).",
                   "", "Pearson's r of each arm's plain tok/s with its round's cache probe: "
                   + ", ".join(f"{a} {v:+.2f}" for a, v in h["plain_vs_cache_r"].items()) + "."]
-    lines += bench_common.what_it_says(r)
+    lines += common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -254,7 +252,7 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=256, help="the CLI's default is 256")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
     p.add_argument("--topic", default="blas-spread")
-    bench_common.add_record_args(p, units=True)
+    common.add_record_args(p, units=True)
     args = p.parse_args(argv)
     available = arms()
     names = args.arms.split(",") if args.arms else list(available)
@@ -264,7 +262,7 @@ def main(argv=None):
                 f"{', '.join(available)})")
     if args.processes < 2 or args.max_tokens < 2:
         p.error("--processes >= 2 and --max-tokens >= 2 are required")
-    watch = bench_common.watch(args)
+    watch = common.watch(args)
     runs = {a: [] for a in names}
     staying, stayed = StayingProcess(args), []
     staying.measure()  # its first run pays the process's one-time costs, as a fresh one does
@@ -290,12 +288,12 @@ def main(argv=None):
             runs[arm].append(got[arm])
         stayed.append(kept)
     staying.close()
-    result = {**bench_common.record_setup(args.topic), "processes": args.processes,
+    result = {**common.record_setup(args.topic), "processes": args.processes,
               "max_tokens": args.max_tokens, "arm_env": {a: available[a] for a in names},
               "arms": {a: summarize(runs[a]) for a in names}, "runs": runs,
               "one_process": one_process(stayed), "host_probe_runs": host,
               "host_probe": host_summary(host, runs)}
-    return bench_common.finish(args, result, watch, render)
+    return common.finish(args, result, watch, render)
 
 
 if __name__ == "__main__":

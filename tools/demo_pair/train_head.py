@@ -1,6 +1,6 @@
 """Step 3 of the demo pair: train the MTP head by self-distillation on the frozen target.
 
-    python scripts/demo_pair/train_head.py --work WORK --minutes 20
+    python -m tools.demo_pair.train_head --work WORK --minutes 20
 
 The teacher is the target's own next-token distribution (KL to its softmax), so the head learns
 what the target will say, not what the corpus says. Each batch trains ``--steps-ahead`` recurrent
@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_model import MTPHead, install_fast_gdn, target_config  # noqa: E402
-from train_loop import ResumableRun, add_common_args  # noqa: E402
-from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
+from tools.demo_pair.torch_model import MTPHead, install_fast_gdn, target_config
+from tools.demo_pair.train_loop import ResumableRun, add_common_args
 
 STEP_WEIGHTS = (1.0, 0.7, 0.5, 0.4, 0.3)
 

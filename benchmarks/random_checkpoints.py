@@ -1,8 +1,11 @@
-"""Tiny, structurally faithful Qwen3.5 checkpoints written on the fly.
+"""Random-weight Qwen3.5 (and Qwen3-Next) checkpoints written on the fly: tiny ones for the tests,
+larger ones of realistic proportions for benchmarks that measure cost, not acceptance
+(``benchmarks.bench_drafter``'s random pair, ``benchmarks.probe_cost --synthetic``).
 
-Same file layout and key names as the real ones (spec ``qwen3_5-mtp.md`` §4): raw HF
-(``model.language_model.*``, HF conv1d layout, zero-centred norms, top-level ``mtp.*``, metadata
-``format: pt``) and MLX conversions made by mlx-lm's own ``convert`` (``mtp.*`` stripped).
+Same file layout and key names as the real checkpoints: raw HF (``model.language_model.*``, HF
+conv1d layout, zero-centred norms, top-level ``mtp.*``, metadata ``format: pt``) and MLX
+conversions made by mlx-lm's own ``convert`` (``mtp.*`` stripped). The tests import this module
+(through ``tests/tiny_checkpoints.py``); nothing here imports the tests.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ CORPUS = [
 def qwen3_5_config(*, moe: bool = False, tied: bool = False, layers: int = 4, hidden: int = 64,
                    vocab: int = VOCAB, **text_overrides) -> dict:
     """``text_overrides`` replace ``text_config`` fields (head counts and dims, intermediate
-    size ...) for checkpoints with other proportions (``scripts/bench_drafter.py``)."""
+    size ...) for checkpoints with other proportions (``benchmarks.bench_drafter``)."""
     text = {
         "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
         "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden,

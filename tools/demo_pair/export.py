@@ -1,7 +1,7 @@
 """Step 4 of the demo pair: write the trained target + head as a raw Hugging Face Qwen3.5
 checkpoint (what ``snapshot_download`` of a real one gives), and check it.
 
-    python scripts/demo_pair/export.py --work WORK --out mlx_mtp/demo
+    python -m tools.demo_pair.export --work WORK --out mlx_mtp/demo_pair
 
 Layout: ``config.json`` (nested ``qwen3_5`` config), ``model.safetensors`` (bfloat16,
 ``model.language_model.*`` and top-level ``mtp.*``, metadata format "pt", tied embeddings),
@@ -21,15 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import mlx_mtp  # noqa: E402,F401  (binds the CPU BLAS before mlx.core)
-import mlx.core as mx  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import mlx_mtp  # noqa: F401  (binds the CPU BLAS before mlx.core)
+import mlx.core as mx
+import torch
+from safetensors.torch import save_file
 
-from torch_model import TEXT_CONFIG, MTPHead, install_fast_gdn  # noqa: E402
-from train_head import load_target  # noqa: E402
+from tools.demo_pair.torch_model import TEXT_CONFIG, MTPHead, install_fast_gdn
+from tools.demo_pair.train_head import load_target
 
 TOL = 2e-3  # max |logit difference| MLX vs PyTorch, float32 compute on identical weights
 

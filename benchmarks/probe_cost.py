@@ -1,10 +1,11 @@
 """What the exactness probe costs, in wall time and in plain decode steps of the same target.
 
-    python scripts/probe_cost.py [--model PATH] [--synthetic] [--repeats 5] [--json] [--record]
+    python -m benchmarks.probe_cost [--model PATH] [--synthetic] [--repeats 5] [--json] [--record]
 
 Targets: ``--model`` (default: the embedded demo pair) loaded through ``mlx_mtp.load_model``;
-with ``--synthetic`` also the test suite's tiny raw-HF checkpoint (H=64, 4 layers, V=320) and a
-larger random Qwen3.5 (H=1024, 8 layers, V=32768) built in memory, to show how the cost scales.
+with ``--synthetic`` also a tiny raw-HF checkpoint (H=64, 4 layers, V=320, the tests' own) and a
+larger random Qwen3.5 (H=1024, 8 layers, V=32768) built in memory
+(``benchmarks.random_checkpoints``), to show how the cost scales.
 For each session block size B the probe runs widths 2..B cold (a fresh adapter: nothing memoized)
 and then from the memo. Medians of ``--repeats`` runs. Prints a table (or JSON); ``--record``
 also writes ``benchmark_results/probe-cost-<host>-<date>.{md,json}``.
@@ -20,21 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
+import mlx.core as mx
 
-from mlx_mtp.exactness import block_vs_chain as exactness  # noqa: E402  (first: mlx_mtp may set MLX up before mlx.core loads)
-
-import mlx.core as mx  # noqa: E402
-import tiny_checkpoints as tc  # noqa: E402
-from mlx_mtp.exactness.gate import session_widths  # noqa: E402
-from mlx_mtp.models.registry import load_model  # noqa: E402
-from mlx_mtp.demo import demo_path  # noqa: E402
-from mlx_mtp.models.qwen3_5.target import Qwen3_5Target  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
+from benchmarks import common
+from benchmarks import random_checkpoints as tc
+from mlx_mtp.demo import demo_path
+from mlx_mtp.exactness import block_vs_chain as exactness
+from mlx_mtp.exactness.gate import session_widths
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
+from mlx_mtp.models.registry import load_model
 
 
 def decode_step_s(mlx_model, repeats: int) -> float:
@@ -91,12 +87,12 @@ def synthetic_rows(repeats: int):
 
 
 def record(args, rows) -> dict:
-    return {**bench_common.record_setup("probe-cost"), "repeats": args.repeats, "rows": rows,
-            "summary": args.summary or bench_common.SUMMARY_TODO}
+    return {**common.record_setup("probe-cost"), "repeats": args.repeats, "rows": rows,
+            "summary": args.summary or common.SUMMARY_TODO}
 
 
 def render(r: dict) -> str:
-    lines = bench_common.setup_lines(r) + [
+    lines = common.setup_lines(r) + [
              f"- Medians of {r['repeats']} runs; cold = fresh adapter (nothing memoized), "
              "probing widths 2..B as a session of block size B does", "",
              "## Results", "",
@@ -106,7 +102,7 @@ def render(r: dict) -> str:
         lines.append(f"| {x['target']} | {x['block_size']} | {x['verdict']} | "
                      f"{x['probe_cold_ms']:.1f} | {x['probe_memo_ms']:.3f} | "
                      f"{x['decode_step_ms']:.2f} | {x['cold_in_decode_steps']:.1f} |")
-    lines += bench_common.what_it_says(r)
+    lines += common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -118,9 +114,9 @@ def main(argv=None) -> int:
     p.add_argument("--synthetic", action="store_true",
                    help="also the tiny test checkpoint and a random H=1024 target")
     p.add_argument("--record", action="store_true", help="write a benchmark_results/ record")
-    bench_common.add_record_args(p)
+    common.add_record_args(p)
     args = p.parse_args(argv)
-    watch = bench_common.watch(args) if args.record else None
+    watch = common.watch(args) if args.record else None
     path = args.model or demo_path()
     model = load_model(path, require_head=False)
     rows = measure(f"{'demo pair' if args.model is None else path}", model.mlx_model,
@@ -128,7 +124,7 @@ def main(argv=None) -> int:
     if args.synthetic:
         rows += synthetic_rows(args.repeats)
     if args.record:
-        bench_common.finish(args, record(args, rows), watch, render)
+        common.finish(args, record(args, rows), watch, render)
     if args.json:
         print(json.dumps({"mlx_version": mx.__version__, "device": str(mx.default_device()),
                           "rows": rows}))

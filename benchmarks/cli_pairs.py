@@ -4,11 +4,12 @@ Each pair starts two fresh processes, ``python -m mlx_mtp.generate --json`` (the
 the embedded demo pair, its default prompt, ``--block-size auto``, 256 tokens, T=0) and the same
 with ``--no-mtp`` (mlx-lm's own plain decode), MTP first in even pairs and plain first in odd ones,
 and takes the ratio of their ``generation_tps``. What a user who types the command sees, process
-luck included (``scripts/blas_spread.py`` measures that luck on its own). ``--cli-args`` adds flags
-to both commands (e.g. ``"--max-tokens 128"`` for the issue-12 record's length). The idle check
-(``scripts/idle_check.py``) runs around the whole thing and judges each pair on its own.
+luck included (``benchmarks.blas_spread`` measures that luck on its own). ``--cli-args`` adds flags
+to both commands (e.g. ``"--max-tokens 128"``). The idle check (``benchmarks.idle``) runs around
+the whole thing and judges each pair on its own. Each run carries the share of distinct 4-grams
+of its output (``distinct_4gram_share``), the record the median over the plain runs.
 
-    python scripts/cli_pairs.py [--pairs 5] [--cli-args="--max-tokens 128"] [--topic cli-default]
+    python -m benchmarks.cli_pairs [--pairs 5] [--cli-args="--max-tokens 128"] [--topic cli-default]
 
 Writes ``benchmark_results/<topic>-<host>-<date>.{md,json}``.
 """
@@ -25,12 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
+from benchmarks import common
 
-BAR = 1.7  # issue 12: the CLI's default run >= 1.7x --no-mtp over alternating pairs
+ROOT = Path(__file__).resolve().parents[1]
+BAR = 1.7  # the CLI's default run should be >= 1.7x --no-mtp (median over alternating pairs)
 ARMS = ("mtp", "plain")
 # What each arm's generation_tps covers (mlx_mtp.decoding.plain, mlx_mtp.decoding.rounds): stated in the record.
 COVERS = ("Both arms' `generation_tps` is generated tokens (the first one, which the prompt's "
@@ -60,14 +59,15 @@ def run_process(cmd: list, timeout: float) -> dict:
     keep = ("generation_tps", "prompt_tps", "generation_tokens", "prompt_tokens", "tokens",
             "cpu_blas", "mtp_enabled", "acceptance_rate", "tokens_per_round", "block_sizes",
             "per_position_acceptance", "undrafted_steps", "gate_reason")
-    return {**{k: out.get(k) for k in keep}, "process_wall_s": wall}
+    return {**{k: out.get(k) for k in keep}, "process_wall_s": wall,
+            "distinct_4gram_share": common.distinct_ngram_share(out.get("tokens") or [])}
 
 
 def measure(args, watch=None) -> list:
     """``args.pairs`` pairs, alternating which arm starts first; each pair one unit of the idle
     check (retaken when the machine was not quiet during it)."""
     cli_args = shlex.split(args.cli_args)
-    unit = bench_common.idle_check.Watch.runner(watch)
+    unit = common.idle.Watch.runner(watch)
     pairs = []
     for i in range(args.pairs):
         order = ARMS if i % 2 == 0 else ARMS[::-1]
@@ -93,7 +93,10 @@ def summarize(pairs: list) -> dict:
     for p in pairs:
         for w, n in (p["mtp"]["block_sizes"] or {}).items():
             widths[w] = widths.get(w, 0) + n
+    shares = [p["plain"]["distinct_4gram_share"] for p in pairs
+              if p["plain"].get("distinct_4gram_share") is not None]
     return {
+        "distinct_4gram_share": statistics.median(shares) if shares else None,
         "ratio": spread([p["ratio"] for p in pairs]),
         "plain_tps": spread([p["plain"]["generation_tps"] for p in pairs]),
         "mtp_tps": spread([p["mtp"]["generation_tps"] for p in pairs]),
@@ -110,6 +113,11 @@ def summarize(pairs: list) -> dict:
     }
 
 
+def _share(run: dict) -> str:
+    v = run.get("distinct_4gram_share")
+    return "-" if v is None else f"{v:.2f}"
+
+
 def _cell(s: dict, fmt: str = ".1f") -> str:
     return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
@@ -117,32 +125,37 @@ def _cell(s: dict, fmt: str = ".1f") -> str:
 def render(r: dict) -> str:
     s = r["results"]
     cmd = " ".join(["python -m mlx_mtp.generate --json", r["cli_args"]]).strip()
-    lines = bench_common.setup_lines(r) + [
+    share = s.get("distinct_4gram_share")  # (records from before the field: "-")
+    lines = common.setup_lines(r) + [
         f"- {r['pairs']} pairs of fresh processes, `{cmd}` (MTP) and the same with `--no-mtp` "
         "(mlx-lm plain decode), MTP first in even pairs, plain first in odd ones; "
         f"{', '.join(str(n) for n in s['generation_tokens'])} tokens per run; BLAS in the runs: "
         f"{'; '.join(s['cpu_blas'])}",
         f"- What the tok/s cover: {COVERS}", "",
         "## Results (median, min-max over pairs)", "",
-        "| MTP / plain | plain tok/s | MTP tok/s | acceptance | tokens/round | plain process s "
-        "| MTP process s | widths auto chose (width: rounds, all pairs) | MTP = plain tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {_cell(s['ratio'], '.2f')} | {_cell(s['plain_tps'])} | {_cell(s['mtp_tps'])} | "
+        "| MTP / plain | distinct 4-grams | plain tok/s | MTP tok/s | acceptance | tokens/round "
+        "| plain process s | MTP process s | widths auto chose (width: rounds, all pairs) "
+        "| MTP = plain tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {_cell(s['ratio'], '.2f')} | {'-' if share is None else f'{share:.2f}'} | "
+        f"{_cell(s['plain_tps'])} | {_cell(s['mtp_tps'])} | "
         f"{_cell(s['acceptance_rate'], '.2f')} | {_cell(s['tokens_per_round'], '.2f')} | "
         f"{_cell(s['plain_wall_s'], '.2f')} | {_cell(s['mtp_wall_s'], '.2f')} | "
         + ", ".join(f"{w}: {n}" for w, n in s["widths"].items())
         + f" | {'yes' if s['identical'] else 'NO'} |", "",
-        f"Median MTP / plain >= {BAR}x (issue 12's bar): {'yes' if s['meets_bar'] else 'NO'}."
+        f"Median MTP / plain >= {BAR}x: {'yes' if s['meets_bar'] else 'NO'}."
         + ("" if s["mtp_enabled"] else " MTP was declined in some run (see the JSON's "
                                         "gate_reason): those runs decoded plainly."), "",
         "## Pairs", "",
-        "| pair | first | plain tok/s | MTP tok/s | MTP / plain | acceptance | tokens/round |",
-        "|---|---|---|---|---|---|---|"]
+        "| pair | first | plain tok/s | MTP tok/s | MTP / plain | acceptance | tokens/round "
+        "| distinct 4-grams plain / MTP |",
+        "|---|---|---|---|---|---|---|---|"]
     for p in r["runs"]:
         lines.append(f"| {p['pair']} | {p['first']} | {p['plain']['generation_tps']:.1f} | "
                      f"{p['mtp']['generation_tps']:.1f} | {p['ratio']:.2f} | "
-                     f"{p['mtp']['acceptance_rate']:.2f} | {p['mtp']['tokens_per_round']:.2f} |")
-    lines += bench_common.what_it_says(r)
+                     f"{p['mtp']['acceptance_rate']:.2f} | {p['mtp']['tokens_per_round']:.2f} | "
+                     f"{_share(p['plain'])} / {_share(p['mtp'])} |")
+    lines += common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -154,19 +167,19 @@ def main(argv=None):
                         "(default: none, the CLI's default run)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
     p.add_argument("--topic", default="cli-default")
-    bench_common.add_record_args(p, units=True)
+    common.add_record_args(p, units=True)
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs: expected at least 1, got {args.pairs}")
     bad = {"--json", "--no-mtp"}.intersection(shlex.split(args.cli_args))
     if bad:
         p.error(f"--cli-args: {', '.join(sorted(bad))} is set by the script itself")
-    watch = bench_common.watch(args)
+    watch = common.watch(args)
     pairs = measure(args, watch)
-    result = {**bench_common.record_setup(args.topic), "pairs": args.pairs,
+    result = {**common.record_setup(args.topic), "pairs": args.pairs,
               "cli_args": args.cli_args, "bar": BAR, "results": summarize(pairs),
               "covers": COVERS, "runs": pairs}
-    return bench_common.finish(args, result, watch, render, kind=None)
+    return common.finish(args, result, watch, render, kind=None)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Benchmark MTP on a target split over processes (issue 18) against plain decode of the same split.
+"""MTP on a target split over processes against plain decode of the same split.
 
 Starts the ring backend's ranks once per split: ``mlx.launch`` over ``--hosts``, or (default) 2
 processes on this machine started as mlx.launch starts them but without the launcher, whose
@@ -7,11 +7,12 @@ runs the two arms alternated in the same processes (each warmed up once, a fixed
 EOS ignored, temperature 0, every prompt, ``--pairs`` times): MTP at ``--block-size`` and
 mlx-lm's plain decode. Rank 0 reports tok/s (medians over the pairs) and the collectives and
 payload bytes rank 0 exchanged per generated token (prefill included, the exactness probe not),
-and whether both arms gave the same ids. Writes benchmark_results/split-<host>-<date>.md / .json
-(refused when the machine was not idle: ``scripts/idle_check.py``; ``--no-write`` skips both).
+and whether both arms gave the same ids, and the share of distinct 4-grams of each prompt's
+plain output. Writes benchmark_results/split-<host>-<date>.md / .json (refused when the machine
+was not idle: ``benchmarks.idle``; ``--no-write`` skips both).
 
-    python scripts/bench_split.py                                   # the demo pair, both splits
-    python scripts/bench_split.py --model PATH --splits pipeline --pairs 5 --max-tokens 256
+    python -m benchmarks.bench_split                                   # the demo pair, both splits
+    python -m benchmarks.bench_split --model PATH --splits pipeline --pairs 5 --max-tokens 256
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import common
+from benchmarks.harness import launch as mlx_launch
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common  # noqa: E402  (scripts/: the record flags and the idle check)
-from benchmarks.harness import launch as mlx_launch  # noqa: E402
 
 PROMPTS = {
     "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
@@ -75,6 +75,8 @@ def worker(args) -> None:
                                   "split_bytes_per_token", "tokens_per_round")}
         summary[arm]["mtp_enabled"] = all(r["mtp_enabled"] for r in rs)
     summary["identical"] = all(ids[(n, "mtp")] == ids[(n, "plain")] for n in PROMPTS)
+    summary["distinct_4gram_share"] = {n: common.distinct_ngram_share(ids[(n, "plain")])
+                                       for n in PROMPTS}
     summary["ranks"] = model.split.size
     Path(args.result).write_text(json.dumps(summary))
 
@@ -82,7 +84,7 @@ def worker(args) -> None:
 def launch(args, split: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "rank0.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
+        cmd = [sys.executable, "-m", "benchmarks.bench_split", "--worker",
                "--model", args.model, "--split", split, "--block-size", str(args.block_size),
                "--max-tokens", str(args.max_tokens), "--pairs", str(args.pairs),
                "--result", str(result)]
@@ -106,7 +108,7 @@ def launch(args, split: str) -> dict:
 
 
 def render(r: dict) -> str:
-    lines = [*bench_common.setup_lines(r),
+    lines = [*common.setup_lines(r),
              f"- Model: {r['model']}; {r['hosts']} ranks (ring), block size {r['block_size']}, "
              f"{r['max_tokens']} tokens, {len(r['prompts'])} prompts x {r['pairs']} pairs, T=0; "
              "medians. Collectives and bytes: rank 0, per generated token, prefill included.", "",
@@ -123,7 +125,13 @@ def render(r: dict) -> str:
                          f"{x['split_messages_per_token']:.2f} | "
                          f"{x['split_bytes_per_token'] / 1e3:.1f} | {per_round} | {enabled} | "
                          f"{rec['identical']} |")
-    return "\n".join(lines + bench_common.what_it_says(r))
+    shares = {split: rec["distinct_4gram_share"] for split, rec in r["splits"].items()
+              if "distinct_4gram_share" in rec}  # (records from before the field: none)
+    if shares:
+        lines += ["", "Distinct 4-grams of each prompt's plain output: " + "; ".join(
+            f"{split} " + ", ".join(f"{n} {'-' if v is None else f'{v:.2f}'}"
+                                    for n, v in per.items()) for split, per in shares.items())]
+    return "\n".join(lines + common.what_it_says(r))
 
 
 def main(argv=None) -> int:
@@ -137,7 +145,7 @@ def main(argv=None) -> int:
     p.add_argument("--hosts", default=None, help="mlx.launch --hosts (IPs) instead of local")
     p.add_argument("--port", type=int, default=42323, help="mlx.launch --starting-port")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per split launch")
-    bench_common.add_record_args(p)
+    common.add_record_args(p)
     p.add_argument("--no-write", action="store_true",
                    help="print the table, write nothing (no idle check)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -151,17 +159,18 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    watch = None if args.no_write else bench_common.watch(args)
+    watch = None if args.no_write else common.watch(args)
     records = {s: launch(args, s) for s in args.splits.split(",")}
-    result = {**bench_common.record_setup("split"), "model": args.model,
+    result = {**common.record_setup("split"), "model": args.model,
               "block_size": args.block_size, "max_tokens": args.max_tokens, "pairs": args.pairs,
               "prompts": list(PROMPTS), "hosts": args.hosts or f"{args.ranks} local",
               "splits": records}
     if args.no_write:
         print(render(result))
         return 0
-    bench_common.finish(args, result, watch, render)
+    common.finish(args, result, watch, render)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

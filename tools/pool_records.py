@@ -1,12 +1,13 @@
-"""Pool the alternating pairs of several takes of one ``bench_mtp.py`` record and print its
-per-prompt tables over all of them: auto against the best fixed block (held out: chosen on the
-other pairs), against each fixed block pair by pair, and against plain decode.
+"""Pool the alternating pairs of several takes of one ``bench_mtp`` record and print its per-prompt
+tables over all of them: auto against the best fixed block (held out: chosen on the other pairs),
+against each fixed block pair by pair, and against plain decode.
 
-One take's 6-10 pairs measure a prompt's auto / best fixed block to a few percent, about the
-size of the question (issue 16's 0.97x); takes of the same command and code, pooled, measure it
-more finely than either alone. Writes no record: the takes are the records.
+The question it answers: is ``auto``'s gap to the best fixed block size on a prompt real, or the
+noise of one take? One take's 6-10 pairs measure a prompt's auto / best fixed block to a few
+percent, about the size of the gaps in question; takes of the same command and code, pooled,
+measure it more finely than either alone. Writes no record: the takes are the records.
 
-    python scripts/pool_records.py A.json B.json [...]
+    python -m tools.pool_records A.json B.json [...]
 
 An earlier take of the same name is in git history:
 ``git show <commit>:benchmark_results/<name>.json > take1.json``. The takes must agree on the
@@ -18,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_mtp  # noqa: E402
+from benchmarks import bench_mtp
 
 SAME = ("model", "prompts", "max_tokens", "temperature")  # what makes two takes one experiment
 
@@ -37,7 +36,7 @@ def load(path: str) -> dict:
         raise SystemExit(f"pool_records.py: {path}: not a JSON record")
     if not isinstance(record, dict) or not isinstance(record.get("raw"), dict) \
             or not isinstance(record.get("rows"), list):
-        raise SystemExit(f"pool_records.py: {path}: not a bench_mtp.py record (no raw runs)")
+        raise SystemExit(f"pool_records.py: {path}: not a bench_mtp record (no raw runs)")
     return record
 
 
@@ -70,7 +69,7 @@ def pool(records: list, paths: list) -> dict:
 
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("records", nargs="+", help="bench_mtp.py record JSON files (two or more)")
+    ap.add_argument("records", nargs="+", help="bench_mtp record JSON files (two or more)")
     args = ap.parse_args(argv)
     if len(args.records) < 2:
         ap.error(f"expected two or more records, got {len(args.records)}")

@@ -1,4 +1,4 @@
-"""What an exact verify costs by how the row-exact layers compute it (issue 12), in one process.
+"""What an exact verify costs by how the row-exact layers compute it, in one process.
 
 Arms, alternated round by round on the same target, each with its own cache prefilled alike:
   decode    mlx-lm's own forward of one token (the plain decode step)
@@ -29,28 +29,18 @@ Arms, alternated round by round on the same target, each with its own cache pref
             not ``layer_block``'s compiled graphs
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
-                   kernel pay for speed alone (issue 12, the demo pair)?
+                   kernel pay for speed alone?
   all_kernel_body  the same but the LM head keeps its installed path
 Prints the median ms per arm and each as a multiple of the decode step, as JSON. Nothing is
-written: quote it with the machine's state (run it idle for a number worth quoting):
+written, and the numbers depend on the machine's state: quote them only from an idle machine
+(``python -m benchmarks.idle``), beside the decode step they are multiples of.
 
-    python scripts/verify_arms.py --model PAIR [--width 3] [--reps 12] [--kernel-threads 2]
+    python -m benchmarks.verify_arms --model PAIR [--width 3] [--reps 12] [--kernel-threads 2]
 
-Measured (demo pair, BLIS, contended 2-core machine, 1 verify thread, w = 2 / 3 / 4, x decode):
-forward 1.18 / 1.34 / 1.61, the installed exact verify 1.15-1.25 / 1.34-1.37 / 1.68-1.84,
-all_kernel 1.68 / 1.86 / 2.38: the kernel does not pay for speed on small layers.
-With the compiled GatedDeltaNet verify graph (``gdn_block``; same machine state, w = 2 / 3 / 4):
-kernel 1.24 / 1.33 / 1.50, stepwise (mlx-lm's ops) 1.26 / 1.55 / 1.75, forward 1.28 / 1.54 / 1.64.
-With the recurrence's C kernel (``gdn_kernel``), on the realistic-size pair (1 MB states; same
-machine state, w = 1 / 2 / 3 / 4): kernel 0.86 / 1.20 / 1.33 / 1.75, no_gdn_kernel 0.98 / 1.38 /
-1.62 / 2.22; on the demo pair (64 KB) the two arms are the same code below w = 6.
-With the rest of each decoder layer compiled too (``layer_block``; demo pair, same kind of
-machine state, w = 2 / 3 / 4): kernel 1.01 / 1.10 / 1.06, uncompiled_layers 1.12 / 1.16 / 1.16;
-realistic-size pair, w = 3: kernel 1.19, uncompiled_layers 1.23.
-With OpenBLAS (every projection first diverges at 4 rows; demo pair, contended, w = 4 / 5 / 6):
-kernel (= the installed transposed products) 1.01 / 1.13 / 1.26, chunked 1.52 / 1.62 / 1.62,
-blocked (what was installed before) 1.98 / 2.15 / 2.42, inexact 0.93 / 1.13 / 1.04; the
-realistic-size pair at w = 4: kernel 0.97, chunked 1.54, blocked 2.11.
+What to look for: an arm's multiple of the decode step at each width against ``forward`` (what
+mlx-lm itself pays for a W-token pass) and against ``kernel`` (the installed verify). A change to
+the verify's layers should keep ``kernel`` at or under ``forward``; an arm that beats ``kernel``
+at every width on both the demo pair and a realistic-size pair is a candidate to install.
 """
 
 from __future__ import annotations
@@ -60,21 +50,18 @@ import json
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import mlx_mtp  # noqa: E402  (first: binds the system BLAS)
-import mlx.core as mx  # noqa: E402
-import mlx.nn as mx_nn  # noqa: E402
-import numpy as np  # noqa: E402
+import mlx_mtp  # first: binds the system BLAS
+import mlx.core as mx
+import mlx.nn as mx_nn
+import numpy as np
 
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
+from mlx_mtp.cpu import pin as cpu_pin
+from mlx_mtp.cpu import row_kernel
 from mlx_mtp.exactness import row_exact
-from mlx_mtp.cpu import row_kernel  # noqa: E402
-from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, layer_block  # noqa: E402
+from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, layer_block
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "chunked",
         "inexact",

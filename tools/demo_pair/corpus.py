@@ -1,6 +1,6 @@
 """Step 1 of the demo pair: a BPE tokenizer and token-id arrays from the Python standard library.
 
-    python scripts/demo_pair/corpus.py --out WORK
+    python -m tools.demo_pair.corpus --out WORK
 
 The corpus is every ``.py`` file of this interpreter's standard library (no site-packages, no test
 suites, no idlelib / lib2to3 / turtledemo), files in sorted path order, each followed by

@@ -1,23 +1,25 @@
-"""Benchmark MTP speculative decoding against mlx-lm's plain decode of the same target.
+"""MTP speculative decoding against mlx-lm's plain decode of the same target, paired and alternating.
 
-Protocol (shared/design/benchmarks.md): paired and alternating arms in one process, each arm warmed
-up once, a fixed token budget with EOS ignored, several prompts, temperature 0; medians of the
-per-pair tok/s and the min-max of the per-pair ratios; the machine's memory bandwidth measured in
-the same run, and each decode step reported as a multiple of its floor (bytes it must read /
-bandwidth). Writes benchmark_results/<topic>-<host>-<date>.md and .json, and beside them the
-record's pictures (``scripts/record_plots.py``; needs the ``bench`` extra, else they are skipped
-with one line): tok/s per block size, per-position acceptance, the round split.
+Protocol (docs/benchmarks.md): paired and alternating arms in one process, each arm warmed up once,
+a fixed token budget with EOS ignored, several prompts, temperature 0 unless ``--temp``; medians of
+the per-pair tok/s and the min-max of the per-pair ratios; the share of distinct 4-grams of each
+prompt's output (a loop lifts acceptance and tok/s far above what the pair does on text); the
+machine's memory bandwidth measured in the same run, and each decode step reported as a multiple
+of its floor (bytes it must read / bandwidth). Writes benchmark_results/<topic>-<host>-<date>.md and
+.json, and beside them the record's pictures (``benchmarks.plots``; needs the ``bench`` extra, else
+they are skipped with one line): tok/s per block size, per-position acceptance, the round split.
 
-    python scripts/bench_mtp.py --model PATH [--drafter D] --block-sizes 1,2,3,4,5 --pairs 5
-    python scripts/bench_mtp.py --model PATH --block-sizes 1,3,5,auto --max-block-size 6
-    python scripts/bench_mtp.py --render RECORD.json    # redraw a record's pictures, no run
+    python -m benchmarks.bench_mtp --model PATH [--drafter D] --block-sizes 1,2,3,4,5 --pairs 5
+    python -m benchmarks.bench_mtp --model PATH --block-sizes 1,3,5,auto --max-block-size 6
+    python -m benchmarks.bench_mtp --model PATH --prompts code     # another prompt set
+    python -m benchmarks.bench_mtp --render RECORD.json    # redraw a record's pictures, no run
 
 ``auto`` is an arm like a block size (``--block-size auto``, widths up to ``--max-block-size``);
 with it the record adds a per-prompt table: auto against the best fixed block size and against
 plain decode on each prompt, and the widths auto chose; and auto against every fixed block pair
 by pair (median and min-max over pairs of the ratio within a pair), which tells a loss from the
-noise that lifts the best of the fixed arms' medians (an older record's raw runs give it too,
-when ``--render --summary`` rewrites its .md).
+noise that lifts the best of the fixed arms' medians (a record without these fields gets them from
+its raw runs when ``--render --summary`` rewrites its .md).
 
 With ``--temp > 0`` both arms sample (mlx_mtp's ``make_sampler``, mlx-lm semantics; the plain arm is
 still mlx-lm's own ``generate_step``), each run seeded with ``--seed`` + run index, and the record
@@ -27,112 +29,22 @@ states the acceptance rule; token identity is then not expected and is reported 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import random
 import statistics
-import string
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
-import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
-from mlx.utils import tree_flatten  # noqa: E402
+import mlx_mtp  # first: binds the system BLAS before mlx.core loads
+import mlx.core as mx
 
-import bench_common  # noqa: E402  (scripts/: flags, idle check, setup, writing the record)
-from mlx_mtp.decoding.stats import PHASES, RunStats  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
-from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler  # noqa: E402
-from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV  # noqa: E402
+from benchmarks import common
+from benchmarks.common import mtp_decode, plain_decode
+from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
+from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
+from mlx_mtp.decoding.stats import PHASES
+from mlx_mtp.generate import encode_prompt
 
-DEFAULT_PROMPTS = {
-    "code": "import os\nimport sys\n\n\ndef main(argv):\n    \"\"\"Parse the arguments and",
-    "prose": "The history of the Python programming language begins in the late 1980s, when",
-    "enumeration": "# The days of the week:\n# 1. Monday\n# 2. Tuesday\n# 3.",
-    "random": None,  # filled in below: text no head can predict
-}
 AUTO = "auto"
-
-
-def random_characters(n: int = 64, seed: int = 0) -> str:
-    """Fixed random printable characters (the same every run): text no head can predict."""
-    rng = random.Random(seed)
-    return "".join(rng.choice(string.ascii_letters + string.digits + "!#$%&*+-/=?@^~")
-                   for _ in range(n))
-
-
-DEFAULT_PROMPTS["random"] = random_characters()
-
-
-# ------------------------------------------------------------------------------ measurements
-
-
-def bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
-    """Streaming-read bandwidth: a one-row f32 matvec over a matrix much larger than the caches."""
-    n = int((mb * 2**20 / 4) ** 0.5)
-    w = mx.random.normal((n, n), key=mx.random.key(0))
-    x = mx.random.normal((1, n), key=mx.random.key(1))
-    mx.eval(w, x)
-    mx.eval(x @ w.T)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        mx.eval(x @ w.T)
-        times.append(time.perf_counter() - t0)
-    return w.nbytes / statistics.median(times) / 1e9
-
-
-def nbytes(module: nn.Module, skip=()) -> int:
-    return sum(v.nbytes for k, v in tree_flatten(module.parameters())
-               if not any(k.startswith(s) for s in skip))
-
-
-def step_bytes(model) -> dict:
-    """Weight bytes one decode step must read: the target (its input embedding is a row lookup,
-    unless tied, when it is also the LM head) and one drafter step (head + borrowed LM head)."""
-    target = model.target
-    tied = target.args.tie_word_embeddings
-    emb = target.trunk.embed_tokens
-    emb_bytes = sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
-    total = nbytes(target.model)
-    target_step = total - (0 if tied else emb_bytes)
-    lm_head = emb_bytes if tied else nbytes(target.lm.lm_head)
-    out = {"target_step_bytes": target_step, "lm_head_bytes": lm_head}
-    if model.drafter is not None and hasattr(model.drafter, "head"):
-        out["drafter_step_bytes"] = nbytes(model.drafter.head) + lm_head
-    return out
-
-
-def plain_decode(mlx_model, prompt: mx.array, n: int, sampler=None):
-    """mlx-lm's own plain decode: (tokens, prompt_s, generation_s)."""
-    from mlx_lm.generate import generate_step
-
-    t0 = time.perf_counter()
-    toks, t1 = [], None
-    for tok, _ in generate_step(prompt, mlx_model, max_tokens=n, sampler=sampler):
-        if t1 is None:
-            t1 = time.perf_counter()
-        toks.append(tok)
-    return toks, t1 - t0, time.perf_counter() - t1
-
-
-def mtp_decode(model, prompt: mx.array, n: int, block_size, sampler=None,
-               acceptance: str = "auto", seed=None, max_block_size: int = 6):
-    stats = RunStats()
-    t0 = time.perf_counter()
-    toks, t1 = [], None
-    for tok, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
-                                        max_block_size=max_block_size, stats=stats,
-                                        sampler=sampler, acceptance=acceptance, seed=seed):
-        if t1 is None:
-            t1 = time.perf_counter()
-        toks.append(tok)
-    return toks, t1 - t0, time.perf_counter() - t1, stats
 
 
 # ------------------------------------------------------------------------------ the run
@@ -150,7 +62,7 @@ def run(args, watch=None) -> dict:
     plain_decode(model.mlx_model, warm, 8, sampler)
     for bs in args.block_sizes:
         mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed, args.max_block_size)
-    unit = bench_common.idle_check.Watch.runner(watch)
+    unit = common.idle.Watch.runner(watch)
 
     raw = {"classic": [], **{_arm(bs): [] for bs in args.block_sizes}}
     exact = {bs: True for bs in args.block_sizes}
@@ -182,6 +94,7 @@ def run(args, watch=None) -> dict:
             for arm, bs in arms:
                 r = results[arm]
                 r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
+                r["distinct_4gram_share"] = common.distinct_ngram_share(r["tokens"])
                 if bs is not None:
                     exact[bs] &= r["tokens"] == results["classic"]["tokens"]
                 raw[arm].append({"pair": pair, "prompt": name, **{k: v for k, v in r.items()
@@ -189,7 +102,7 @@ def run(args, watch=None) -> dict:
             print(f"pair {pair} {name}: " + ", ".join(
                 f"{a} {results[a]['tps']:.1f}" for a, _ in arms), flush=True)
     synced = synced_pass(args, model, prompts, sampler, unit)
-    bw = bandwidth_gbs()
+    bw = common.bandwidth_gbs()
     return summarize(args, model, raw, exact, bw, synced)
 
 
@@ -236,7 +149,7 @@ def summarize(args, model, raw, exact, bw, synced=()) -> dict:
     classic = raw["classic"]
     by_key = {(r["pair"], r["prompt"]): r for r in classic}
     rows = []
-    floors = step_bytes(model)
+    floors = common.step_bytes(model)
     classic_ms = statistics.median(1e3 / r["tps"] for r in classic)
     for bs in args.block_sizes:
         arm = raw[_arm(bs)]
@@ -289,7 +202,7 @@ def summarize(args, model, raw, exact, bw, synced=()) -> dict:
             **synced_summary(synced, bs, args.temp),
         })
     result = {
-        **bench_common.record_setup(args.topic),
+        **common.record_setup(args.topic),
         "model": str(args.model), "drafter": args.drafter,
         "target_dtype": str(model.target.dtype), "prompts": args.prompts,
         "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": args.temp,
@@ -424,15 +337,21 @@ def hardest_fixed(paired: dict) -> str:
 
 
 def per_prompt(args, raw) -> list:
-    """Per prompt: each arm's median tok/s and, for auto, its ratio to the best fixed block size
-    and to plain decode (medians of that prompt's pairs), the same against every fixed block
-    pair by pair (``paired_vs_fixed``), and the widths it chose."""
+    """Per prompt: the share of distinct 4-grams of its output (``distinct_4gram_share``: the
+    median over the plain arm's runs; at T=0 every exact arm emits that same text), each arm's
+    median tok/s and, for auto, its ratio to the best fixed block size and to plain decode
+    (medians of that prompt's pairs), the same against every fixed block pair by pair
+    (``paired_vs_fixed``), and the widths it chose."""
     out = []
     for name in args.prompts:
         tps = {arm: statistics.median(r["tps"] for r in runs if r["prompt"] == name)
                for arm, runs in raw.items()}
         row = {"prompt": name, "classic_tps": tps["classic"],
                "mtp_tps": {str(bs): tps[_arm(bs)] for bs in args.block_sizes}}
+        shares = [r["distinct_4gram_share"] for r in raw["classic"]
+                  if r["prompt"] == name and r.get("distinct_4gram_share") is not None]
+        if shares:
+            row["distinct_4gram_share"] = statistics.median(shares)
         fixed = [bs for bs in args.block_sizes if bs != AUTO]
         if AUTO in args.block_sizes:
             auto = tps[_arm(AUTO)]
@@ -453,7 +372,7 @@ def per_prompt(args, raw) -> list:
 
 
 def render(r: dict) -> str:
-    lines = bench_common.setup_lines(r, memory=True) + [
+    lines = common.setup_lines(r, memory=True) + [
         f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"{_sampling_text(r)}; {r['pairs']} alternating pairs per prompt",
@@ -517,7 +436,7 @@ def render(r: dict) -> str:
         lines.append(f"- Drafter step reads {r['drafter_step_bytes'] / 1e6:.1f} MB (head + borrowed "
                      f"LM head {r['lm_head_bytes'] / 1e6:.1f} MB): floor "
                      f"{r['drafter_step_floor_ms']:.2f} ms{meas}")
-    lines += bench_common.what_it_says(r)
+    lines += common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -530,7 +449,7 @@ def _spread_lines(r: dict, widest: int) -> list:
     lines = ["", "## Round times within a run", "",
              "Standard deviation of log(round wall time) per verify width, within each run, "
              "pooled over the runs (rounds in brackets): the noise one run's cost estimates see "
-             "(`scripts/simulate_chooser.py --sigma record` replays with the auto arm's, else "
+             "(`python -m tools.simulate_chooser --sigma record` replays with the auto arm's, else "
              "the arms' \"all\").", "",
              "| block | " + " | ".join(f"w={w}" for w in range(1, widest + 1)) + " | all |",
              "|---|" + "---|" * (widest + 1)]
@@ -609,8 +528,10 @@ def _per_prompt_lines(r: dict) -> list:
         return []
     arms = list(rows[0]["mtp_tps"])
     auto = "auto_vs_plain" in rows[0]
+    ngrams = any("distinct_4gram_share" in p for p in rows)  # (records from before the field: no)
     paired = [_paired_of(r, p) if auto else {} for p in rows]
-    head = ["prompt", "classic tok/s"] + [f"block {a} tok/s" for a in arms]
+    head = (["prompt"] + (["distinct 4-grams"] if ngrams else []) + ["classic tok/s"]
+            + [f"block {a} tok/s" for a in arms])
     held_out = [_held_out_of(r, p) if auto else {} for p in rows]
     held = any(held_out)
     if auto:
@@ -620,7 +541,9 @@ def _per_prompt_lines(r: dict) -> list:
     lines = ["", "## Per prompt (medians over pairs)", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
     for p, pp, h in zip(rows, paired, held_out):
-        cells = [p["prompt"], f"{p['classic_tps']:.1f}"] + [f"{p['mtp_tps'][a]:.1f}" for a in arms]
+        share = p.get("distinct_4gram_share")
+        cells = ([p["prompt"]] + ([f"{share:.2f}" if share is not None else "-"] if ngrams else [])
+                 + [f"{p['classic_tps']:.1f}"] + [f"{p['mtp_tps'][a]:.1f}" for a in arms])
         if auto:
             vs_fixed = (f"{p['auto_vs_best_fixed']:.2f}x (block {p['best_fixed']})"
                         if "auto_vs_best_fixed" in p else "-")
@@ -693,7 +616,7 @@ def main(argv=None):
                    help="the widest block the auto arm may choose")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: code, prose, enumeration, random)")
+    common.add_prompt_args(p)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (both arms)")
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -706,10 +629,10 @@ def main(argv=None):
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
-    bench_common.add_record_args(p, units=True)
+    common.add_record_args(p, units=True)
     args = p.parse_args(argv)
     if args.render:
-        return bench_common.rerender_record(args.render, render, "mtp", args.summary)
+        return common.rerender_record(args.render, render, "mtp", args.summary)
     if not args.model:
         p.error("--model is required (or --render RECORD.json)")
     try:
@@ -717,13 +640,13 @@ def main(argv=None):
     except ValueError:
         p.error(f"--block-sizes: expected comma-separated block sizes or auto, got "
                 f"{args.block_sizes!r}")
-    args.prompts = json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else DEFAULT_PROMPTS
+    args.prompts = common.prompts_of(args, p)
     if (args.pairs < 1 or args.max_tokens < 2 or args.max_block_size < 1 or args.synced_runs < 0
             or any(b != AUTO and b < 1 for b in args.block_sizes)):
         p.error("--pairs >= 1, --max-tokens >= 2, --max-block-size >= 1, --synced-runs >= 0 "
                 "and block sizes >= 1 are required")
-    watch = bench_common.watch(args)
-    return bench_common.finish(args, run(args, watch), watch, render, "mtp")
+    watch = common.watch(args)
+    return common.finish(args, run(args, watch), watch, render, "mtp")
 
 
 if __name__ == "__main__":

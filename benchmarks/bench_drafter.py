@@ -1,6 +1,6 @@
-"""Ablation of the drafter optimizations (issue 4): all phases on, then each one off.
+"""Ablation of the drafter optimizations: all phases on, then each one off.
 
-Same protocol as ``scripts/bench_mtp.py`` (shared/design/benchmarks.md): every arm runs on the same
+Same protocol as ``benchmarks.bench_mtp`` (docs/benchmarks.md): every arm runs on the same
 target in one process, alternating order pair by pair, each arm warmed up once, a fixed token
 budget with EOS ignored, several prompts, temperature 0, medians and min-max of per-pair ratios.
 Arms, all at one block size (default 3):
@@ -15,18 +15,19 @@ Arms, all at one block size (default 3):
 Every MTP arm waits for each phase (MLX_MTP_SYNC_PHASES=1) so the phases time their own work.
 Per arm: tok/s, the drafter step (draft phase / steps) and accept hook against their bandwidth
 floors (weight bytes they read / the streaming bandwidth measured in the same run), the round
-split, acceptance. Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+split, acceptance; per prompt, the share of distinct 4-grams of the plain output. Writes
+benchmark_results/<topic>-<host>-<date>.md and .json.
 
 Without ``--model`` it first builds a random-weight qwen3_5 pair of realistic proportions (speed
 does not depend on training; acceptance does, and a random head accepts nothing). With a trained
 pair the same command reports the acceptance of each arm, which is the A/B phases 2b and 3 need:
 
-    python scripts/bench_drafter.py                                   # random pair, built here
-    python scripts/bench_drafter.py --model PAIR --corpus FILES       # a trained pair
-    python scripts/bench_drafter.py --render RECORD.json              # redraw the pictures
-    python scripts/bench_drafter.py --render RECORD.json --summary "..."   # and rewrite the .md
+    python -m benchmarks.bench_drafter                                   # random pair, built here
+    python -m benchmarks.bench_drafter --model PAIR --corpus FILES       # a trained pair
+    python -m benchmarks.bench_drafter --render RECORD.json              # redraw the pictures
+    python -m benchmarks.bench_drafter --render RECORD.json --summary "..."   # and rewrite the .md
 
-Beside the record's .md and .json it draws (``scripts/record_plots.py``, needs the ``bench`` extra)
+Beside the record's .md and .json it draws (``benchmarks.plots``, needs the ``bench`` extra)
 the drafter step and accept hook per arm against their floor, and the round split per arm.
 """
 
@@ -36,29 +37,23 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import sysconfig
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
-import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
+import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 
-import bench_mtp  # noqa: E402
-import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
-from mlx_mtp.decoding.stats import PHASES as ROUND_PHASES  # noqa: E402
-from mlx_mtp.models.qwen3_5 import draft_vocab  # noqa: E402
-from mlx_mtp.models.qwen3_5.loading import EMBEDDED_DRAFT_VOCAB  # noqa: E402
-from mlx_mtp.models.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES  # noqa: E402
-from mlx_mtp.models.options import DraftOptions  # noqa: E402
-from mlx_mtp.models.qwen3_5.drafter import MTPHead, QwenMTPDrafter  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
-from mlx_mtp.models.model import MTPModel  # noqa: E402
-from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV  # noqa: E402
-from mlx_mtp.models.qwen3_5.head_quantization import quantize_head  # noqa: E402
+from benchmarks import common
+from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
+from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
+from mlx_mtp.decoding.stats import PHASES as ROUND_PHASES
+from mlx_mtp.generate import encode_prompt
+from mlx_mtp.models.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES
+from mlx_mtp.models.model import MTPModel
+from mlx_mtp.models.options import DraftOptions
+from mlx_mtp.models.qwen3_5.drafter import MTPHead, QwenMTPDrafter
+from mlx_mtp.models.qwen3_5.head_quantization import quantize_head
+from mlx_mtp.models.qwen3_5.loading import EMBEDDED_DRAFT_VOCAB
 
 PHASES = {  # phase -> (DraftOptions field, value when on, value when off)
     "p1": ("device_ids", True, False),
@@ -104,7 +99,7 @@ def stdlib_corpus(out: Path, mb: float) -> Path:
 
 
 def build_random_pair(out: Path) -> tuple:
-    import tiny_checkpoints as tc
+    from benchmarks import random_checkpoints as tc
 
     corpus = stdlib_corpus(out, mb=4)
     pair = out / "pair"
@@ -165,7 +160,7 @@ def run_arm(model, prompt, n, block_size, profiled: bool):
     os.environ[PROFILE_ENV] = "1" if profiled else "0"
     os.environ[SYNC_PHASES_ENV] = "1"
     try:
-        return bench_mtp.mtp_decode(model, prompt, n, block_size)
+        return common.mtp_decode(model, prompt, n, block_size)
     finally:
         os.environ.pop(PROFILE_ENV, None)
         os.environ.pop(SYNC_PHASES_ENV, None)
@@ -197,7 +192,7 @@ def run(args) -> dict:
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n, bs = args.max_tokens, args.block_size
     warm = next(iter(prompts.values()))
-    bench_mtp.plain_decode(base.mlx_model, warm, 8)
+    common.plain_decode(base.mlx_model, warm, 8)
     for name, (model, o) in arms.items():
         run_arm(model, warm, 8, bs, o["profiled"])
 
@@ -210,7 +205,7 @@ def run(args) -> dict:
             results = {}
             for name in order:
                 if name == "classic":
-                    toks, ps, gs = bench_mtp.plain_decode(base.mlx_model, prompt, n)
+                    toks, ps, gs = common.plain_decode(base.mlx_model, prompt, n)
                     results[name] = {"tokens": toks, "gen_s": gs}
                 else:
                     model, o = arms[name]
@@ -219,17 +214,18 @@ def run(args) -> dict:
             for name, r in results.items():
                 r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
                 r["identical_to_classic"] = r["tokens"] == results["classic"]["tokens"]
+                r["distinct_4gram_share"] = common.distinct_ngram_share(r["tokens"])
                 raw[name].append({"pair": pair, "prompt": pname,
                                   **{k: v for k, v in r.items() if k != "tokens"}})
             print(f"pair {pair} {pname}: " + ", ".join(
                 f"{a} {results[a]['tps']:.2f}" for a in ["classic", *arms]), flush=True)
-    bw = bench_mtp.bandwidth_gbs()
+    bw = common.bandwidth_gbs()
     return summarize(args, base, arms, raw, bw, vocab_meta)
 
 
 def floors(base, drafter, bw: float) -> dict:
     """Weight bytes one drafter step reads (the head + the rows of the LM head it projects)."""
-    head = bench_mtp.nbytes(drafter.head)
+    head = common.nbytes(drafter.head)
     lm = drafter.lm.tensors.nbytes
     return {"head_bytes": head, "lm_head_bytes": lm, "step_bytes": head + lm,
             "step_floor_ms": (head + lm) / bw / 1e6}
@@ -273,12 +269,17 @@ def summarize(args, base, arms, raw, bw, vocab_meta) -> dict:
             row["accept_stages_ms"] = {s: _median(p["accept"][f"{s}_ms"] for p in profs)
                                        for s in ACCEPT_STAGES}
         rows.append(row)
-    target_bytes = bench_mtp.step_bytes(base)["target_step_bytes"]
+    target_bytes = common.step_bytes(base)["target_step_bytes"]
+    shares = {name: [r["distinct_4gram_share"] for r in raw["classic"] if r["prompt"] == name
+                     and r.get("distinct_4gram_share") is not None] for name in args.prompts}
     return {
-        **bench_common.record_setup(args.topic),
+        **common.record_setup(args.topic),
         "model": str(args.model), "random_pair": args.random_pair,
         "pair_config": base.config.get("text_config", base.config),
         "target_dtype": str(base.target.dtype), "prompts": args.prompts,
+        # per prompt, the median over the plain arm's runs (every exact arm emits that text)
+        "distinct_4gram_share": {name: statistics.median(v) if v else None
+                                 for name, v in shares.items()},
         "max_tokens": args.max_tokens, "pairs": args.pairs, "block_size": args.block_size,
         "temperature": 0.0, "group_size": args.group_size, "draft_vocab": vocab_meta,
         "exactness": raw["all"][0]["stats"]["exactness"], "gate_reason":
@@ -292,6 +293,15 @@ def summarize(args, base, arms, raw, bw, vocab_meta) -> dict:
 
 
 # ------------------------------------------------------------------------------ the record
+
+
+def _share_lines(r: dict) -> list:
+    """The distinct 4-grams of each prompt's plain output (records from before the field: none)."""
+    shares = r.get("distinct_4gram_share")
+    if not shares:
+        return []
+    return ["- Distinct 4-grams of each prompt's plain output: " + ", ".join(
+        f"{name} {'-' if v is None else f'{v:.2f}'}" for name, v in shares.items())]
 
 
 def _rng(xs):
@@ -348,7 +358,7 @@ def render(r: dict) -> str:
     c = r["pair_config"]
     rows = {row["arm"]: row for row in r["rows"]}
     vm = r["draft_vocab"] or {}
-    lines = bench_common.setup_lines(r, memory=True) + [
+    lines = common.setup_lines(r, memory=True) + [
         f"- Pair: {'random weights, built by this script' if r['random_pair'] else r['model']}; "
         f"qwen3_5, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers (full attention "
         f"every {c.get('full_attention_interval')}), intermediate {c['intermediate_size']}, "
@@ -360,6 +370,7 @@ def render(r: dict) -> str:
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"T=0, block size {r['block_size']}; {r['pairs']} alternating pairs per prompt; every "
         "arm warmed up once",
+        *_share_lines(r),
         f"- Exactness gate: verdict {r['exactness'].get('verdict')} ({r['gate_reason']}); "
         f"override {r['exactness'].get('override')}",
         "",
@@ -436,7 +447,7 @@ def render(r: dict) -> str:
         lines.append(f"- {row['arm']}: drafter step reads {row['step_bytes'] / 1e6:.1f} MB (head "
                      f"{row['head_bytes'] / 1e6:.1f} + LM head rows {row['lm_head_bytes'] / 1e6:.1f}): "
                      f"floor {row['step_floor_ms']:.2f} ms, measured {_ms(row['step_ms'])} ms")
-    lines += bench_common.what_it_says(r)
+    lines += common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -453,23 +464,22 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, default=3)
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--prompts-json", help="JSON object {name: prompt} (default: bench_mtp's)")
+    common.add_prompt_args(p)
     p.add_argument("--render", type=Path, metavar="RECORD.json",
                    help="no run: redraw this record's pictures and link them from its .md "
                         "(with --summary: also store it and rewrite the .md from the JSON)")
-    bench_common.add_record_args(p)
+    common.add_record_args(p)
     args = p.parse_args(argv)
     if args.render:
-        return bench_common.rerender_record(args.render, render, "drafter", args.summary)
-    args.prompts = (json.loads(Path(args.prompts_json).read_text()) if args.prompts_json
-                    else bench_mtp.DEFAULT_PROMPTS)
+        return common.rerender_record(args.render, render, "drafter", args.summary)
+    args.prompts = common.prompts_of(args, p)
     args.work.mkdir(parents=True, exist_ok=True)
     args.random_pair = args.model is None
     if args.random_pair:
         args.model, corpus = build_random_pair(args.work)
         args.corpus = args.corpus or corpus
-    watch = bench_common.watch(args)
-    return bench_common.finish(args, run(args), watch, render, "drafter")
+    watch = common.watch(args)
+    return common.finish(args, run(args), watch, render, "drafter")
 
 
 if __name__ == "__main__":

@@ -9,25 +9,23 @@ over the time after the first), the server's own generation tok/s, identical tex
 requests/s and aggregate tokens/s. All of it inside the benchmarks' idle check (refused on a busy
 machine unless ``--allow-busy``). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
 
-    python scripts/bench_server.py                     # the embedded demo pair
-    python scripts/bench_server.py --model PATH [--drafter D] --block-size 3
+Each prompt's row carries the share of distinct 4-grams of its output (``distinct_4gram_share``):
+the server streams text, not ids, so the plain arm's text is encoded again with the target's
+tokenizer (the median over its requests; at T=0 both arms stream the same text).
+
+    python -m benchmarks.bench_server                     # the embedded demo pair
+    python -m benchmarks.bench_server --model PATH [--drafter D] --block-size 3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench_mtp  # noqa: E402  (DEFAULT_PROMPTS; imports mlx_mtp first)
-import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
-
-from benchmarks.harness.server_process import ServerProcess  # noqa: E402
+from benchmarks import common
+from benchmarks.harness.server_process import ServerProcess
 
 ARMS = ("mtp", "plain")
 
@@ -85,14 +83,25 @@ def throughput(client, prompts: list, n_clients: int, per_client: int, max_token
             "median_ttft_ms": statistics.median(r["ttft_ms"] for r in results)}
 
 
+def text_shares(raw: dict, encode) -> None:
+    """Each request's ``distinct_4gram_share``, of its text as ``encode`` (the target's tokenizer)
+    gives its ids."""
+    for runs in raw.values():
+        for r in runs:
+            r["distinct_4gram_share"] = common.distinct_ngram_share(encode(r["text"]))
+
+
 def summarize(raw: dict, prompts: dict) -> list:
     rows = []
     for name in prompts:
         mtp = [r for r in raw["mtp"] if r["prompt"] == name]
         plain = [r for r in raw["plain"] if r["prompt"] == name]
         ratios = [m["decode_tps"] / p["decode_tps"] for m, p in zip(mtp, plain) if p["decode_tps"]]
+        shares = [r["distinct_4gram_share"] for r in plain
+                  if r.get("distinct_4gram_share") is not None]
         rows.append({
             "prompt": name,
+            "distinct_4gram_share": statistics.median(shares) if shares else None,
             "plain_decode_tps": statistics.median(r["decode_tps"] for r in plain),
             "mtp_decode_tps": statistics.median(r["decode_tps"] for r in mtp),
             "ratio_median": statistics.median(ratios) if ratios else None,
@@ -114,7 +123,7 @@ def _f(v, fmt=".1f"):
 
 
 def render(r: dict) -> str:
-    lines = bench_common.setup_lines(r) + [
+    lines = common.setup_lines(r) + [
         f"- Servers: `python -m mlx_mtp.server {' '.join(r['server_args']['mtp'])}` and "
         f"`... {' '.join(r['server_args']['plain'])}`",
         f"- Prompts: {', '.join(r['prompts'])}; max_tokens {r['max_tokens']} (EOS ends a "
@@ -122,13 +131,15 @@ def render(r: dict) -> str:
         "alternating pairs per prompt after one warm-up request per arm",
         f"- MTP server: {r['gate']['mtp']}", "",
         "## Single client: decode speed and time to first token", "",
-        "| prompt | plain tok/s | MTP tok/s | ratio (median, min-max) | plain TTFT ms | "
-        "MTP TTFT ms | server tok/s plain / MTP | acceptance | tokens/round | same text |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| prompt | distinct 4-grams | plain tok/s | MTP tok/s | ratio (median, min-max) | "
+        "plain TTFT ms | MTP TTFT ms | server tok/s plain / MTP | acceptance | tokens/round | "
+        "same text |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
         lines.append(
-            f"| {row['prompt']} | {_f(row['plain_decode_tps'])} | {_f(row['mtp_decode_tps'])} | "
+            f"| {row['prompt']} | {_f(row.get('distinct_4gram_share'), '.2f')} | "
+            f"{_f(row['plain_decode_tps'])} | {_f(row['mtp_decode_tps'])} | "
             f"{_f(row['ratio_median'], '.2f')}x ({_f(row['ratio_min'], '.2f')}-"
             f"{_f(row['ratio_max'], '.2f')}) | {_f(row['plain_ttft_ms'])} | "
             f"{_f(row['mtp_ttft_ms'])} | {_f(row['plain_server_tps'])} / "
@@ -146,8 +157,19 @@ def render(r: dict) -> str:
                      f"{a['median_ttft_ms']:.0f} | {a['wall_s']:.1f} |")
     lines.append(f"\nrequests/s ratio MTP / plain: "
                  f"{t['mtp']['requests_per_s'] / t['plain']['requests_per_s']:.2f}x")
-    lines += bench_common.what_it_says(r)
+    lines += common.what_it_says(r)
     return "\n".join(lines)
+
+
+def target_encoder(model):
+    """``text -> ids`` of the target's tokenizer (``model``, or the embedded demo pair), without
+    loading its weights."""
+    import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
+    from mlx_mtp.demo import demo_path
+    from mlx_mtp.io.checkpoint import load_tokenizer, resolve_path
+
+    tokenizer = load_tokenizer(resolve_path(model) if model else demo_path())
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
 
 
 def main(argv=None) -> dict:
@@ -160,22 +182,22 @@ def main(argv=None) -> dict:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=3, help="requests per concurrent client")
-    bench_common.add_record_args(p)
+    common.add_record_args(p)
     args = p.parse_args(argv)
     import openai
 
-    common = []
+    both = []  # the flags both servers get
     if args.model:
-        common += ["--model", args.model]
+        both += ["--model", args.model]
     if args.drafter:
-        common += ["--drafter", args.drafter]
-    server_args = {"mtp": common + (["--block-size", str(args.block_size)]
-                                    if args.block_size else []),
-                   "plain": common + ["--no-mtp"]}
+        both += ["--drafter", args.drafter]
+    server_args = {"mtp": both + (["--block-size", str(args.block_size)]
+                                  if args.block_size else []),
+                   "plain": both + ["--no-mtp"]}
     queue = str(max(args.clients, 1))
     servers = {}
     # The servers are this process's children: the idle check counts them as the run's own CPU.
-    watch = bench_common.watch(args)
+    watch = common.watch(args)
     try:
         for arm in ARMS:
             servers[arm] = ServerProcess(*server_args[arm], "--max-queue", queue,
@@ -183,20 +205,21 @@ def main(argv=None) -> dict:
         clients = {arm: openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0,
                                       timeout=600) for arm, s in servers.items()}
         gate = {arm: s.get("/health")["gate_reason"] for arm, s in servers.items()}
-        prompts = bench_mtp.DEFAULT_PROMPTS
+        prompts = common.DEFAULT_PROMPTS
         raw = latency_pairs(clients, prompts, args.pairs, args.max_tokens)
         tput = {arm: throughput(clients[arm], list(prompts.values()), args.clients,
                                 args.requests, args.max_tokens) for arm in ARMS}
     finally:
         for s in servers.values():
             s.stop()
-    result = bench_common.record_setup(args.topic)
+    text_shares(raw, target_encoder(args.model))
+    result = common.record_setup(args.topic)
     result.update(model=args.model or "embedded demo pair", drafter=args.drafter,
                   server_args=server_args, prompts=prompts, max_tokens=args.max_tokens,
                   pairs=args.pairs, clients=args.clients, requests_per_client=args.requests,
                   gate=gate, rows=summarize(raw, prompts), throughput=tput, raw=raw,
                   summary=args.summary)
-    return bench_common.finish(args, result, watch, render, "server")
+    return common.finish(args, result, watch, render, "server")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Step 2 of the demo pair: train the Qwen3.5-architecture target (PyTorch on CPU, float32).
 
-    python scripts/demo_pair/train_target.py --work WORK --minutes 45
+    python -m tools.demo_pair.train_target --work WORK --minutes 45
 
 Seeded and resumable (``train_loop.ResumableRun``): ``WORK/target/{model.pt,optim.pt,state.json,
 log.jsonl}``. The schedule is linear warm-up then cosine decay over ``--steps``; ``--minutes``
@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_model import install_fast_gdn, target_config  # noqa: E402
-from train_loop import ResumableRun, add_common_args  # noqa: E402
-from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
+from tools.demo_pair.torch_model import install_fast_gdn, target_config
+from tools.demo_pair.train_loop import ResumableRun, add_common_args
 
 
 @torch.no_grad()

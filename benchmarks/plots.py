@@ -3,7 +3,8 @@
 ``bench_mtp`` records ("mtp"): tok/s per block size (plain decode and MTP, min-max over the runs,
 the plain-decode read floor as a line), per-position acceptance per block size, and the round split
 as stacked bars. ``bench_drafter`` records ("drafter"): the drafter step and accept hook per arm
-against their read floor, and the round split per arm.
+against their read floor, and the round split per arm. ``bench_server`` records ("server"):
+streamed decode tok/s and time to first token per prompt, MTP against ``--no-mtp``.
 
 matplotlib is optional (``pip install -e ".[bench]"``) and only ever imported here, lazily; the
 mlx_mtp package never imports it. Figures draw on the Agg canvas directly (no pyplot, no display,

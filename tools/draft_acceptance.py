@@ -1,5 +1,9 @@
 """Which draft distribution q pays best under speculative sampling: acceptance without timing.
 
+The question it answers: for this pair at this temperature, which q (the head at another
+temperature, truncated by top-k / top-p, or greedy) would keep the most drafts? Ask it again when
+the head, the pair or the sampling defaults change.
+
 Speculative sampling is lossless for any q the drafts are drawn from, as long as the test uses
 that q (``mlx_mtp.decoding.sampling``); how many drafts it keeps depends on q. For each prompt this samples
 one continuation from the target (mlx-lm's plain decode at ``--temp``, seeded), feeds prompt and
@@ -20,33 +24,28 @@ the chain's rows, and E[kept | chain] exactly from block verification's pass pro
 Both average over positions, where a run averages over its rounds (an easy stretch takes fewer
 rounds), so they rank variants; they are not a run's per-round means.
 
-    python scripts/draft_acceptance.py [--model mlx_mtp/demo_pair] [--temp 0.6] \
+    python -m tools.draft_acceptance [--model mlx_mtp/demo_pair] [--temp 0.6] \
         [--max-tokens 128] [--chains 4 --stride 4 --drafts 5] [--out FILE.json]
 
-Prompts: the held-out openings of the demo pair (``scripts/demo_pair/held_out_openings.json``) and
-the benchmark's (``bench_mtp.DEFAULT_PROMPTS``), or ``--prompts-json`` ({name: prompt}).
-Deterministic (seeded) and timing-free: fine on a busy machine.
+Prompts: the demo pair's held-out openings and the benchmarks' four
+(``benchmarks.common.HELD_OUT_OPENINGS`` and ``DEFAULT_PROMPTS``), or ``--prompts-json``
+({name: prompt}). Deterministic (seeded) and timing-free: fine on a busy machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
-import mlx.core as mx  # noqa: E402
-from mlx_lm.models.cache import KVCache  # noqa: E402
+import mlx_mtp  # first: binds the system BLAS before mlx.core loads
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
-from bench_mtp import DEFAULT_PROMPTS  # noqa: E402
-from mlx_mtp.decoding import sampling  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from benchmarks import common
+from mlx_mtp.decoding import sampling
+from mlx_mtp.generate import encode_prompt
 
-ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT = ROOT / "scripts" / "demo_pair" / "held_out_openings.json"
 GREEDY = "greedy"
 
 
@@ -171,8 +170,8 @@ def chains(model, ids: list, start: int, p_sampler, variants: dict, n_chains: in
 
 def run(args) -> dict:
     model, tokenizer = mlx_mtp.load(args.model)
-    prompts = (json.loads(Path(args.prompts_json).read_text()) if args.prompts_json else
-               {**json.loads(HELD_OUT.read_text()), **DEFAULT_PROMPTS})
+    prompts = (common.read_prompts(args.prompts_json) if args.prompts_json else
+               {**common.HELD_OUT_OPENINGS, **common.DEFAULT_PROMPTS})
     names = args.variants.split(";") if args.variants else default_variants(args.temp)
     variants = {n: parse_variant(n) for n in names}
     p_sampler = sampling.make_sampler(temp=args.temp)

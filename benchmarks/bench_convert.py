@@ -2,7 +2,7 @@
 8 bits, its MTP head unquantized or at the target's bits.
 
 Each arm converts ``--model`` (default: the embedded demo pair) into a temporary folder and runs
-``scripts/bench_mtp.py``'s protocol on it (paired, alternating with mlx-lm's plain decode of the
+``benchmarks.bench_mtp``'s protocol on it (paired, alternating with mlx-lm's plain decode of the
 same converted target, T=0, EOS ignored): tok/s of both, their ratio, acceptance, tokens per round,
 and whether the output was identical to mlx-lm's. Arms differ in their weights, so compare
 acceptance across arms and tok/s only within an arm (MTP vs plain on the same folder).
@@ -10,32 +10,29 @@ acceptance across arms and tok/s only within an arm (MTP vs plain on the same fo
 On an x86 CPU MLX's quantized matmuls are scalar loops (much slower than its float32 BLAS path),
 so tok/s there says little about a Mac; acceptance is the informative number.
 
-    python scripts/bench_convert.py [--model PATH] [--block-size 3] [--pairs 3] [--max-tokens 128]
-    python scripts/bench_convert.py --arms 4:none,4:4,8:none,8:8     # the default arms
+    python -m benchmarks.bench_convert [--model PATH] [--block-size 3] [--pairs 3] [--max-tokens 128]
+    python -m benchmarks.bench_convert --arms 4:none,4:4,8:none,8:8     # the default arms
 
 Writes benchmark_results/<topic>-<host>-<date>.md and .json, inside the benchmarks' idle check
-(``scripts/idle_check.py``: refused on a busy machine unless ``--allow-busy``, which labels the
-record "contended: not a result").
+(``benchmarks.idle``: refused on a busy machine unless ``--allow-busy``, which labels the record
+"contended: not a result"). Each arm's row carries the share of distinct 4-grams of its output
+(median over prompts and pairs of the plain arm's: the converted target's own text).
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import sys
+import statistics
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-import mlx_mtp  # noqa: E402,F401  (first: binds the system BLAS before mlx.core loads)
+import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
 
-import bench_common  # noqa: E402  (flags, idle check, setup, writing the record)
-import bench_mtp  # noqa: E402
-from mlx_mtp.decoding.block_chooser import DEFAULT_MAX_BLOCK_SIZE  # noqa: E402
-from mlx_mtp.convert import convert  # noqa: E402
-from mlx_mtp.demo import demo_path  # noqa: E402
+from benchmarks import bench_mtp, common
+from mlx_mtp.convert import convert
+from mlx_mtp.decoding.block_chooser import DEFAULT_MAX_BLOCK_SIZE
+from mlx_mtp.demo import demo_path
 
 
 def parse_arms(text: str):
@@ -62,29 +59,32 @@ def run(args) -> dict:
                     head_group_size=args.group_size, quiet=True)
             ns = argparse.Namespace(
                 model=str(out), drafter=None, topic=args.topic, block_sizes=[args.block_size],
-                pairs=args.pairs, max_tokens=args.max_tokens, prompts=bench_mtp.DEFAULT_PROMPTS,
+                pairs=args.pairs, max_tokens=args.max_tokens, prompts=common.DEFAULT_PROMPTS,
                 temp=0.0, top_p=0.0, top_k=0, seed=0, acceptance="auto",
                 max_block_size=DEFAULT_MAX_BLOCK_SIZE,
                 synced_runs=0)  # acceptance and tok/s per arm: no round split needed
             print(f"== {arm_name(q, h)}", flush=True)
             r = bench_mtp.run(ns)
             row = r["rows"][0]
+            shares = [p["distinct_4gram_share"] for p in r["per_prompt"]
+                      if p.get("distinct_4gram_share") is not None]
             rows.append({"target_bits": q, "head_bits": h, "group_size": args.group_size,
                          **{k: row[k] for k in ("classic_tps", "mtp_tps", "ratio_median",
                                                 "ratio_min", "ratio_max", "acceptance",
                                                 "tokens_per_round", "per_position_acceptance",
                                                 "identical_to_classic", "mtp_enabled",
                                                 "gate_reason")},
+                         "distinct_4gram_share": statistics.median(shares) if shares else None,
                          "target_dtype": r["target_dtype"]})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {**bench_common.record_setup(args.topic), "model": model, "block_size": args.block_size,
+    return {**common.record_setup(args.topic), "model": model, "block_size": args.block_size,
             "pairs": args.pairs, "max_tokens": args.max_tokens,
-            "prompts": bench_mtp.DEFAULT_PROMPTS, "rows": rows}
+            "prompts": common.DEFAULT_PROMPTS, "rows": rows}
 
 
 def render(r: dict) -> str:
-    lines = bench_common.setup_lines(r, env=False) + [
+    lines = common.setup_lines(r, env=False) + [
         f"- Model: {r['model']}, converted per arm with `python -m mlx_mtp.convert` (group size "
         f"{r['rows'][0]['group_size'] if r['rows'] else '-'}); block size {r['block_size']}; "
         f"prompts {', '.join(r['prompts'])}, {r['max_tokens']} tokens each, EOS ignored, T=0, "
@@ -92,15 +92,17 @@ def render(r: dict) -> str:
         "- On an x86 CPU MLX's quantized matmuls are scalar loops: tok/s here is not what a Mac "
         "does; acceptance is the informative number. Compare tok/s within a row only.", "",
         "## Results (medians over pairs x prompts)", "",
-        "| arm | plain tok/s | MTP tok/s | ratio | ratio range | acceptance | tokens/round | "
-        "per-position acceptance | identical to plain |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | distinct 4-grams | plain tok/s | MTP tok/s | ratio | ratio range | acceptance "
+        "| tokens/round | per-position acceptance | identical to plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:  # T=0: identical_to_classic is always yes or NO
         gate = "" if row["mtp_enabled"] else f" (MTP declined: {row['gate_reason']})"
+        share = row.get("distinct_4gram_share")  # (records from before the field: "-")
         lines.append(f"| {arm_name(row['target_bits'], row['head_bits'])}{gate} | "
+                     f"{'-' if share is None else f'{share:.2f}'} | "
                      f"{bench_mtp.result_cells(row)} |")
-    lines += bench_common.what_it_says(r)
+    lines += common.what_it_says(r)
     return "\n".join(lines)
 
 
@@ -114,11 +116,11 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--topic", default="convert-demo-pair")
-    bench_common.add_record_args(p)
+    common.add_record_args(p)
     args = p.parse_args(argv)
-    watch = bench_common.watch(args)
-    result = bench_common.finish(args, run(args), watch, render)
-    print(bench_common.render_markdown(result, render))
+    watch = common.watch(args)
+    result = common.finish(args, run(args), watch, render)
+    print(common.render_markdown(result, render))
     return result
 
 

@@ -1,4 +1,8 @@
-"""Acceptance traces for the block-size simulator (``scripts/simulate_chooser.py``).
+"""Acceptance traces for the block-size simulator (``tools.simulate_chooser``).
+
+The question it answers: for a given pair and prompts, how many drafts does the target keep at
+every position of the greedy text? Those traces are what the simulator replays a block-size
+policy on.
 
 At T=0 the drafts are a deterministic function of the text: verify rows are bitwise single-token
 decode (the exactness gate), so the drafter sees the same hidden states whatever the block sizes.
@@ -9,31 +13,29 @@ at a time (prefill as the loop does, then draft K, feed the target one token, ac
 then checks it against real ``generate_step`` runs (fixed block sizes and ``auto``): every round
 of every run must have kept exactly min(L(p), k) of its k drafts at the position p it started at.
 
-    python scripts/acceptance_traces.py [--model mlx_mtp/demo_pair] [--max-tokens 128] \
-        [--out tests/data/demo_pair_traces.json] [--prompts-json FILE] [--cli-default]
+    python -m tools.acceptance_traces [--model mlx_mtp/demo_pair] [--max-tokens 128] \
+        [--out tests/data/demo_pair_traces.json] [--prompts NAME | --prompts-json FILE] \
+        [--cli-default]
 
-Prompts: the benchmark's (``bench_mtp.DEFAULT_PROMPTS``), or ``--prompts-json`` (an object
-{name: prompt}); ``--cli-default`` adds the CLI's default prompt as ``cli-default``, as
-``python -m mlx_mtp.generate`` feeds it (e.g. to replay the CLI's default run in
-``scripts/simulate_chooser.py --traces``).
+Prompts: a set of ``benchmarks.common.PROMPT_SETS`` (``--prompts``, default the benchmarks'
+four), or ``--prompts-json`` (an object {name: prompt}); ``--cli-default`` adds the CLI's default
+prompt as ``cli-default``, as ``python -m mlx_mtp.generate`` feeds it (e.g. to replay the CLI's
+default run in ``python -m tools.simulate_chooser --traces``). The default ``--out`` is the
+traces the tests and the simulator read by default.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlx_mtp  # noqa: E402  (first: binds the system BLAS before mlx.core loads)
-import mlx.core as mx  # noqa: E402
+import mlx_mtp  # first: binds the system BLAS before mlx.core loads
+import mlx.core as mx
 
-from bench_mtp import DEFAULT_PROMPTS  # noqa: E402
-from mlx_mtp.decoding.block_chooser import BlockChooser  # noqa: E402
-from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt  # noqa: E402
-from mlx_mtp.generate import encode_prompt  # noqa: E402
+from benchmarks import common
+from mlx_mtp.decoding.block_chooser import BlockChooser
+from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt, encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,20 +112,11 @@ def main(argv=None):
     ap.add_argument("--drafts", type=int, default=5, help="K: drafts judged per position")
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "demo_pair_traces.json"))
     ap.add_argument("--no-check", action="store_true", help="skip the real-run check")
-    ap.add_argument("--prompts-json", help="JSON object {name: prompt} (default: the benchmark's)")
+    common.add_prompt_args(ap)
     ap.add_argument("--cli-default", action="store_true",
                     help="also the CLI's default prompt, as 'cli-default'")
     args = ap.parse_args(argv)
-    prompts = dict(DEFAULT_PROMPTS)
-    if args.prompts_json:
-        try:
-            prompts = json.loads(Path(args.prompts_json).read_text())
-        except (OSError, ValueError) as e:
-            ap.error(f"--prompts-json {args.prompts_json}: expected a JSON object ({e})")
-        if not isinstance(prompts, dict) or not all(isinstance(v, str) and v
-                                                    for v in prompts.values()):
-            ap.error(f"--prompts-json {args.prompts_json}: expected a JSON object of "
-                     "non-empty prompt strings")
+    prompts = common.prompts_of(args, ap)
     model, tokenizer = mlx_mtp.load(args.model)
     if args.cli_default:  # through the chat template where there is one, as the CLI does
         prompts["cli-default"] = _prepare_prompt(tokenizer, DEFAULT_PROMPT, False)
@@ -141,7 +134,7 @@ def main(argv=None):
     Path(args.out).write_text(json.dumps({
         "model": Path(args.model).name, "max_tokens": n, "drafts": K,
         "what": "L[p]: of K drafts made with output token p as the bonus, how many the target "
-                "keeps (T=0); scripts/acceptance_traces.py",
+                "keeps (T=0); python -m tools.acceptance_traces",
         "prompts": traces}, indent=1) + "\n")
     print(f"wrote {args.out}")
 

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Re-take every record in benchmark_results/ on an idle machine, with the idle check in each.
+#
+#   bash tools/retake_records.sh              # every topic; about 1 h on 2 cores
+#   bash tools/retake_records.sh TOPIC...     # only these topics (as the retake lines name them)
+#
+# Nothing else may run meanwhile (no tests, no helpers, no second benchmark): each benchmark
+# refuses a busy machine (exit 1, one line) and this script then stops, so the remaining records
+# are not taken on a machine known to be busy. A record is named <topic>-<host>-<date of the run>,
+# so a re-take gets today's date; once it is written, every other file of its topic (older
+# records, their markdown and pictures: benchmarks.common.superseded) is git rm'ed, and
+# benchmark_results/ keeps the newest record of each topic only. Update the index of records in
+# docs/benchmarks.md after. Each benchmark waits up to 10 minutes for a quiet machine before and
+# after its run; those that measure in units (an alternating pair, a round: bench_mtp, cli_pairs,
+# blas_spread) measure a unit the machine was not quiet for again, up to 60 times a run
+# (benchmarks.idle).
+set -euo pipefail
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.."
+ONLY=("$@")
+for topic in "${ONLY[@]}"; do  # a topic no retake line names would be skipped silently
+  awk '$1 == "retake" { print $2 }' "$SELF" | grep -qxF -- "$topic" \
+    || { echo "retake_records.sh: no record $topic (expected a topic a retake line names)" >&2
+         exit 2; }
+done
+
+export PYTHONPATH="$PWD"
+PY=${PYTHON:-python}
+WAIT=(--wait-idle 600)
+UNITS=(--wait-idle 600 --retakes 60)
+BLIS=$($PY -c 'from mlx_mtp.cpu import blas; print(next(p for n, p in blas.find() if n == "BLIS"))')
+OPENBLAS=$($PY -c 'from mlx_mtp.cpu import blas; print(next(p for n, p in blas.find() if n == "OpenBLAS"))')
+
+# retake TOPIC ENV... -- COMMAND...: run it; on success drop the topic's superseded files.
+retake() {
+  local topic=$1; shift
+  if [ ${#ONLY[@]} -gt 0 ] && ! printf '%s\n' "${ONLY[@]}" | grep -qxF -- "$topic"; then
+    return 0
+  fi
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  echo "== $topic: $*"
+  env -u BLIS_NUM_THREADS -u BLIS_JC_NT -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS \
+      -u MLX_MTP_CPU_BLAS "${envs[@]}" "$@"
+  $PY -c 'import sys
+from benchmarks.common import superseded
+print("\n".join(str(p) for p in superseded(sys.argv[1])))' "$topic" |
+    while read -r f; do
+      [ -n "$f" ] || continue
+      git rm -q -- "$f" 2>/dev/null || rm -f -- "$f"  # (an untracked file: just removed)
+    done
+}
+
+# This machine's idle bandwidth figure (the idle check compares a probe against it). Re-taking
+# only some topics keeps the figure this machine has, if any: re-measured, it would change a
+# tracked file before each record, whose commit then reads +dirty.
+if [ ${#ONLY[@]} -eq 0 ] || ! $PY -c 'import sys
+from benchmarks import idle
+sys.exit(idle.idle_bandwidth() is None)'; then
+  $PY -m benchmarks.idle --calibrate
+fi
+
+# T=0 on the demo pair, every fixed block size and auto: BLIS (its default threads: cores - 1,
+# over columns) and OpenBLAS.
+retake demo-pair-blis MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
+  --pairs 6 --max-tokens 128 "${UNITS[@]}"
+retake demo-pair-openblas MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
+  --pairs 8 --synced-runs 3 --max-tokens 128 "${UNITS[@]}"
+# auto against the fixed blocks that can be best, with enough pairs to tell a loss from noise:
+# the default prompts and three more code prompts, at 128, 256 (the CLI's default) and 512 tokens
+retake demo-pair-blis-auto MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-auto --block-sizes 3,4,5,6,auto \
+  --pairs 10 --max-tokens 128 "${UNITS[@]}"
+retake demo-pair-blis-auto-code MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code \
+  --prompts code --block-sizes 3,4,5,6,auto --pairs 6 --max-tokens 128 "${UNITS[@]}"
+retake demo-pair-blis-auto-256 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-256 --block-sizes 3,4,5,6,auto \
+  --pairs 10 --max-tokens 256 "${UNITS[@]}"
+retake demo-pair-blis-auto-code-256 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code-256 \
+  --prompts code --block-sizes 3,4,5,6,auto --pairs 6 --max-tokens 256 "${UNITS[@]}"
+retake demo-pair-blis-auto-512 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-512 --block-sizes 3,4,5,6,auto \
+  --pairs 8 --max-tokens 512 "${UNITS[@]}"
+retake demo-pair-blis-auto-code-512 MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-auto-code-512 \
+  --prompts code --block-sizes 3,4,5,6,auto --pairs 6 --max-tokens 512 "${UNITS[@]}"
+
+# Sampling with BLIS against mlx-lm's plain sampling: speculative sampling at T=0.6 (blocks up to
+# 6: block verification keeps more drafts the longer the block) and T=1.0, and auto at T=0.6
+# (Gumbel-coupled keyed draws) against fixed blocks.
+retake demo-pair-blis-T0.6-speculative-sampling MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-speculative-sampling \
+  --temp 0.6 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4,5,6 --pairs 5 --max-tokens 128 "${UNITS[@]}"
+retake demo-pair-blis-T1.0-speculative-sampling MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-T1.0-speculative-sampling \
+  --temp 1.0 --acceptance speculative-sampling --seed 0 --block-sizes 2,3,4 --pairs 3 --max-tokens 128 "${UNITS[@]}"
+retake demo-pair-blis-T0.6-auto MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-auto --temp 0.6 --seed 0 \
+  --block-sizes 3,4,auto --pairs 5 --max-tokens 128 "${UNITS[@]}"
+
+# The CLI's default run against --no-mtp, alternating pairs of fresh processes.
+retake cli-default -- $PY -m benchmarks.cli_pairs --pairs 5 "${UNITS[@]}"
+
+# Drafter phases: the random pair, and the trained demo pair with the draft vocabulary it ships
+# (mlx_mtp/demo_pair/mtp/draft_vocab: 4096 ids, built by
+# python -m mlx_mtp.draft_vocab build --model mlx_mtp/demo_pair --size 4096 --corpus FILES over the
+# standard-library files listed in mlx_mtp/demo_pair/mtp/draft_vocab/draft_vocab.json's "corpus").
+retake drafter-phases MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_drafter --max-tokens 24 --pairs 5 "${WAIT[@]}"
+retake drafter-phases-demo-pair MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_drafter --model mlx_mtp/demo_pair --pairs 5 --topic drafter-phases-demo-pair "${WAIT[@]}"
+
+# The exactness probe's cost.
+retake probe-cost MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.probe_cost --record --repeats 5 "${WAIT[@]}"
+
+# The spread across fresh processes: the default BLAS alone on the CLI's default run (256
+# tokens), and every BLAS choice side by side with the one-process control (128 tokens).
+retake blas-spread -- $PY -m benchmarks.blas_spread --processes 5 --arms default "${UNITS[@]}"
+retake blas-spread-arms -- \
+  $PY -m benchmarks.blas_spread --topic blas-spread-arms --processes 5 --max-tokens 128 "${UNITS[@]}"
+
+# Converted folders, a target split over 2 local processes, the server.
+retake convert-demo-pair -- $PY -m benchmarks.bench_convert --pairs 3 --max-tokens 128 "${WAIT[@]}"
+retake split -- $PY -m benchmarks.bench_split --pairs 3 --max-tokens 128 "${WAIT[@]}"
+retake server-demo-pair -- \
+  $PY -m benchmarks.bench_server --pairs 5 --max-tokens 128 --clients 4 --requests 3 "${WAIT[@]}"
+
+# A realistic-size random pair (hidden 1024, 12 layers, 32k vocabulary, a head wired to agree
+# with the target part of the time; not built by this repository), when $BIG_PAIR names its folder.
+if [ -n "${BIG_PAIR:-}" ]; then
+  retake big-pair-blis -- $PY -m benchmarks.bench_mtp --model "$BIG_PAIR" \
+    --topic big-pair-blis --block-sizes 1,2,3,auto --pairs 2 --max-tokens 96 "${UNITS[@]}"
+fi
