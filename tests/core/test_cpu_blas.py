@@ -3,6 +3,7 @@ fresh interpreter because the binding happens once per process."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,14 +26,34 @@ differ = sum(bytes(memoryview(full[i:i + 1])) != bytes(memoryview(rows[i])) for 
 """
 
 
+LINUX = sys.platform.startswith("linux")
+
+
 def run(code, **env):
     e = {k: v for k, v in os.environ.items()
          if k not in ("MLX_MTP_CPU_BLAS", "BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-                      *cpu_blas.BLIS_WAYS)}
+                      "LD_DEBUG", "LD_DEBUG_OUTPUT", *cpu_blas.BLIS_WAYS)}
     e.update(env, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def run_bound(code, **env):
+    """``run`` with glibc's loader reporting its symbol bindings (``LD_DEBUG=bindings``):
+    (the JSON, the library MLX's ``cblas_sgemm`` calls resolved to), whatever kernels that
+    library picked for this CPU."""
+    out, err = run(code, LD_DEBUG="bindings", **env)
+    found = re.findall(r"binding file \S*libmlx\.so\S* \[\d+\] to (\S+) \[\d+\]: "
+                       r"normal symbol `cblas_sgemm'", err)
+    assert found, "MLX made no cblas_sgemm call in this process"
+    assert len(set(found)) == 1, found
+    return out, os.path.realpath(found[0])
+
+
+def bundled_blas(path: str) -> bool:
+    """Whether ``path`` is the reference BLAS the mlx wheel bundles (``mlx_cpu.libs``)."""
+    return "mlx_cpu.libs" in path and os.path.basename(path).startswith("libblas")
 
 
 STATE = """
@@ -56,21 +77,22 @@ print(json.dumps({"name": s.name, "path": s.path, "threads": s.threads, "error":
 
 
 def test_auto_binds_the_fastest_library_found_and_it_is_the_one_mlx_uses():
-    out, _ = run(STATE)
-    if not sys.platform.startswith("linux"):
+    if not LINUX:
+        out, _ = run(STATE)
         assert out["name"] == "not applicable" and out["path"] is None  # Accelerate / Metal
         return
+    out, sgemm = run_bound(STATE)
     found = out["found"]
     if not found:
-        assert out["name"] == "bundled" and out["path"] is None
+        assert out["name"] == "bundled" and out["path"] is None and bundled_blas(sgemm)
         return
     assert out["path"] == found[0][1] and out["name"] == found[0][0]
+    # MLX's matmuls call the bound library (the loader resolved its cblas_sgemm there), not the
+    # reference BLAS the wheel links
+    assert sgemm == os.path.realpath(out["path"])
     cores = len(os.sched_getaffinity(0))
     assert out["threads"] == (max(1, cores - 1) if out["name"] == "BLIS" else cores)
     if out["name"] == "BLIS":
-        # BLIS reduces a multi-row f32 matmul with K > 512 differently from one row; the
-        # bundled reference BLAS never does. Seeing it proves MLX calls the bound library.
-        assert out["differ"] > 0
         # One core left to the Python thread, the rest split over output columns (see cpu_blas).
         n = max(1, cores - 1)
         assert out["blis_jc"] == str(n) and out["blis_threads"] is None
@@ -88,10 +110,11 @@ def test_a_user_blis_split_is_kept():
     assert out["ways"][1:] == [1, 2]
 
 
+@pytest.mark.skipif(not LINUX, reason="the system BLAS is bound on Linux only")
 def test_off_keeps_the_bundled_blas():
-    out, _ = run(STATE, MLX_MTP_CPU_BLAS="off")
-    assert out["name"] == "bundled" and out["path"] is None
-    assert out["differ"] == 0  # the reference BLAS is row-invariant
+    out, sgemm = run_bound(STATE, MLX_MTP_CPU_BLAS="off")
+    assert out["name"] == "bundled" and out["path"] is None and bundled_blas(sgemm), sgemm
+    assert out["differ"] == 0  # the reference BLAS sums every row in the same order
 
 
 def test_user_thread_count_is_respected():
@@ -101,12 +124,15 @@ def test_user_thread_count_is_respected():
     assert out["threads"] == 1 and out["blis_threads"] in ("1", None)
 
 
+@pytest.mark.skipif(not LINUX, reason="the system BLAS is bound on Linux only")
 def test_mlx_imported_first_warns_and_keeps_the_bundled_blas():
     code = "import mlx.core\n" + STATE
     out, err = run(code)
     if out["found"]:
         assert "mlx.core was imported before mlx_mtp" in err
     assert out["name"] == "bundled" and out["differ"] == 0
+    _, sgemm = run_bound(code)
+    assert bundled_blas(sgemm), sgemm
 
 
 def test_a_named_library_that_cannot_load_is_a_clear_error():
@@ -137,6 +163,16 @@ print(json.dumps({"name": cpu_blas.STATE.name, "before": before, "inside": insid
 """
 
 
+def openblas_max_threads(path: str) -> int:
+    """The most threads this OpenBLAS build runs (``MAX_THREADS=`` of ``openblas_get_config``)."""
+    import ctypes
+
+    lib = ctypes.CDLL(path)
+    lib.openblas_get_config.restype = ctypes.c_char_p
+    m = re.search(r"MAX_THREADS=(\d+)", lib.openblas_get_config().decode())
+    return int(m.group(1)) if m else 1 << 30
+
+
 @pytest.mark.parametrize("lib", ["BLIS", "OpenBLAS"])
 def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
     path = next((p for n, p in cpu_blas.find() if n == lib), None)
@@ -148,7 +184,9 @@ def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
         default = cpu_blas.blis_threads(n)
         assert (out["name"], out["before"], out["inside"]) == (lib, -1, 1)
         assert out["jc_before"] == out["jc_after"] == default  # the split is put back
-    else:  # OpenBLAS: all cores by default, and rounds keep them (one thread is slower)
+    else:  # OpenBLAS: all cores by default (as many as its build allows), and rounds keep
+        # them (one thread is slower)
+        n = min(n, openblas_max_threads(path))
         assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, n, n)
         out, _ = run(THREADS, MLX_MTP_CPU_BLAS=path, MLX_MTP_VERIFY_THREADS="1")
         assert (out["name"], out["before"], out["inside"], out["after"]) == (lib, n, 1, n)
