@@ -23,6 +23,7 @@ from tabulate import tabulate
 from mlx_mtp.cli import (Parser, block_size, block_size_or_auto, cli_main, non_negative_float,
                          non_negative_int, positive_int, temperature, unit_interval)
 from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import lazy_ops, native
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.plain import plain_generate_step
 from mlx_mtp.decoding.rounds import (MAX_BLOCK_SIZE, check_no_draft_model, generate_step,
@@ -304,7 +305,8 @@ def run(args) -> dict:
                                          acceptance=args.acceptance))
     text = "".join(r.text for r in responses)
     tokens = _without_eos([r.token for r in responses], tokenizer)
-    out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(), "model": str(args.model), "drafter": args.drafter,
+    out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(),
+           "cpu_kernels": _kernel_mode(), "model": str(args.model), "drafter": args.drafter,
            "mtp_enabled": not args.no_mtp, "temperature": args.temp,
            "draft": model.drafter.describe() if model.drafter is not None else None}
     out.update(sampler.describe(), seed=args.seed, repetition_penalty=args.repetition_penalty,
@@ -313,6 +315,12 @@ def run(args) -> dict:
     if model.split is not None:  # only rank 0 prints (mlx_mtp.cli.cli_main)
         out["rank"] = model.split.rank
     return out
+
+
+def _kernel_mode() -> str:
+    """How mlx_mtp's C kernels run here: ``lazy``, ``eager (why)``, or ``none (why)``."""
+    problem = native.cpu_problem()
+    return f"none ({problem})" if problem else lazy_ops.mode()
 
 
 def print_report(result: dict, stats_rows, verbose: bool = True) -> None:
@@ -368,6 +376,7 @@ def _rows_from_result(result: dict):
                      f"({result['split_bytes_per_token'] / 1e3:.1f} kB)"))
     rows.append(("peak memory", f"{result['peak_memory_gb']:.3f} GB"))
     rows.append(("cpu blas", result["cpu_blas"]))
+    rows.append(("C kernels", result["cpu_kernels"]))
     return rows
 
 

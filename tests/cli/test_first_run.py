@@ -3,11 +3,13 @@ runs it (a fresh interpreter), and its rough edges: where the statistics go, hel
 prompt, a one-token run."""
 
 import json
+import shutil
 
 import pytest
 from conftest import cli
 
 from benchmarks.common import distinct_ngram_share
+from mlx_mtp.cpu import native
 from mlx_mtp.demo import DEMO_DECODE
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
@@ -23,6 +25,9 @@ def test_the_default_run_writes_text_that_does_not_loop_and_equals_plain_decode(
     assert mtp["repetition_penalty"] == DEMO_DECODE.repetition_penalty
     assert mtp["repetition_context_size"] == DEMO_DECODE.repetition_context_size
     assert mtp["mtp_enabled"] and mtp["rounds"] > 0
+    # a plain install brings what the lazy kernels need (nanobind, cmake; a C++ compiler here)
+    if native.cpu_problem() is None and shutil.which("c++"):
+        assert mtp["cpu_kernels"] == "lazy"
 
 
 def test_the_text_goes_to_stdout_and_the_statistics_to_stderr():
