@@ -1,21 +1,20 @@
 """Give MLX's CPU backend a fast system BLAS on Linux.
 
 The Linux ``mlx[cpu]`` wheel calls ``cblas_sgemm`` for every f32 matmul (one row included) and
-bundles the single-threaded reference BLAS, about 30x slower than BLIS or OpenBLAS here. Loading a
+bundles the single-threaded reference BLAS, many times slower than BLIS or OpenBLAS. Loading a
 system library with RTLD_GLOBAL *before* ``mlx.core`` is first imported makes MLX bind to it
-(LD_LIBRARY_PATH does not; loading after the import has no effect). See
-``shared/design/cpu-backend.md``.
+(LD_LIBRARY_PATH does not; loading after the import has no effect). See docs/cpu-backend.md.
 
 ``MLX_MTP_CPU_BLAS``: unset = the fastest library found; ``off`` = MLX's bundled BLAS; a path =
 that library. This module must not import mlx.
 
 ``verify_threads()``: the multi-row products of a speculative round (verify, accept hook) are a
 few rows against small matrices, where a second BLIS thread costs more in hand-off than it saves
-(measured with BLIS on the demo pair, on a contended 2-core machine: a 3-token verify 3.2x a
-decode step with 2 threads, 1.3x with 1). One-row products (decode) do not depend on the thread
+(chosen by measurement with BLIS on the CPU). One-row products (decode) do not depend on the thread
 count, so the round loop runs with ``MLX_MTP_VERIFY_THREADS`` threads (unset: 1 with BLIS,
 OpenBLAS's own count, which one thread slows down; ``0`` = leave the count alone), and everything
-that measures a verify's exactness (``row_exact.install``, the probe's block arm) does so too.
+that measures a verify's exactness (``mlx_mtp.exactness.row_exact.install``, the probe's block
+arm) does so too.
 """
 
 from __future__ import annotations
@@ -29,10 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from mlx_mtp import config  # imports no mlx
+
 ENV = "MLX_MTP_CPU_BLAS"
 VERIFY_THREADS_ENV = "MLX_MTP_VERIFY_THREADS"
 
-# Fastest first, as measured on a 2-core x86 machine (BLIS 0.9 matvec ~2.5x OpenBLAS 0.3.21);
+# Fastest first, as measured on x86 (BLIS's one-row products are the fastest);
 # BLIS runs one thread fewer than the cores, split over columns (see blis_threads).
 _CANDIDATES: List[Tuple[str, str, str]] = [
     ("BLIS", "/usr/lib/*-linux-gnu/blis-pthread/libblis.so.4", "BLIS_NUM_THREADS"),
@@ -59,8 +60,8 @@ class BlasState:
         return f"{self.name} ({self.path}{threads})"
 
 
-STATE = BlasState()
-_done = False
+STATE = BlasState()  # module state: MLX binds one BLAS per process, once
+_done = False  # ``load`` ran (it can run only before mlx.core is imported)
 
 
 def _kind_of(path: str) -> str:
@@ -95,11 +96,9 @@ def blis_threads(cores: int) -> int:
     wait for each other at spin barriers (no yield) several times per call. A spinning thread
     whose partner is descheduled burns its whole time slice, and in a decode loop the partner
     is descheduled often: mlx-lm's Python thread builds the next step while MLX computes this
-    one, so with as many BLIS threads as cores three threads want two cores. Measured on 2 cores
-    (fresh processes, a busy machine): a 512x512 f32 matmul took 12-16 ms with one thread,
-    63 ms with two split over columns and 259-299 ms with BLIS's own 2-D split of two, whose
-    first thread burned 27 ms of CPU per call against 4 ms for the whole single-threaded call;
-    on an idle machine two threads ranged 1.6-23.5 ms from process to process (issue 17)."""
+    one, so with as many BLIS threads as cores three threads want two cores, and BLIS's own
+    2-D split makes the threads meet at more barriers than a split over columns (chosen by
+    measurement on a 2-core machine; see docs/cpu-backend.md)."""
     return max(1, cores - 1)
 
 
@@ -132,7 +131,7 @@ def load() -> BlasState:
     if not sys.platform.startswith("linux"):
         STATE.name = "not applicable"  # macOS: MLX uses Accelerate / Metal
         return STATE
-    choice = os.environ.get(ENV, "").strip()
+    choice = config.text(ENV)
     if choice.lower() == "off":
         return STATE
     if choice:
@@ -165,7 +164,7 @@ def load() -> BlasState:
 
 _THREAD_API = {"BLIS": ("bli_thread_get_num_threads", "bli_thread_set_num_threads"),
                "OpenBLAS": ("openblas_get_num_threads", "openblas_set_num_threads")}
-_api = None
+_api = None  # module state: the bound library's thread calls, looked up once per process
 
 
 def _thread_api():
@@ -188,22 +187,12 @@ def _thread_api():
 
 def verify_thread_count(environ=None) -> int:
     """``MLX_MTP_VERIFY_THREADS``: unset = 1; 0 = leave the BLAS thread count alone; n >= 1."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(VERIFY_THREADS_ENV, "").strip()
-    if value == "":
-        return 1
-    if not value.isdigit():
-        from mlx_mtp.errors import MTPError
-
-        raise MTPError(f"environment variable {VERIFY_THREADS_ENV} must be a whole number of "
-                       f"threads (0 = leave the BLAS default), got {value!r}")
-    return int(value)
+    return config.count(VERIFY_THREADS_ENV, environ)
 
 
 # A round's BLAS threads where MLX_MTP_VERIFY_THREADS is unset, per library (else 1). OpenBLAS
-# keeps its own count: 0.3.21 on one thread ran the demo head's 3-row products ~5x and its
-# 8192 x 256 LM head ~2x slower than on its default two (idle 2-core VM), so one round thread
-# cost the accept hook 2.2 ms against 1.7 and a block-3 round ~8%, the probe equal either way.
+# keeps its own count: unlike BLIS, its few-row products run markedly slower on one thread than
+# on its default count (chosen by measurement on the CPU).
 ROUND_THREADS_DEFAULT = {"OpenBLAS": 0}
 
 
@@ -211,8 +200,7 @@ def round_thread_count(environ=None) -> int:
     """The BLAS thread count a round runs with (``verify_threads``): ``MLX_MTP_VERIFY_THREADS``
     if set, else the bound library's default (``ROUND_THREADS_DEFAULT``, else 1); 0 = the
     library's own count."""
-    environ = os.environ if environ is None else environ
-    if environ.get(VERIFY_THREADS_ENV, "").strip() == "":
+    if not config.is_set(VERIFY_THREADS_ENV, environ):
         return ROUND_THREADS_DEFAULT.get(STATE.name, 1)
     return verify_thread_count(environ)
 

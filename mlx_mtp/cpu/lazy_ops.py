@@ -1,17 +1,19 @@
-"""mlx_mtp's C kernels as lazy MLX graph ops (an MLX C++ extension, ``kernels/lazy_ops.cpp``).
+"""mlx_mtp's C kernels as lazy MLX graph ops (an MLX C++ extension,
+``mlx_mtp/cpu/csrc/lazy_ops.cpp``).
 
-The eager kernels (``row_kernel.products``, ``gdn_kernel.states``) evaluate their inputs, a host
-sync each, and convert to and from numpy: about 60 syncs per verify on a realistic-size pair.
-The extension wraps the same C functions as MLX primitives whose CPU evaluation queues them on
-the CPU stream, so a verify is one graph again, read once. It is built on first use with CMake
-(the C files with the ctypes builds' flags, so the bytes are the same) into ``native``'s cache
-folder, named by a hash of the sources, flags, compiler and the MLX, nanobind and Python
-versions, and loaded once per process after a check that it accepts ``mx.array``s.
+The eager kernels (``mlx_mtp.cpu.row_kernel.products``,
+``mlx_mtp.models.qwen3_5.gdn_kernel.states``) evaluate their inputs, a host sync each, and convert
+to and from numpy: dozens of syncs per verify on a realistic-size pair. The extension wraps the same
+C functions as MLX primitives whose CPU evaluation queues them on the CPU stream, so a verify stays
+one graph, read once. It is built on first use with CMake (the C files with the ctypes builds'
+flags, so the bytes are the same) into ``native``'s cache folder, named by a hash of the sources,
+flags, compiler and the MLX, nanobind and Python versions, and loaded once per process after a check
+that it accepts ``mx.array``s.
 
 It needs cmake, a C++ compiler and nanobind ABI-compatible with mlx.core's (``pip install
 'mlx-mtp[lazy]'``; MLX 0.32 needs nanobind 3.x: with 2.x the module builds but cannot take an
 ``mx.array``). Where any of that fails, or with ``MLX_MTP_LAZY_KERNELS=0``, the kernels run
-eagerly as before and ``reason()`` says why.
+eagerly and ``reason()`` says why.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def _build(environ) -> Path:
         build = Path(tmp) / "build"
         import mlx
 
-        mlx_cmake = Path(mlx.__path__[0]) / "share" / "cmake" / "MLX"
+        # mlx is a namespace package: any folder named mlx on sys.path joins its __path__
+        found = [Path(d) / "share" / "cmake" / "MLX" for d in mlx.__path__]
+        mlx_cmake = next((d for d in found if d.is_dir()), found[0])
         _run([cmake, "-S", str(native.KERNELS), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
               f"-DPython_EXECUTABLE={sys.executable}", f"-Dnanobind_ROOT={nb_dir}",
               f"-DMLX_ROOT={mlx_cmake}", f"-DROW_DOT_FLAGS={';'.join(row_flags)}",
@@ -162,7 +166,7 @@ def load(environ=None):
     environ = os.environ if environ is None else environ
     _STATE.tried = True
     for name in (native.ALL_ENV, ENV):
-        if not env.flag(name, environ, default=True):
+        if not env.flag(name, environ):
             _STATE.why = f"{name}=0"
             return None
     problem = native.cpu_problem()
@@ -175,6 +179,10 @@ def load(environ=None):
     except (OSError, RuntimeError, ImportError) as e:
         _STATE.module = None
         _STATE.why = f"cannot build or load {SOURCES[0]}: {e}"
+        # One line, once a process: the eager kernels give the same bytes, only slower.
+        logger.warning("mlx_mtp: the C kernels run eagerly, slower: %s. The lazy kernels need "
+                       "cmake, a C++ compiler and nanobind 3.1.0 (pip install 'mlx-mtp[lazy]')",
+                       _STATE.why)
     return _STATE.module
 
 
@@ -196,7 +204,7 @@ def mode() -> str:
 @contextmanager
 def eager():
     """The kernels run eagerly in the body, as with ``MLX_MTP_LAZY_KERNELS=0`` (comparisons of
-    the two paths in one process: tests, ``scripts/verify_arms.py``)."""
+    the two paths in one process: tests, ``benchmarks/verify_arms.py``)."""
     saved = (_STATE.module, _STATE.why, _STATE.tried)
     _STATE.module, _STATE.why, _STATE.tried = None, f"{ENV}=0", True
     try:

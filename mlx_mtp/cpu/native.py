@@ -1,4 +1,4 @@
-"""Small C kernels (``mlx_mtp/kernels/*.c``) compiled on first use and loaded with ctypes.
+"""Small C kernels (``mlx_mtp/cpu/csrc/*.c``) compiled on first use and loaded with ctypes.
 
 Each ``NativeKernel`` is one C file. It is compiled with the system C compiler (``$CC``, else
 ``cc``) into a per-user cache (``$MLX_MTP_CACHE``, else ``$XDG_CACHE_HOME/mlx_mtp``, else
@@ -9,7 +9,7 @@ switches set to 0 (``MLX_MTP_ROW_KERNEL=0`` switches off every kernel): the kern
 unavailable, ``reason()`` says why, and its callers keep their other paths.
 
 Loaded this way the kernels run eagerly (they evaluate their inputs, a host sync), so none can
-run inside an ``mx.compile``d function; ``lazy_kernels`` builds the same C files into an MLX
+run inside an ``mx.compile``d function; ``mlx_mtp.cpu.lazy_ops`` builds the same C files into an MLX
 extension that runs them as lazy graph ops, and the callers prefer it where it loads.
 """
 
@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 from mlx_mtp import config as env
 
 # Each C file's compiler flags, shared by its ctypes build (``NativeKernel``) and the MLX
-# extension that ``lazy_kernels`` builds from the same file, so both compute the same bytes.
+# extension that ``mlx_mtp.cpu.lazy_ops`` builds from the same file, so both compute the same bytes.
 ROW_DOT_FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 GDN_STEPS_FLAGS = ("-O3", "-mavx2", "-ffp-contract=off", "-fPIC", "-shared")
 
@@ -41,8 +41,9 @@ COMPILE_TIMEOUT_S = 120
 
 def cache_dir(environ=None) -> Path:
     environ = os.environ if environ is None else environ
-    if environ.get(CACHE_ENV):
-        return Path(environ[CACHE_ENV])
+    chosen = env.path(CACHE_ENV, environ)
+    if chosen:
+        return Path(chosen)
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "mlx_mtp"
 
@@ -66,7 +67,7 @@ class NativeKernel:
 
     def __init__(self, source: str, prefix: str, abi: int, flags: Sequence[str],
                  bind: Callable[[ctypes.CDLL], None], switches: Sequence[str]):
-        self.source = KERNELS / source  # mlx_mtp/kernels/<source>
+        self.source = KERNELS / source  # mlx_mtp/cpu/csrc/<source>
         self.prefix = prefix  # the library exports <prefix>_abi()
         self.abi = abi
         self.flags = tuple(flags)
@@ -122,7 +123,7 @@ class NativeKernel:
             return self.lib
         environ = os.environ if environ is None else environ
         self.tried = True
-        off = [name for name in self.switches if not env.flag(name, environ, default=True)]
+        off = [name for name in self.switches if not env.flag(name, environ)]
         if off:
             self.why = f"{off[0]}=0"
             return None

@@ -1,15 +1,15 @@
 """Run a verify with every thread of the process on one CPU core (Linux, CPU backend).
 
-A verify that uses the eager C kernels (``row_kernel``, ``gdn_kernel``) hands its input from
-MLX's CPU stream thread to the Python thread and back about 60 times (one host sync per distinct
-kernel input). Between threads on two cores each hand-off wakes the other core (an
-inter-processor interrupt; expensive in a VM): measured on a 2-core x86 VM, an ``mx.eval`` of one
-small op took 118 us with the threads free to run anywhere and 33 us with both on one core,
-while a plain decode step makes one such sync. Once such a verify has made its first kernel call,
-the Python thread mostly waits for the stream thread, so putting them on one core costs little
-parallel work; pinning earlier (from the start of the verify) cost the demo pair's loop 0.85-0.9x,
-where the queued draft and accept hook compute while Python builds the verify graph. So the loop
-pins at a verify's first kernel call (``on_first_sync`` / ``hold``) and undoes it after the verify.
+A verify that uses the eager C kernels (``mlx_mtp.cpu.row_kernel``,
+``mlx_mtp.models.qwen3_5.gdn_kernel``) hands its input from MLX's CPU stream thread to the Python
+thread and back dozens of times (one host sync per distinct kernel input), while a plain decode
+step makes one such sync. Between threads on two cores each hand-off wakes the other core (an
+inter-processor interrupt; expensive in a VM), several times dearer than a hand-off on one core.
+Once such a verify has made its first kernel call, the Python thread mostly waits for the stream
+thread, so putting them on one core costs little parallel work; pinning earlier (from the start
+of the verify) would keep the queued draft and accept hook from computing on another core while
+Python builds the verify graph. So the loop pins at a verify's first kernel call
+(``on_first_sync`` / ``hold``) and undoes it after the verify.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def current_cpu() -> Optional[int]:
 
 def enabled(environ=None) -> bool:
     """Pinning is possible here (Linux affinity calls) and not switched off (``MLX_MTP_PIN_VERIFY=0``)."""
-    return hasattr(os, "sched_setaffinity") and env.flag(ENV, default=True, environ=environ)
+    return hasattr(os, "sched_setaffinity") and env.flag(ENV, environ)
 
 
 def _pin() -> Dict[int, Set[int]]:
@@ -91,7 +91,9 @@ def one_core():
         _restore(saved)
 
 
-_armed: Optional[dict] = None  # the open ``on_first_sync`` body's state (one generation at a time)
+# The open ``on_first_sync`` body's state (one generation at a time); module state because
+# ``hold`` is called from inside the kernels, which are handed no generation.
+_armed: Optional[dict] = None
 
 
 @contextmanager

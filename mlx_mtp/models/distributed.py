@@ -30,11 +30,12 @@ from typing import Callable, Iterator, List, Optional
 import mlx.core as mx
 import numpy as np
 
+from mlx_mtp import config
 from mlx_mtp.errors import MTPError
 
 SPLITS = ("pipeline", "tensor")
 TIMEOUT_ENV = "MLX_MTP_DIST_TIMEOUT"
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = config.setting(TIMEOUT_ENV).default  # 120 s
 CACHE_LOG_ENV = "MLX_MTP_DIST_CACHE_LOG"  # test hook: per-round cache hashes, one file per rank
 WATCHDOG_EXIT = 3
 _BACKEND_PREFIXES = ("[ring]", "[mpi]", "[jaccl]", "[nccl]")  # mx.distributed's error messages
@@ -45,16 +46,7 @@ class SplitFailed(MTPError):
 
 
 def timeout_from_env(environ=None) -> float:
-    raw = (environ if environ is not None else os.environ).get(TIMEOUT_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_TIMEOUT_S
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise MTPError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
-    return v
+    return config.seconds(TIMEOUT_ENV, environ)
 
 
 class CollectiveCounter:
@@ -233,7 +225,7 @@ def init_split(kind: str, timeout_s: Optional[float] = None,
         raise MTPError(f"--split {kind} needs 2 or more processes: start it with mlx.launch "
                        f"(e.g. mlx.launch --backend ring -n 2 -- python -m {program} ...)")
     split = Split(kind, group, timeout_s if timeout_s is not None else timeout_from_env(),
-                  cache_log=os.environ.get(CACHE_LOG_ENV) or None)
+                  cache_log=config.path(CACHE_LOG_ENV))
     split.counter.install()
     return split
 
