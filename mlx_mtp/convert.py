@@ -1,10 +1,11 @@
-"""``convert`` and ``python -m mlx_mtp.convert``: one MLX folder with a (quantized) target and its MTP drafter, from any checkpoint that loads.
+"""``convert`` and ``python -m mlx_mtp.convert``: one MLX folder with a (quantized) target and
+its MTP drafter, from any checkpoint that loads.
 
-The target goes through mlx-lm's own steps, in ``mlx_lm.convert``'s order (load lazily, cast to
-the dtype, ``quantize_model``, then mlx-lm's shard layout, config and tokenizer files), so mlx-lm
-alone loads the folder as a plain model and its tensors are ``mlx_lm.convert``'s. FP8
-block-quantized checkpoints are dequantized on the way (``mlx_mtp.io.fp8``). The drafter goes beside
-it, where the loader looks when no ``--drafter`` is given:
+The target goes through mlx-lm's own steps, in ``mlx_lm.convert``'s order (load lazily, cast to the
+dtype, ``quantize_model``, then mlx-lm's shard layout, config and tokenizer files), so mlx-lm alone
+loads the folder as a plain model and its tensors are ``mlx_lm.convert``'s. FP8 block-quantized
+checkpoints are dequantized on the way (``mlx_mtp.io.fp8``). The drafter goes beside it, where the
+loader looks when no ``--drafter`` is given:
 
   OUT/mtp/        Qwen: a ``qwen3_5_mtp`` drafter folder (``model.safetensors``, ``config.json``
                   with its ``quantization`` when ``head_bits`` is set)
@@ -28,8 +29,7 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Iterable, List, Optional
+from typing import Iterable, Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
@@ -41,13 +41,8 @@ from mlx_mtp.io import fp8
 from mlx_mtp.io.checkpoint import (cast_floats, load_mlx_lm_model, read_config, resolve_path,
                          safetensors_header, weight_files)
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.gemma4.loading import EMBEDDED_ASSISTANT, read_assistant_config, read_assistant_weights
-from mlx_mtp.models.gemma4.target import GEMMA4_MODEL_TYPES
-from mlx_mtp.models.qwen3_5.loading import (EMBEDDED_DRAFT_VOCAB, EMBEDDED_HEAD, build_head, collect_head_weights,
-                              load_head_from_drafter)
+from mlx_mtp.models import families
 from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES
-from mlx_mtp.models.qwen3_5.head_quantization import quantize_head, write_drafter
-from mlx_mtp.models.qwen3_5.target import QWEN3_5_MODEL_TYPES
 
 DTYPES = ("bfloat16", "float16", "float32")  # mlx_lm.convert's MODEL_CONVERSION_DTYPES
 
@@ -109,56 +104,6 @@ def save_target(dst: Path, src: Path, model, tokenizer, config: dict, quiet: boo
     mlx_lm_utils.create_model_card(dst, None)
 
 
-def _head_target(model, dtype: mx.Dtype) -> SimpleNamespace:
-    """What ``build_head`` reads of a target adapter, without making one (an adapter swaps layer
-    classes, which a conversion has no use for)."""
-    lm = model.language_model if hasattr(model, "language_model") else model
-    return SimpleNamespace(args=lm.args, dtype=dtype, hidden_size=lm.args.hidden_size,
-                           vocab_size=lm.args.vocab_size)
-
-
-def convert_qwen_head(src: Path, config: dict, model, dtype: mx.Dtype, out: Path, *,
-                      drafter, head_bits: Optional[int], head_group_size: int) -> dict:
-    target = _head_target(model, dtype)
-    if drafter is not None:
-        head = load_head_from_drafter(drafter, target)
-    else:
-        weights = collect_head_weights(weight_files(src), prefixed_only=True)
-        if not weights:
-            raise MTPError(f"{src} has no MTP head weights (mtp.*): pass --drafter DIR (a "
-                           "qwen3_5_mtp drafter folder or the raw Hugging Face checkpoint)")
-        head = build_head(target, weights, str(src),
-                          fp8_block=fp8.fp8_block(config, str(src / "config.json")))
-    quantized: List[str] = []
-    if head_bits is not None:
-        quantized = quantize_head(head, bits=head_bits, group_size=head_group_size)
-        if not quantized:
-            raise MTPError(f"--head-group-size {head_group_size}: no head projection has an "
-                           "input dimension divisible by it")
-    head_config = json.loads(json.dumps(config))
-    _drop_quantization_config(head_config)
-    write_drafter(out, head, head_config, bits=head_bits if quantized else None,
-                  group_size=head_group_size)
-    return {"head_bits": head_bits, "head_quantized": quantized}
-
-
-def convert_assistant(drafter, dtype: mx.Dtype, out: Path, quiet: bool) -> dict:
-    """The Gemma 4 assistant's tensors, floats cast to ``dtype`` (names and config as they are:
-    the loader reads the checkpoint layout)."""
-    path, config = read_assistant_config(drafter)
-    weights = cast_floats(read_assistant_weights(path), dtype)
-    bar = _bar("converting assistant", len(weights), quiet)
-    for v in weights.values():
-        mx.eval(v)
-        bar.update()
-    bar.close()
-    out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    config["dtype"] = str(dtype).split(".")[-1]
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    return {"assistant": str(path)}
-
-
 def _check_args(out: Path, q_bits, q_group_size, dtype, head_bits, head_group_size,
                 draft_vocab, corpus) -> None:
     if out.exists():
@@ -192,14 +137,14 @@ def convert(hf_path, mlx_path, *, quantize: bool = False, q_bits: Optional[int] 
     src = resolve_path(hf_path)
     config = read_config(src)
     model_type = config.get("model_type")
-    supported = QWEN3_5_MODEL_TYPES + GEMMA4_MODEL_TYPES
-    if model_type not in supported:
+    family = families.for_model_type(model_type)
+    if family is None:
         raise MTPError(f"{src / 'config.json'}: unknown model_type {model_type!r}, expected one of "
-                       f"{', '.join(supported)}")
-    gemma = model_type in GEMMA4_MODEL_TYPES
-    if gemma and (head_bits is not None or draft_vocab is not None):
-        raise MTPError("--head-bits and --draft-vocab apply to the Qwen MTP head, not to a "
-                       "Gemma 4 assistant")
+                       f"{', '.join(families.model_types())}")
+    conv = families.Conversion(src=src, config=config, drafter=drafter, head_bits=head_bits,
+                               head_group_size=head_group_size, draft_vocab=draft_vocab,
+                               corpus=corpus, quiet=quiet)
+    family.check_conversion(conv)
     if not weight_files(src, "model*.safetensors"):
         raise MTPError(f"{src}: no model*.safetensors weight files found")
     for f in weight_files(src):
@@ -209,10 +154,8 @@ def convert(hf_path, mlx_path, *, quantize: bool = False, q_bits: Optional[int] 
     tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        result = _convert_into(tmp, src, config, gemma, quantize=quantize, q_bits=q_bits,
-                               q_group_size=q_group_size, dtype=dtype, drafter=drafter,
-                               head_bits=head_bits, head_group_size=head_group_size,
-                               draft_vocab=draft_vocab, corpus=corpus, quiet=quiet)
+        result = _convert_into(tmp, family, conv, quantize=quantize, q_bits=q_bits,
+                               q_group_size=q_group_size, dtype=dtype)
         if out.exists():
             raise MTPError(f"--mlx-path {out} appeared while converting: left it as it is")
         os.rename(tmp, out)
@@ -222,9 +165,9 @@ def convert(hf_path, mlx_path, *, quantize: bool = False, q_bits: Optional[int] 
     return {"out": str(out), "source": str(src), "model_type": model_type, **result}
 
 
-def _convert_into(tmp: Path, src: Path, config: dict, gemma: bool, *, quantize, q_bits,
-                  q_group_size, dtype, drafter, head_bits, head_group_size, draft_vocab, corpus,
-                  quiet) -> dict:
+def _convert_into(tmp: Path, family: families.Family, conv: families.Conversion, *, quantize,
+                  q_bits, q_group_size, dtype) -> dict:
+    src, config, quiet = conv.src, conv.config, conv.quiet
     source = str(src / "config.json")
     is_fp8 = fp8.fp8_block(config, source) is not None
     want = _conversion_dtype(dtype, config)
@@ -249,23 +192,13 @@ def _convert_into(tmp: Path, src: Path, config: dict, gemma: bool, *, quantize, 
         result.update(q_bits=mlx_config["quantization"]["bits"],
                       q_group_size=mlx_config["quantization"]["group_size"])
 
-    if gemma:
-        if drafter is not None:
-            result.update(convert_assistant(drafter, head_dtype, tmp / EMBEDDED_ASSISTANT, quiet))
-    else:
-        result.update(convert_qwen_head(src, config, model, head_dtype, tmp / EMBEDDED_HEAD,
-                                        drafter=drafter, head_bits=head_bits,
-                                        head_group_size=head_group_size))
+    drafter_config = json.loads(json.dumps(config))
+    _drop_quantization_config(drafter_config)
+    conv.out, conv.model, conv.dtype, conv.drafter_config = tmp, model, head_dtype, drafter_config
+    conv.progress = lambda desc, total: _bar(desc, total, quiet)
+    result.update(family.convert_drafter(conv))  # the family's drafter, where its loader looks
     save_target(tmp, src, model, tokenizer, mlx_config, quiet)
-
-    if draft_vocab is not None:
-        from mlx_mtp.models import registry as loading
-        from mlx_mtp.models.qwen3_5 import vocab_reduction as dv
-
-        mtp_model, tok = loading.load(tmp, require_head=False)
-        built = dv.build(mtp_model, tok, size=draft_vocab, corpus=corpus,
-                         out=tmp / EMBEDDED_DRAFT_VOCAB)
-        result["draft_vocab"] = {"size": built["size"], "coverage": built["coverage"]}
+    result.update(family.finish_conversion(conv))  # e.g. what is built on the converted folder
     return result
 
 
@@ -314,7 +247,7 @@ def run(args) -> dict:
 def _show(r: dict) -> None:
     target = (f"{r['q_bits']}-bit (group {r['q_group_size']})" if r["quantized"] else r["dtype"])
     drafter = ("Gemma 4 assistant" if "assistant" in r else
-               "no drafter" if r["model_type"].startswith("gemma4") else
+               "no drafter" if "head_bits" not in r else  # what the family's hook reported
                f"MTP head {r['head_bits']}-bit" if r.get("head_bits") else f"MTP head {r['dtype']}")
     extra = " (FP8 dequantized)" if r["fp8_dequantized"] else ""
     print(f"wrote {r['out']}: target {target}{extra}, {drafter}"

@@ -20,9 +20,8 @@ import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
 
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from mlx_mtp.io.kv_settings import KVSettings, note_max_kv_size
-from mlx_mtp.models.qwen3_5.target import SpecArraysCache
+from mlx_mtp.models import families
 
 _META = "mlx_mtp_"  # our keys in a saved cache's metadata (stripped on load)
 
@@ -164,12 +163,10 @@ class _Hidden(_mlx_cache.ArraysCache):
 
 def _adopt_classes(family: str) -> Dict[type, type]:
     """mlx-lm's cache classes -> the rollback-safe subclasses ``family``'s target uses."""
-    if family == "qwen3_5":
-        return {_mlx_cache.ArraysCache: SpecArraysCache}
-    if family == "gemma4":
-        return {_mlx_cache.KVCache: RollbackKVCache,
-                _mlx_cache.RotatingKVCache: RollbackRotatingKVCache}
-    raise MTPError(f"unknown target family {family!r} in a saved prompt cache")
+    found = families.by_name(family)
+    if found is None:
+        raise MTPError(f"unknown target family {family!r} in a saved prompt cache")
+    return dict(found.cache_classes)
 
 
 def _as_mlx_lm(c):

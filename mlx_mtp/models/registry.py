@@ -1,6 +1,7 @@
 """``mlx_mtp.load`` / ``load_model``: a path or Hugging Face repo id -> ``MTPModel`` (mlx-lm's
-target, its family adapter, the drafter). The config's ``model_type`` picks the family's loader
-(``LOADERS``); file checks live in ``mlx_mtp.io.checkpoint``, the families in their folders."""
+target, its family adapter, the drafter). The config's ``model_type`` picks the family
+(``mlx_mtp.models.families``), whose ``load`` does the rest; file checks live in
+``mlx_mtp.io.checkpoint``, the families in their folders."""
 
 from __future__ import annotations
 
@@ -8,26 +9,11 @@ from typing import Optional
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.io.checkpoint import default_dtype, load_tokenizer, read_config, resolve_path
+from mlx_mtp.models import families
 from mlx_mtp.models.distributed import Split, init_split
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.gemma4.loading import load_gemma4_model
-from mlx_mtp.models.gemma4.target import GEMMA4_MODEL_TYPES
 from mlx_mtp.models.model import MTPModel
-from mlx_mtp.models.qwen3_5.loading import load_qwen3_5_model
 from mlx_mtp.models.options import DraftOptions
-from mlx_mtp.models.qwen3_5.target import QWEN3_5_MODEL_TYPES
-
-# model_type -> loader(path, config, *, drafter, dtype, require_head, draft_options,
-#                       target_args[, split]) -> MTPModel (target_args: load_target's keywords;
-#                       families that mlx-lm can split take ``split``: SPLITTABLE)
-LOADERS = {
-    **{t: load_qwen3_5_model for t in QWEN3_5_MODEL_TYPES},
-    **{t: load_gemma4_model for t in GEMMA4_MODEL_TYPES},  # the assistant: a separate checkpoint
-}
-SUPPORTED_MODEL_TYPES = tuple(LOADERS)
-# model_type -> the splits mlx-lm 0.32 has for it (qwen3_next: ``pipeline`` but no ``shard``)
-SPLITTABLE = {"qwen3_5": ("pipeline", "tensor"), "qwen3_5_moe": ("pipeline", "tensor"),
-              "qwen3_next": ("pipeline",)}
 
 
 def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: bool = True,
@@ -48,28 +34,29 @@ def load_model(path_or_hf_repo, *, drafter=None, dtype="auto", require_head: boo
     config = read_config(path)
     config.update(model_config or {})
     model_type = config.get("model_type")
-    loader = LOADERS.get(model_type)
-    if loader is None:
+    family = families.for_model_type(model_type)
+    if family is None:
         raise MTPError(f"{path / 'config.json'}: unknown model_type {model_type!r}, expected one "
-                       f"of {', '.join(SUPPORTED_MODEL_TYPES)}")
+                       f"of {', '.join(families.model_types())}")
     kwargs = {}
     if split is not None:
         kind = getattr(split, "kind", split)
-        if model_type not in SPLITTABLE:
+        splits = family.splits.get(model_type)
+        if splits is None:
+            splittable = " or ".join(f.title for f in families.all_families() if f.splits)
             raise MTPError(f"{path}: --split {kind}: mlx-lm {_mlx_lm_version()} cannot split "
-                           f"{model_type} (no pipeline or shard method); only Qwen3.5 / 3.6 / "
-                           "Qwen3-Next targets can be split")
-        if kind in ("pipeline", "tensor") and kind not in SPLITTABLE[model_type]:
+                           f"{model_type} (no pipeline or shard method); only {splittable} "
+                           "targets can be split")
+        if kind in ("pipeline", "tensor") and kind not in splits:
             raise MTPError(f"{path}: --split {kind}: mlx-lm {_mlx_lm_version()} cannot split "
-                           f"{model_type} that way; use --split "
-                           f"{' or '.join(SPLITTABLE[model_type])}")
+                           f"{model_type} that way; use --split {' or '.join(splits)}")
         kwargs["split"] = split if isinstance(split, Split) else init_split(split)
     target_args = dict(model_config=model_config, lazy=lazy,
                        trust_remote_code=trust_remote_code, adapter_path=adapter_path)
-    return loader(path, config, drafter=drafter,
-                  dtype=default_dtype() if dtype == "auto" else dtype,
-                  require_head=require_head, draft_options=draft_options,
-                  target_args=target_args, **kwargs)
+    return family.load(path, config, drafter=drafter,
+                       dtype=default_dtype() if dtype == "auto" else dtype,
+                       require_head=require_head, draft_options=draft_options,
+                       target_args=target_args, **kwargs)
 
 
 def _mlx_lm_version() -> str:

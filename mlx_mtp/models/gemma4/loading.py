@@ -8,14 +8,16 @@ line that names the drafter folder, the setting and both values.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
-from mlx_mtp.io.checkpoint import (load_checked, load_safetensors, load_target, read_config, resolve_path,
-                          safetensors_header, weight_files)
+from mlx_mtp.io.checkpoint import (cast_floats, load_checked, load_safetensors, load_target,
+                                   read_config, resolve_path, safetensors_header, weight_files)
 from mlx_mtp.errors import MTPError
+from mlx_mtp.models import families
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.options import DraftOptions
 from mlx_mtp.models.gemma4.drafter import Gemma4Assistant, Gemma4AssistantDrafter
@@ -159,3 +161,36 @@ def load_assistant(drafter_path, target: Gemma4Target) -> Gemma4Assistant:
     # An MLX-quantized folder is quantized as it says; the centroids stay unquantized.
     return load_checked(assistant, weights, source, dtype=target.dtype,
                         quantization=config.get("quantization"))
+
+
+# ------------------------------------------------------------------------------- conversion
+# ``mlx_mtp.convert``'s hooks (``mlx_mtp.models.families.Family``): the assistant, when one is
+# given, goes into the converted folder (``EMBEDDED_ASSISTANT``), where ``load_gemma4_model``
+# looks for it.
+
+
+def check_conversion(conv: families.Conversion) -> None:
+    if conv.head_bits is not None or conv.draft_vocab is not None:
+        raise MTPError("--head-bits and --draft-vocab apply to the Qwen MTP head, not to a "
+                       "Gemma 4 assistant")
+
+
+def convert_assistant(conv: families.Conversion) -> dict:
+    """With ``--drafter``: the assistant's tensors, floats cast to the target's dtype, written
+    into ``EMBEDDED_ASSISTANT`` (names and config as they are: the loader reads the checkpoint
+    layout)."""
+    if conv.drafter is None:
+        return {}
+    path, config = read_assistant_config(conv.drafter)
+    weights = cast_floats(read_assistant_weights(path), conv.dtype)
+    bar = conv.progress("converting assistant", len(weights))
+    for v in weights.values():
+        mx.eval(v)
+        bar.update()
+    bar.close()
+    out = conv.out / EMBEDDED_ASSISTANT
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    config["dtype"] = str(conv.dtype).split(".")[-1]
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return {"assistant": str(path)}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
@@ -18,13 +19,13 @@ from mlx_mtp.io.checkpoint import (load_checked, load_safetensors, load_target, 
                           resolve_path, safetensors_header, text_config, weight_files)
 from mlx_mtp.io import fp8
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.gemma4.target import GEMMA4_MODEL_TYPES
+from mlx_mtp.models import families
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
 from mlx_mtp.models.qwen3_5.drafter import MTPHead, QwenMTPDrafter, is_zero_centred_norm
 from mlx_mtp.models.options import DraftOptions
-from mlx_mtp.models.qwen3_5.head_quantization import quantize_head
-from mlx_mtp.models.qwen3_5.target import QWEN3_5_MODEL_TYPES, Qwen3_5Target
+from mlx_mtp.models.qwen3_5.head_quantization import quantize_head, write_drafter
+from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
 DRAFTER_MODEL_TYPES = ("qwen3_5_mtp",)
 # Where ``python -m mlx_mtp.convert`` puts the head (a qwen3_5_mtp drafter folder) inside the
@@ -142,14 +143,15 @@ def load_head_from_drafter(drafter_path, target: Qwen3_5Target) -> MTPHead:
     path = resolve_path(drafter_path, "drafter")
     config = read_config(path) if (path / "config.json").exists() else {}
     mt = config.get("model_type")
-    if mt is not None and mt not in DRAFTER_MODEL_TYPES + QWEN3_5_MODEL_TYPES + GEMMA4_MODEL_TYPES:
+    targets = families.model_types()  # a target checkpoint of any family
+    if mt is not None and mt not in DRAFTER_MODEL_TYPES + targets:
         raise MTPError(f"{path / 'config.json'}: model_type {mt!r} is not an MTP drafter "
                        f"(expected {', '.join(DRAFTER_MODEL_TYPES)})")
     files = weight_files(path)
     if not files:
         raise MTPError(f"drafter {path}: no .safetensors files found")
     # A full checkpoint given as drafter contributes only its mtp.* tensors.
-    weights = collect_head_weights(files, prefixed_only=mt in QWEN3_5_MODEL_TYPES + GEMMA4_MODEL_TYPES)
+    weights = collect_head_weights(files, prefixed_only=mt in targets)
     if not weights:
         raise MTPError(f"drafter {path}: no MTP head tensors found")
     text = text_config(config) if config else {}
@@ -210,3 +212,54 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
         path=path,
         split=split,
     )
+
+
+# ------------------------------------------------------------------------------- conversion
+# ``mlx_mtp.convert``'s hooks (``mlx_mtp.models.families.Family``): the head goes into the
+# converted folder as a qwen3_5_mtp drafter (``EMBEDDED_HEAD``) and the draft vocabulary sidecar
+# beside it (``EMBEDDED_DRAFT_VOCAB``), where ``load_qwen3_5_model`` looks for them.
+
+
+def _head_target(model, dtype: mx.Dtype) -> SimpleNamespace:
+    """What ``build_head`` reads of a target adapter, without making one (an adapter swaps layer
+    classes, which a conversion has no use for)."""
+    lm = model.language_model if hasattr(model, "language_model") else model
+    return SimpleNamespace(args=lm.args, dtype=dtype, hidden_size=lm.args.hidden_size,
+                           vocab_size=lm.args.vocab_size)
+
+
+def convert_head(conv: families.Conversion) -> dict:
+    """The MTP head (``--drafter``'s, else the checkpoint's ``mtp.*``), its projections
+    quantized with ``--head-bits``, written into ``EMBEDDED_HEAD``."""
+    target = _head_target(conv.model, conv.dtype)
+    if conv.drafter is not None:
+        head = load_head_from_drafter(conv.drafter, target)
+    else:
+        weights = collect_head_weights(weight_files(conv.src), prefixed_only=True)
+        if not weights:
+            raise MTPError(f"{conv.src} has no MTP head weights (mtp.*): pass --drafter DIR (a "
+                           "qwen3_5_mtp drafter folder or the raw Hugging Face checkpoint)")
+        head = build_head(target, weights, str(conv.src),
+                          fp8_block=fp8.fp8_block(conv.config, str(conv.src / "config.json")))
+    quantized: List[str] = []
+    if conv.head_bits is not None:
+        quantized = quantize_head(head, bits=conv.head_bits, group_size=conv.head_group_size)
+        if not quantized:
+            raise MTPError(f"--head-group-size {conv.head_group_size}: no head projection has "
+                           "an input dimension divisible by it")
+    write_drafter(conv.out / EMBEDDED_HEAD, head, conv.drafter_config,
+                  bits=conv.head_bits if quantized else None, group_size=conv.head_group_size)
+    return {"head_bits": conv.head_bits, "head_quantized": quantized}
+
+
+def convert_draft_vocab(conv: families.Conversion) -> dict:
+    """With ``--draft-vocab N``: the sidecar, built on the converted folder as it loads, written
+    into ``EMBEDDED_DRAFT_VOCAB``."""
+    if conv.draft_vocab is None:
+        return {}
+    from mlx_mtp.models import registry  # the folder as a user loads it (it looks families up)
+
+    model, tokenizer = registry.load(conv.out, require_head=False)
+    built = draft_vocab.build(model, tokenizer, size=conv.draft_vocab, corpus=conv.corpus,
+                              out=conv.out / EMBEDDED_DRAFT_VOCAB)
+    return {"draft_vocab": {"size": built["size"], "coverage": built["coverage"]}}
