@@ -103,8 +103,8 @@ def test_cli_json_carries_draft_profile(dense_dir, monkeypatch, capsys):
                                 "fc_quantized": False}
     monkeypatch.setenv(PROFILE_ENV, "1")
     assert generate.main(args) == 0
-    text = capsys.readouterr().out
+    text = capsys.readouterr().err  # the stats table goes to stderr
     assert "drafter step split (ms)" in text and "ids " in text and "accept hook ms" in text
     monkeypatch.setenv(PROFILE_ENV, "0")
     assert generate.main(args) == 0
-    assert "unattributed (MLX_MTP_DRAFT_PROFILE=1 splits it)" in capsys.readouterr().out
+    assert "unattributed (MLX_MTP_DRAFT_PROFILE=1 splits it)" in capsys.readouterr().err

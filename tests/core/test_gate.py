@@ -153,7 +153,9 @@ def _run(model, prompt, block_size, n, stats):
 
 
 def _gate_records(caplog):
-    return [r for r in caplog.records if r.name == "mlx_mtp" and r.levelno >= logging.WARNING]
+    """The gate's warnings (not other mlx_mtp warnings, e.g. a first build of the C kernels)."""
+    return [r for r in caplog.records if r.name == "mlx_mtp" and r.module == "gate"
+            and r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize("kind", ["dense", "next"])
@@ -274,8 +276,8 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     assert [w["width"] for w in result["exactness"]["widths"]] == [2, 3]
     assert result["gate_reason"] == ("exactness probe on cpu (x86_64): verify blocks of width 2, "
                                      "3 equal the single-token chain byte for byte")
-    rc, out, _ = _cli_in_process(args, capsys)
-    table = out.split("=" * 40 + "\n", 1)[1].splitlines()
+    rc, _, err = _cli_in_process(args, capsys)  # the stats table goes to stderr
+    table = err.split("=" * 40 + "\n", 1)[1].splitlines()
     assert any(line.split() == ["mtp", "on"] for line in table)
     assert any(line.split() == ["exactness", "probe", "equal", "(width", "2,", "3)"]
                for line in table)
@@ -319,15 +321,15 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
     assert result["exactness"]["verdict"] == DIVERGES
     assert [r.getMessage() for r in _gate_records(caplog)] == [result["gate_reason"]]
     n = result["exactness"]["widths"][0]["differing_bytes"]
-    rc, out, _ = _cli_in_process(args, capsys)
-    table = out.split("=" * 40 + "\n", 1)[1]
+    rc, _, err = _cli_in_process(args, capsys)  # the stats table goes to stderr
+    table = err.split("=" * 40 + "\n", 1)[1]
     assert "off (declined by the exactness gate: mlx-lm plain decode)" in table
     assert f"diverges (width 2, 3; width 2 position 0: {n} of 1280 bytes differ)" in table
     assert "acceptance rate" not in table
 
     monkeypatch.setenv(ENV, "1")
-    rc, out, _ = _cli_in_process(args, capsys)
-    table = out.split("=" * 40 + "\n", 1)[1]
+    rc, _, err = _cli_in_process(args, capsys)  # the stats table goes to stderr
+    table = err.split("=" * 40 + "\n", 1)[1]
     assert "on, NOT exact (MLX_MTP_ALLOW_INEXACT=1)" in table
     assert "overridden by MLX_MTP_ALLOW_INEXACT=1" in table
 
