@@ -39,6 +39,8 @@ import mlx.core as mx
 
 from benchmarks import common
 from benchmarks.common import mtp_decode, plain_decode
+from mlx_lm.sample_utils import make_logits_processors
+
 from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
 from mlx_mtp.decoding.stats import PHASES
@@ -57,11 +59,14 @@ def run(args, watch=None) -> dict:
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n = args.max_tokens
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, top_k=args.top_k)
+    args.processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
+                                             repetition_context_size=args.repetition_context_size)
     # Warm-up: each arm once (first-call compilation and allocation stay out).
     warm = next(iter(prompts.values()))
-    plain_decode(model.mlx_model, warm, 8, sampler)
+    plain_decode(model.mlx_model, warm, 8, sampler, args.processors)
     for bs in args.block_sizes:
-        mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed, args.max_block_size)
+        mtp_decode(model, warm, 8, bs, sampler, args.acceptance, args.seed, args.max_block_size,
+                   args.processors)
     unit = common.idle.Watch.runner(watch)
 
     raw = {"classic": [], **{_arm(bs): [] for bs in args.block_sizes}}
@@ -81,11 +86,13 @@ def run(args, watch=None) -> dict:
                     seed = args.seed + first + i
                     mx.random.seed(seed)  # the plain arm draws from the global stream
                     if bs is None:
-                        toks, ps, gs = plain_decode(model.mlx_model, prompt, n, sampler)
+                        toks, ps, gs = plain_decode(model.mlx_model, prompt, n, sampler,
+                                                    args.processors)
                         results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs}
                     else:
                         toks, ps, gs, st = mtp_decode(model, prompt, n, bs, sampler,
-                                                      args.acceptance, seed, args.max_block_size)
+                                                      args.acceptance, seed, args.max_block_size,
+                                                      args.processors)
                         results[arm] = {"tokens": toks, "prompt_s": ps, "gen_s": gs,
                                         "stats": st.to_dict()}
                 return results
@@ -120,12 +127,13 @@ def synced_pass(args, model, prompts: dict, sampler, unit) -> list:
         for rep in range(args.synced_runs):
             for name, prompt in prompts.items():
                 def measure():
-                    toks, _, gs = plain_decode(model.mlx_model, prompt, args.max_tokens, sampler)
+                    toks, _, gs = plain_decode(model.mlx_model, prompt, args.max_tokens, sampler,
+                                              args.processors)
                     rows = [{"arm": "classic", "prompt": name, "tps": (len(toks) - 1) / gs}]
                     for bs in args.block_sizes:
                         t, _, g, st = mtp_decode(model, prompt, args.max_tokens, bs, sampler,
                                                  args.acceptance, args.seed + rep,
-                                                 args.max_block_size)
+                                                 args.max_block_size, args.processors)
                         rows.append({"arm": _arm(bs), "prompt": name, "tps": (len(t) - 1) / g,
                                      "identical": t == toks, "stats": st.to_dict()})
                     return rows
@@ -206,6 +214,8 @@ def summarize(args, model, raw, exact, bw, synced=()) -> dict:
         "model": str(args.model), "drafter": args.drafter,
         "target_dtype": str(model.target.dtype), "prompts": args.prompts,
         "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": args.temp,
+        "repetition_penalty": args.repetition_penalty,
+        "repetition_context_size": args.repetition_context_size,
         "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "acceptance": args.acceptance,
         "bandwidth_gbs": bw, **floors,
         "target_step_floor_ms": floors["target_step_bytes"] / bw / 1e6,
@@ -376,6 +386,9 @@ def render(r: dict) -> str:
         f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"{_sampling_text(r)}; {r['pairs']} alternating pairs per prompt",
+        f"- Logits processors (both arms): " + (
+            f"repetition penalty {r['repetition_penalty']} over {r['repetition_context_size']} "
+            f"tokens" if r.get("repetition_penalty") else "none"),
         "",
         "## Exactness gate", "",
     ]
@@ -618,6 +631,10 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=128)
     common.add_prompt_args(p)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (both arms)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="mlx-lm's repetition penalty on both arms (the demo pair's CLI default: "
+                        "1.3 over 48 tokens; default here: none)")
+    p.add_argument("--repetition-context-size", type=int, default=20)
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="base seed; run i uses seed + i")

@@ -176,14 +176,16 @@ def step_bytes(model) -> dict:
     return out
 
 
-def plain_decode(mlx_model, prompt, n: int, sampler=None):
+def plain_decode(mlx_model, prompt, n: int, sampler=None, processors=None):
     """mlx-lm's own plain decode of ``n`` tokens: (tokens, prompt_s, generation_s), the
-    generation seconds running from the first token to the last."""
+    generation seconds running from the first token to the last. ``processors``: mlx-lm's
+    logits processors (e.g. a repetition penalty), the same for both arms."""
     from mlx_lm.generate import generate_step
 
     t0 = time.perf_counter()
     toks, t1 = [], None
-    for tok, _ in generate_step(prompt, mlx_model, max_tokens=n, sampler=sampler):
+    for tok, _ in generate_step(prompt, mlx_model, max_tokens=n, sampler=sampler,
+                                logits_processors=processors):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)
@@ -191,7 +193,7 @@ def plain_decode(mlx_model, prompt, n: int, sampler=None):
 
 
 def mtp_decode(model, prompt, n: int, block_size, sampler=None, acceptance: str = "auto",
-               seed=None, max_block_size: int = 6):
+               seed=None, max_block_size: int = 6, processors=None):
     """mlx_mtp's decode of ``n`` tokens: (tokens, prompt_s, generation_s, RunStats), timed as
     ``plain_decode``."""
     import mlx_mtp
@@ -202,7 +204,8 @@ def mtp_decode(model, prompt, n: int, block_size, sampler=None, acceptance: str 
     toks, t1 = [], None
     for tok, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
                                         max_block_size=max_block_size, stats=stats,
-                                        sampler=sampler, acceptance=acceptance, seed=seed):
+                                        sampler=sampler, acceptance=acceptance, seed=seed,
+                                        logits_processors=processors):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)

@@ -360,3 +360,18 @@ def test_the_command_a_record_states_names_a_benchmark_as_python_m_does():
     assert common.command_line([path, "--model", "a b"]) == \
         "python -m benchmarks.bench_mtp --model 'a b'"
     assert common.command_line(["/elsewhere/x.py", "-q"]) == "/elsewhere/x.py -q"
+
+
+def test_a_repetition_penalty_runs_on_both_arms_and_keeps_identity(tmp_path):
+    """The demo pair's decode setting: both arms get the same processors, T=0 stays identical,
+    and the record says which processors ran."""
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    bench_mtp.main(["--model", str(model), "--block-sizes", "3", "--pairs", "1",
+                    "--max-tokens", "12", "--out", str(tmp_path / "out"), "--topic", "penalty",
+                    "--repetition-penalty", "1.3", "--repetition-context-size", "8",
+                    "--allow-busy", "--idle-window", "0.2", "--synced-runs", "0"])
+    data = json.loads(next((tmp_path / "out").glob("penalty-*.json")).read_text())
+    assert (data["repetition_penalty"], data["repetition_context_size"]) == (1.3, 8)
+    assert data["rows"][0]["identical_to_classic"] is True
+    text = next((tmp_path / "out").glob("penalty-*.md")).read_text()
+    assert "repetition penalty 1.3 over 8 tokens" in text
