@@ -351,3 +351,24 @@ def test_killed_convert_leaves_nothing_at_out(dense_dir, tmp_path):
     p.wait()
     assert not (tmp_path / "out").exists()
     assert [q.name.startswith(".out.partial-") for q in tmp_path.iterdir()] == [True]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("quantize", [False, True])
+def test_a_shipped_draft_vocabulary_goes_along(tmp_path, quantize, caplog):
+    """The demo pair ships ``mtp/draft_vocab``: its conversion keeps it, and the converted folder
+    drafts over it (a quantized head too: the sidecar's fingerprint is re-taken)."""
+    from mlx_mtp.demo import demo_path
+
+    src = demo_path() / "mtp" / "draft_vocab"
+    out = tmp_path / "demo"
+    r = convert_cli(demo_path(), out, *(["-q"] if quantize else []))
+    shipped = json.loads((src / "draft_vocab.json").read_text())
+    assert r["draft_vocab"]["size"] == shipped["size"]
+    sidecar = out / "mtp" / "draft_vocab"
+    assert np.array_equal(np.asarray(mx.load(str(sidecar / "draft_vocab.safetensors"))["ids"]),
+                          np.asarray(mx.load(str(src / "draft_vocab.safetensors"))["ids"]))
+    with caplog.at_level("WARNING", logger="mlx_mtp"):
+        model, _ = mlx_mtp.load(str(out))
+    assert not [m for m in caplog.messages if "draft vocabulary" in m]  # no fallback
+    assert model.drafter.lm.ids is not None and model.drafter.lm.ids.shape == (shipped["size"],)

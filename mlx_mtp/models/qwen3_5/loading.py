@@ -254,8 +254,12 @@ def convert_head(conv: families.Conversion) -> dict:
 
 def convert_draft_vocab(conv: families.Conversion) -> dict:
     """With ``--draft-vocab N``: the sidecar, built on the converted folder as it loads, written
-    into ``EMBEDDED_DRAFT_VOCAB``."""
+    into ``EMBEDDED_DRAFT_VOCAB``. Without it, a sidecar the checkpoint ships (the demo pair's)
+    goes along with the head taken from that checkpoint."""
+    shipped = conv.src / EMBEDDED_DRAFT_VOCAB
     if conv.draft_vocab is None:
+        if conv.drafter is None and (shipped / draft_vocab.META_FILE).is_file():
+            return _carry_draft_vocab(shipped, conv.out)
         return {}
     from mlx_mtp.models import registry  # the folder as a user loads it (it looks families up)
 
@@ -263,3 +267,21 @@ def convert_draft_vocab(conv: families.Conversion) -> dict:
     built = draft_vocab.build(model, tokenizer, size=conv.draft_vocab, corpus=conv.corpus,
                               out=conv.out / EMBEDDED_DRAFT_VOCAB)
     return {"draft_vocab": {"size": built["size"], "coverage": built["coverage"]}}
+
+
+def _carry_draft_vocab(shipped: Path, out: Path) -> dict:
+    """Copy a shipped sidecar into the converted folder. Its ids are token ids, the same for the
+    converted target; its LM-head fingerprint is re-taken on the converted head (a cast or a
+    quantization changes the head's bytes, not which ids are frequent)."""
+    import json
+    import shutil
+
+    from mlx_mtp.models import registry
+
+    model, _ = registry.load(out, require_head=False)  # before the copy: no sidecar to check
+    dest = out / EMBEDDED_DRAFT_VOCAB
+    shutil.copytree(shipped, dest)
+    meta = json.loads((dest / draft_vocab.META_FILE).read_text())
+    meta["head_sha256"] = draft_vocab.head_sha256(model.target)
+    (dest / draft_vocab.META_FILE).write_text(json.dumps(meta, indent=1))
+    return {"draft_vocab": {"size": meta["size"], "coverage": meta.get("coverage")}}
