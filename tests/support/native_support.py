@@ -1,8 +1,10 @@
 """What the tests of the C kernels and of each BLAS binding share."""
 
+import functools
 import os
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.gated_delta import normalize_qk
 
@@ -50,3 +52,43 @@ def gdn_inputs(T, Hk, Hv, Dk, Dv, seed, state="random"):
     args = [q, k, v, a, b, A_log, dt_bias, s]
     mx.eval([x for x in args if x is not None])
     return args
+
+
+def row_dot_reference(x, w):
+    """``x [T, K] @ w [N, K].T`` (numpy float32) in the order the row kernel documents
+    (``mlx_mtp/cpu/csrc/row_dot.c``), computed without it: 8 lanes, lane j a sequential fused
+    multiply-add over k = j mod 8 of the first K - K % 8 inputs; the lanes added
+    ((0+1)+(2+3))+((4+5)+(6+7)); then the last K % 8 products added one by one, each rounded.
+    A fused multiply-add is the float32 rounding of the product and sum held in extended
+    precision (exact for the product of two float32s; x86's long double)."""
+    x = np.asarray(x, np.float32)
+    w = np.asarray(w, np.float32)
+    T, K = x.shape
+    K8 = K - K % 8
+    xl, wl = x[:, None, :K8].astype(np.longdouble), w[None, :, :K8].astype(np.longdouble)
+    acc = np.zeros((T, w.shape[0], 8), np.float32)
+    for k in range(0, K8, 8):
+        acc = (xl[..., k : k + 8] * wl[..., k : k + 8] + acc).astype(np.float32)
+    a = [acc[..., j] for j in range(8)]
+    s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+    for k in range(K8, K):
+        s = s + x[:, None, k] * w[None, :, k]
+    return s
+
+
+@functools.lru_cache(maxsize=None)
+def one_row_products_in_kernel_order() -> bool:
+    """Whether the bound BLAS's one-row products reduce in the row kernel's order (BLIS's AVX2
+    configurations do; BLIS's generic one, OpenBLAS and MLX's bundled BLAS do not): measured on
+    a few shapes, K % 8 != 0 included, against ``row_dot_reference``. Where they do, the kernel's
+    multi-row products must equal them bitwise and ``row_exact.install`` may pick it."""
+    out = []
+    for N, K in ((64, 1024), (16, 520), (8, 1027)):
+        w = mx.random.normal((N, K), key=mx.random.key(N + K))
+        x = mx.random.normal((2, K), key=mx.random.key(K))
+        rows = [x[i : i + 1] @ w.T for i in range(2)]
+        mx.eval(rows)
+        want = row_dot_reference(np.array(x), np.array(w))
+        out.append(all(np.array(rows[i])[0].tobytes() == want[i].tobytes() for i in range(2)))
+    assert len(set(out)) == 1, f"the one-row order is the kernel's for some shapes only: {out}"
+    return out[0]
