@@ -5,7 +5,6 @@ import mlx.nn as nn
 import pytest
 
 import mlx_mtp
-from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.cpu import row_kernel
 
@@ -46,11 +45,17 @@ def test_every_target_linear_is_row_exact_inside_verify(dense_dir, tied_dir, q4_
         if tied:
             emb = model.target.trunk.embed_tokens
             assert check_rows(emb.as_linear, emb.weight.shape[1], 6)
-        if cpu_blas.STATE.name == "BLIS" and path != q4_dir:  # quantized matmuls skip BLAS
-            # BLIS reduces outputs that are not a multiple of 8 wide differently for several rows:
-            # the GatedDeltaNet a/b projections (4 value heads here) must have been switched.
+        if path != q4_dir:  # quantized matmuls skip BLAS
+            # The GatedDeltaNet a/b projections (4 value heads here: outputs not a multiple of
+            # 8 wide, which BLIS's AVX2 kernels reduce differently for several rows) are switched
+            # exactly where this BLAS's multi-row product of them differs from one-row products.
             switched = model.target.row_exact_layers
-            assert any(n.endswith("linear_attn.in_proj_a") for n in switched), switched
+            layer = next(m for n, m in model.mlx_model.named_modules()
+                         if n.endswith("linear_attn.in_proj_a"))  # outside a verify: plain
+            diverges = row_exact.first_divergent_width(layer, 6, layer.weight.shape[1],
+                                                       layer.weight.dtype) > 0
+            assert any(n.endswith("linear_attn.in_proj_a") for n in switched) == diverges, \
+                switched
 
 
 def test_outside_verify_the_multi_row_path_is_untouched():
@@ -95,9 +100,14 @@ def test_block_columns_keeps_a_block_within_block_bytes():
     assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # narrower than a block: whole
 
 
-def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel):
+def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel, monkeypatch):
+    """With the transposed form and row chunks ruled out, a diverging float layer is computed as
+    batched one-row products over column blocks of ``block_columns`` (64 here) where those
+    measure equal to the one-row call on this BLAS."""
     layer = nn.Linear(1024, 8192, bias=False)
     mx.eval(layer.parameters())
+    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
     calls = []
     original = row_exact.one_row_products
 
@@ -106,10 +116,14 @@ def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel):
         return original(x, w, cols)
 
     divergent = row_exact.first_divergent_width(layer, 3, 1024, mx.float32)
+    blocks_ok = row_exact.products_equal_rows(layer, layer.weight, 64, 3, mx.float32)
     switched = row_exact.install(layer, 3)
     assert switched == ({"": divergent} if divergent else {})
     if not divergent:  # this BLAS (bundled) reduces 3 rows like 1 here: the layer stays plain
         assert type(layer) is nn.Linear
+        return
+    if not blocks_ok:  # not on this BLAS: the fallbacks (test below), exact all the same
+        assert layer.block_cols != 64 and check_rows(layer, 1024, 3)
         return
     assert layer.block_cols == 64
     row_exact.one_row_products = spy
@@ -128,7 +142,8 @@ def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeyp
     model = mlx_mtp.load_model(dense_dir, require_head=False)
     target = model.target
     calls = []
-    for name in ("one_row_products", "_by_rows"):
+    for name in ("one_row_products", "_by_rows", "transposed_products", "chunked",
+                 "kernel_products"):  # every row-exact form, whichever this BLAS needs
         original = getattr(row_exact, name)
         monkeypatch.setattr(row_exact, name,
                             lambda *a, _o=original, _n=name: calls.append(_n) or _o(*a))
@@ -158,16 +173,25 @@ def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeyp
 
 
 def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch, no_kernel):
-    """Column blocks 7 wide: BLIS reduces a one-row product narrower than its 8-column kernel
-    differently, so the blocked formulation differs there and install must not use it."""
+    """Where column blocks (7 wide here) differ from the one-row product of the whole matrix (as
+    BLIS's AVX2 kernels make a one-row product narrower than 8 columns differ; forced here, so on
+    every BLAS), install must not use them: the whole matrix's batched one-row products where
+    those equal the one-row call (measured), else separate one-row calls; exact either way."""
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    blocked_ok = row_exact.products_equal_rows(layer, layer.weight, 7, 3, mx.float32)
-    if cpu_blas.STATE.name == "BLIS":
-        assert not blocked_ok
+    divergent = row_exact.first_divergent_width(layer, 3, 1024, mx.float32)
+    whole_ok = row_exact.products_equal_rows(layer, layer.weight, 640, 3, mx.float32)
+    measured = row_exact.products_equal_rows
+    monkeypatch.setattr(row_exact, "products_equal_rows",
+                        lambda fn, w, cols, *a: cols != 7 and measured(fn, w, cols, *a))
+    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
     monkeypatch.setattr(row_exact, "block_columns", lambda w: 7)
-    if row_exact.install(layer, 3):
-        assert layer.block_cols == (7 if blocked_ok else 640)
-        assert check_rows(layer, 1024, 3)
-    else:  # a BLAS that reduces 3 rows like 1 here (bundled): nothing switched
-        assert cpu_blas.STATE.name != "BLIS" and type(layer) is nn.Linear
+    switched = row_exact.install(layer, 3)
+    assert switched == ({"": divergent} if divergent else {})
+    if not divergent:  # a BLAS that reduces 3 rows like 1 here (bundled): nothing switched
+        assert type(layer) is nn.Linear
+        return
+    assert layer.block_cols == (640 if whole_ok else 0)
+    assert row_exact.method(layer) == ("blocked" if whole_ok else "rows")
+    assert check_rows(layer, 1024, 3)
