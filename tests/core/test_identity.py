@@ -6,6 +6,7 @@ from conftest import CODE_PROMPT, reference_greedy
 from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
+from support.native_support import one_row_products_in_kernel_order
 from support.oracle import ForcedHeadDrafter, OracleDrafter
 
 import mlx_mtp
@@ -71,6 +72,32 @@ def _assert_bitwise(got, want, what):
         assert bytes(memoryview(g)) == bytes(memoryview(w)), (what, i)
 
 
+def _assert_close(got, want, what):
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (what, i, g.shape, w.shape)
+        assert mx.allclose(g, w, rtol=1e-4, atol=1e-5).item(), (what, i)
+
+
+def _head_rows_invariant(model, T: int = 6) -> bool:
+    """Whether the head's forward over T pairs at once (the accept hook) gives the cache entries
+    of T one-pair forwards bitwise with this BLAS on this CPU, measured on random pairs: its
+    multi-row products (which ``row_exact`` leaves alone: they shape drafts, never the output)
+    may reduce differently from one-row ones, depending on the BLAS's kernels and the shapes."""
+    head = model.drafter.head
+    H = model.target.args.hidden_size
+    x = mx.random.normal((1, T, H), key=mx.random.key(71))
+    h = mx.random.normal((1, T, H), key=mx.random.key(72))
+    block, rows = [KVCache() for _ in head.layers], [KVCache() for _ in head.layers]
+    head(x, h, block)
+    for i in range(T):
+        head(x[:, i : i + 1], h[:, i : i + 1], rows)
+    a = [block[0].keys[..., :T, :], block[0].values[..., :T, :]]
+    b = [rows[0].keys[..., :T, :], rows[0].values[..., :T, :]]
+    mx.eval(a, b)
+    return all(bytes(memoryview(p)) == bytes(memoryview(q)) for p, q in zip(a, b))
+
+
 @pytest.mark.parametrize("kind", ["dense", "moe", "next", "wide"])
 def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, request):
     path = request.getfixturevalue(f"{kind}_dir")
@@ -102,6 +129,7 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
         mtp_states[p + 1] = [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
         mx.eval(mtp_states[p + 1])
 
+    head_exact = _head_rows_invariant(model)
     for bs in (2, 3, 4, 6):
         K = bs - 1
         forced = ForcedHeadDrafter(model.drafter, full, schedule=[K, 0, 1, K - 1, 2],
@@ -130,17 +158,16 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
                 _assert_bitwise(_snapshot(model.target, cache), target_states[offset],
                                 (kind, bs, "target", offset))
                 assert model.drafter.offset == offset
-                if kind == "wide":
-                    # The head's accept-hook forward over the verified pairs is a multi-row
-                    # product that row_exact does not touch (it only shapes drafts, never the
-                    # output); with BLIS and 1152-wide inputs its cache differs from one pair
-                    # at a time. The target's caches above are the exactness promise.
-                    checked += 1
-                    continue
                 c = model.drafter.cache[0]
                 got = [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
                 mx.eval(got)
-                _assert_bitwise(got, mtp_states[offset], (kind, bs, "mtp", offset))
+                # The head's cache holds the entries of exactly the committed pairs: bitwise
+                # those of one pair at a time where its multi-row products are row-invariant
+                # here (measured; BLIS on AVX2 with 1152-wide inputs is not, nor BLIS's generic
+                # kernels), else equal up to rounding. The target's caches above are the
+                # exactness promise.
+                check = _assert_bitwise if head_exact else _assert_close
+                check(got, mtp_states[offset], (kind, bs, "mtp", offset))
                 checked += 1
         finally:
             model.target.rollback = orig_rollback
@@ -156,9 +183,9 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
     compiled row kernel (where it builds) as a lazy MLX op or called eagerly, and with it
     switched off, every acceptance length gives mlx-lm's greedy output, and the stats say which
     method the row-exact layers use and how the kernel runs."""
-    from mlx_mtp.cpu import blas as cpu_blas
     from mlx_mtp.cpu import lazy_ops as lazy_kernels
     from mlx_mtp.cpu import row_kernel
+    from mlx_mtp.exactness import row_exact
 
     monkeypatch.setenv(row_kernel.ENV, "0" if kernel == "0" else "1")
     monkeypatch.setenv(lazy_kernels.ENV, "0" if kernel == "eager" else "1")
@@ -173,9 +200,14 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
         stats = RunStats()
         assert run(MTPModel(model.mlx_model, model.target, oracle), prompt, 4, stats=stats) == ref
         info = stats.exactness["row_exact"]
-        if cpu_blas.STATE.name == "BLIS":  # every projection with a 576 / 1152 input switched
-            want = "kernel" if kernel != "0" and row_kernel.available() else "blocked"
-            assert set(info["layers"]) == {want} and info["layers"][want] >= 20, info
+        # the stats count the forms the model runs (which ones depends on how this BLAS
+        # reduces here: BLIS's AVX2 kernels switch every 576 / 1152-wide projection)
+        running = row_exact.report(model.mlx_model)["layers"]
+        assert info["layers"] == running, info
+        if kernel == "0" or not row_kernel.available():
+            assert "kernel" not in info["layers"], info
+        if kernel != "0" and row_kernel.available() and one_row_products_in_kernel_order():
+            assert set(info["layers"]) == {"kernel"} and info["layers"]["kernel"] >= 20, info
         assert info["kernel"] == (
             (f"available, {lazy_kernels.mode()}" if info["layers"].get("kernel") else "available")
             if kernel != "0" and row_kernel.available()
