@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -84,60 +85,90 @@ class _JobStream(StreamingResponse):
             self.job.cancel()
 
 
-def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) -> Starlette:
-    created = int(time.time())
+async def _stream_events(job: Job, ids: responses.ResponseIds):
+    """A streamed answer: each delta as a server-sent event, then the finish (and usage when
+    asked for) and ``[DONE]``; a failure after the first token ends it with an error event."""
+    req = job.request
+    try:
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Delta):
+                yield responses.sse(ids.chunk(event.content, event.reasoning))
+            elif isinstance(event, Finished):
+                yield responses.sse(ids.chunk(done=event))
+                if req.include_usage:
+                    yield responses.sse(ids.usage_chunk(event))
+                yield responses.SSE_DONE
+                return
+            elif isinstance(event, Exception):  # failed after the first token
+                yield responses.sse(responses.error(str(event), 500))
+                return
+    finally:
+        job.cancel()
 
-    async def stream_events(job: Job, ids: responses.ResponseIds):
-        req = job.request
-        try:
-            while True:
-                event = await job.events.get()
-                if isinstance(event, Delta):
-                    yield responses.sse(ids.chunk(event.content, event.reasoning))
-                elif isinstance(event, Finished):
-                    yield responses.sse(ids.chunk(done=event))
-                    if req.include_usage:
-                        yield responses.sse(ids.usage_chunk(event))
-                    yield responses.SSE_DONE
-                    return
-                elif isinstance(event, Exception):  # failed after the first token
-                    yield responses.sse(responses.error(str(event), 500))
-                    return
-        finally:
-            job.cancel()
 
-    async def complete(request: Request, kind: str) -> Response:
+def _refusal(first) -> Optional[Response]:
+    """The error answer when a job's first event is not ``Started`` (its prompt was refused,
+    or the decode thread failed), else None."""
+    if isinstance(first, RequestError):
+        return _error(str(first), first.status, first.param)
+    if isinstance(first, ServerError):
+        return _error(str(first), 500)
+    if not isinstance(first, Started):
+        return _error(f"unexpected first event {type(first).__name__}", 500)
+    return None
+
+
+async def _collected(events: _Events, ids: responses.ResponseIds) -> Response:
+    """A non-streamed answer: the job's deltas joined once it finishes."""
+    content, reasoning = [], []
+    while True:
+        event = await events.next()
+        if isinstance(event, Delta):
+            content.append(event.content)
+            reasoning.append(event.reasoning)
+        elif isinstance(event, Finished):
+            return JSONResponse(ids.complete("".join(content), "".join(reasoning), event))
+        else:
+            return _error(str(event), 500)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    # Unknown paths and wrong methods answer in the same JSON shape as everything else.
+    return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code,
+                  headers=exc.headers)
+
+
+class _Routes:
+    """The route handlers of one app, over its worker."""
+
+    def __init__(self, worker: Worker, model_id: str, defaults: Defaults):
+        self.worker = worker
+        self.model_id = model_id
+        self.defaults = defaults
+        self.created = int(time.time())
+
+    async def complete(self, request: Request, kind: str) -> Response:
+        """Check and queue the request, wait until its prompt is prefilled, then answer it
+        (streamed or whole); a client gone meanwhile cancels the job."""
         try:
-            req = parse(await _read_body(request), kind, defaults)
+            req = parse(await _read_body(request), kind, self.defaults)
         except RequestError as e:
             return _error(str(e), e.status, e.param)
         job = Job(req, asyncio.get_running_loop())
         try:
-            worker.submit(job)
+            self.worker.submit(job)
         except QueueFull as e:
             return _error(str(e), 429, headers={"Retry-After": "1"})
         events = _Events(job, request)
         try:
-            first = await events.next()
-            if isinstance(first, RequestError):
-                return _error(str(first), first.status, first.param)
-            if isinstance(first, ServerError):
-                return _error(str(first), 500)
-            if not isinstance(first, Started):
-                return _error(f"unexpected first event {type(first).__name__}", 500)
+            refused = _refusal(await events.next())
+            if refused is not None:
+                return refused
             ids = responses.ResponseIds(req)
             if req.stream:
-                return _JobStream(job, stream_events(job, ids))
-            content, reasoning = [], []
-            while True:
-                event = await events.next()
-                if isinstance(event, Delta):
-                    content.append(event.content)
-                    reasoning.append(event.reasoning)
-                elif isinstance(event, Finished):
-                    return JSONResponse(ids.complete("".join(content), "".join(reasoning), event))
-                else:
-                    return _error(str(event), 500)
+                return _JobStream(job, _stream_events(job, ids))
+            return await _collected(events, ids)
         except ClientGone:  # nobody to answer; 499 is what proxies log for this
             job.cancel()
             return Response(status_code=499)
@@ -145,35 +176,37 @@ def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) ->
             job.cancel()
             raise
 
-    async def chat_completions(request: Request) -> Response:
-        return await complete(request, "chat")
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.complete(request, "chat")
 
-    async def completions(request: Request) -> Response:
-        return await complete(request, "text")
+    async def completions(self, request: Request) -> Response:
+        return await self.complete(request, "text")
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": created, "owned_by": "mlx_mtp"}]})
+            {"id": self.model_id, "object": "model", "created": self.created,
+             "owned_by": "mlx_mtp"}]})
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
+        worker = self.worker
         ok = worker.alive
         warm = worker.warm_up
         return JSONResponse({
-            "status": "ok" if ok else "unavailable", "model": model_id,
+            "status": "ok" if ok else "unavailable", "model": self.model_id,
+            # temperature 0: the probe's decision (the warm-up's); above 0: no probe decides
             "mtp_enabled": warm.mtp["mtp_enabled"] if warm else None,
             "gate_reason": warm.mtp["gate_reason"] if warm else None,
+            "sampling": worker.engine.sampling_gate() if warm else None,
             "running": worker.running is not None, "queued": worker.queued,
             "max_queue": worker.max_queue}, status_code=200 if ok else 503)
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        # Unknown paths and wrong methods answer in the same JSON shape as everything else.
-        return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code,
-                      headers=exc.headers)
 
-    return Starlette(exception_handlers={HTTPException: http_error}, routes=[
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
+def build_app(worker: Worker, model_id: str, defaults: Defaults = Defaults()) -> Starlette:
+    routes = _Routes(worker, model_id, defaults)
+    return Starlette(exception_handlers={HTTPException: _http_error}, routes=[
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/health", routes.health, methods=["GET"]),
     ])

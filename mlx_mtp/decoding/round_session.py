@@ -1,0 +1,178 @@
+"""What one generation of the round loop (``mlx_mtp.decoding.rounds``) works with: the request,
+how its tokens are drawn, the session's fixed parts, and where the output stands.
+
+``Request`` is what the caller asked for; ``Draws`` how tokens are drawn (acceptance rule,
+sampler, logits processors, key streams or per-position keys); ``Session`` the fixed parts of a
+generation once the exactness gate let it run as rounds; ``Progress`` what changes between rounds
+(the bonus token not yet fed to the target, the token history, tokens emitted, and the rounds
+without drafts whose pairs the drafter has not consumed yet).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Tuple
+
+import mlx.core as mx
+from mlx_lm.sample_utils import greedy_sampler
+
+from mlx_mtp import config as env
+from mlx_mtp.decoding import keyed_sampling
+from mlx_mtp.decoding import sampling
+from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.io.kv_settings import KVSettings
+from mlx_mtp.io.prompt_cache import PromptCache, Turn
+from mlx_mtp.models.model import MTPModel
+from mlx_mtp.models.protocols import Drafter, Target
+
+# 1: evaluate the draft and the accept hook before the next phase starts, so that the round
+# split (RunStats.phase_ms) times each phase's device work; slower (see ``open_session``).
+SYNC_PHASES_ENV = "MLX_MTP_SYNC_PHASES"
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+@dataclass
+class Request:
+    """The caller's arguments the loop needs, already checked (``speculative_generate_step``)."""
+
+    max_tokens: int
+    sampler: Optional[Sampler]
+    logits_processors: Optional[List[LogitsProcessor]]
+    prefill_step_size: int
+    progress: Optional[Callable[[int, int], None]]
+    input_embeddings: Optional[mx.array]
+    block_size: int  # the widest verify width the session may use
+    chooser: Optional[BlockChooser]
+    seed: Optional[int]
+    acceptance: str
+    stats: Optional[RunStats]
+
+    def embeddings(self, start: int, stop: int) -> Optional[mx.array]:
+        """The input embeddings of prompt positions ``start:stop`` as a batch of one, or None."""
+        if self.input_embeddings is None:
+            return None
+        return self.input_embeddings[None, start:stop]
+
+
+@dataclass
+class Draws:
+    """How a generation draws its tokens. At most one of ``streams`` (speculative sampling with a
+    fixed block size) and ``keys`` (sampled under ``auto``: one key per output position, so the
+    output does not depend on the chooser's widths) is set; neither at temperature 0."""
+
+    rule: str  # sampling.GREEDY / POINT_MASS / SPECULATIVE, or keyed_sampling.COUPLED
+    sampler: Sampler
+    processors: List[LogitsProcessor]
+    streams: Optional[sampling.RandomStreams] = None
+    keys: Optional[keyed_sampling.PositionKeys] = None
+
+
+def choose_draws(target: Target, drafter: Optional[Drafter], request: Request) -> Draws:
+    """The acceptance rule for the request's sampler and drafter, and the randomness it needs
+    (the seed drawn from mlx's global random state when none was given)."""
+    chooser = request.chooser
+    rule = (sampling.choose_rule if chooser is None else keyed_sampling.choose_rule)(
+        request.sampler, drafter, request.acceptance)
+    if isinstance(request.sampler, sampling.Sampler):
+        request.sampler.check_vocab(target.vocab_size)
+    draws = Draws(rule, request.sampler or greedy_sampler,  # argmax over the last axis
+                  list(request.logits_processors or []))
+    if rule == sampling.SPECULATIVE or (chooser is not None and rule != sampling.GREEDY):
+        seed = request.seed
+        if seed is None:
+            seed = mx.random.randint(0, 2**31 - 1).item()
+        if chooser is None:
+            draws.streams = sampling.RandomStreams(seed)
+        else:
+            draws.keys = keyed_sampling.PositionKeys(seed)
+    return draws
+
+
+def start_stats(request: Request, rule: str) -> RunStats:
+    """The caller's ``RunStats`` (or a fresh one) with the session's block size and rule."""
+    stats = request.stats if request.stats is not None else RunStats()
+    stats.block_size = request.block_size if request.chooser is None else AUTO
+    stats.max_block_size = request.block_size
+    stats.acceptance_rule = rule
+    return stats
+
+
+@dataclass
+class Session:
+    """The fixed parts of one generation run as rounds (the exactness gate let MTP run)."""
+
+    model: MTPModel
+    cache: PromptCache
+    kv: KVSettings
+    turn: Optional[Turn]  # a caller's prompt cache: reported to after the prefill and each round
+    drafter: Optional[Drafter]  # None at block size 1
+    draws: Draws
+    stats: RunStats
+    chooser: Optional[BlockChooser]  # ``auto``: chooses each round's drafts
+    max_tokens: int
+    max_drafts: int  # the widest verify width less one
+    prompt_len: int
+    settle: Callable[..., None]  # mx.async_eval, or mx.eval with MLX_MTP_SYNC_PHASES=1
+    split: Optional[Any]  # mlx_mtp.models.distributed.Split of a split target
+    crossings: Callable[[], None]  # brings the split's collective counts in stats up to date
+    pin: bool = False  # a drafted round's verify pins the process to one core (cpu_pin)
+    generation_start: float = 0.0  # perf_counter when the first token was ready
+
+    @property
+    def target(self) -> Target:
+        return self.model.target
+
+    @property
+    def plain_decode(self) -> bool:
+        """Block size 1 without anything a round must do: no verify block, no keyed draws, no
+        prompt-cache turn, no KV quantization, no split. Decodes as mlx-lm does."""
+        return (self.drafter is None and self.draws.keys is None and self.turn is None
+                and not self.kv.enabled and self.split is None)
+
+    @property
+    def stretches(self) -> bool:
+        """``auto``: a stretch of rounds the chooser gives no drafts runs as pipelined one-token
+        steps (a round without drafts waits for its token before building the next forward)."""
+        return (self.chooser is not None and self.turn is None and not self.kv.enabled
+                and self.split is None)
+
+    def note_generation_time(self) -> None:
+        self.stats.generation_s = time.perf_counter() - self.generation_start
+        self.stats.peak_memory_gb = mx.get_peak_memory() / 1e9
+
+
+def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Optional[Turn],
+                 drafter: Optional[Drafter], draws: Draws, stats: RunStats, request: Request,
+                 prompt_len: int) -> Session:
+    """The session once the gate let MTP run. The draft and the accept hook are queued
+    (``mx.async_eval``), not waited for: the verify graph is built in Python while they compute,
+    as mlx-lm's generate_step builds step n + 1 while step n computes. The round's one host read
+    waits for all of it; only the timing split changes (``SYNC_PHASES_ENV``)."""
+    stats.phases_synced = env.flag(SYNC_PHASES_ENV)
+    settle = mx.eval if stats.phases_synced else mx.async_eval
+    split = getattr(model, "split", None)
+    crossings = stats.count_split(split)  # after the probe: counts this session's forwards
+    session = Session(model, cache, kv, turn, drafter, draws, stats, request.chooser,
+                      request.max_tokens, request.block_size - 1, prompt_len, settle, split,
+                      crossings)
+    mx.reset_peak_memory()
+    return session
+
+
+@dataclass
+class Progress:
+    """Where the output stands between rounds."""
+
+    bonus: mx.array  # [1]: the last token emitted, sampled but not yet fed to the target
+    history: Optional[mx.array]  # every token so far, kept only for logits processors
+    emitted: int = 1
+    # ``auto``: (hidden, ids) of rounds without drafts, fed to the drafter once it drafts again
+    deferred: List[Tuple[mx.array, mx.array]] = field(default_factory=list)
+
+
+def logprobs_of(logits: mx.array) -> mx.array:
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -1,0 +1,340 @@
+"""The steps of the round loop (``mlx_mtp.decoding.rounds``): prefill, then per round
+choose -> draft -> verify and walk -> commit -> emit.
+
+Draft, verify and commit pass whole blocks (``Draft``, ``Verified``), so a tree of drafts
+(parent indices into ``Draft.ids``) or a leading batch dimension can be added to these records
+and steps without a second loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import mlx.core as mx
+
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import pin as cpu_pin
+from mlx_mtp.decoding import keyed_sampling
+from mlx_mtp.decoding import sampling
+from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
+from mlx_mtp.io.prompt_cache import forget_drafter
+
+Emitted = Tuple[int, mx.array, bool]  # (token, logprobs, from_draft)
+
+
+# ------------------------------------------------------------------------------------ prefill
+
+
+def prefill(session: Session, prompt: mx.array, request: Request, exact: bool
+            ) -> Tuple[Progress, Emitted]:
+    """Feed the prompt to the target (and drafter), draw the first token: ``(progress, first
+    output)``. Chunked exactly as mlx-lm's generate_step: prompt[:-1] in chunks, then the last
+    token; KV quantization (kv_bits) after each model call, as there. ``exact`` False (byte
+    identity is not kept, e.g. an overridden gate): the exactness-only fallbacks buy nothing,
+    so they are skipped."""
+    stats = session.stats
+    report = request.progress or (lambda *_: None)
+    started = time.perf_counter()
+    _prepare(session, prompt, exact)
+    report(0, session.prompt_len)
+    _prefill_chunks(session, prompt, request, report)
+    hidden, token, logprobs, history, replaced = _first_token(session, prompt, request)
+    report(session.prompt_len, session.prompt_len)
+    token_id = token.item()
+    stats.prompt_tokens = session.prompt_len
+    stats.prompt_s = time.perf_counter() - started
+    if session.turn is not None:  # the first token: like a round's bonus, yielded before it is fed
+        session.turn.round_done(0, hidden[:, -1:], 0, token, replaced)
+    return Progress(token, history), (token_id, logprobs[0], False)
+
+
+def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
+    """Ready the target for verify blocks, and the drafter (or the turn's carried one)."""
+    target, drafter, turn = session.target, session.drafter, session.turn
+    if exact:
+        target.prepare(session.max_drafts + 1)
+    else:
+        target.prepare(session.max_drafts + 1, exact=False)
+    # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``) from
+    # its first eager C kernel call on: each kernel syncs with MLX's stream thread. Not across
+    # split ranks (two could pin to one core), nor with more than one verify thread (they
+    # would share the core).
+    session.pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and session.split is None
+                   and cpu_blas.round_thread_count() == 1)
+    if turn is not None:
+        if drafter is not None:
+            turn.start_drafter()
+            turn.pair_previous(prompt[:1])
+        else:
+            forget_drafter(session.cache)
+    elif drafter is not None:
+        drafter.reset()
+        drafter.bind_cache(session.cache)  # the Gemma 4 assistant reads the target's K/V
+
+
+def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
+                    report: Callable[[int, int], None]) -> None:
+    """Every prompt token but the last, ``prefill_step_size`` at a time."""
+    target, drafter, cache = session.target, session.drafter, session.cache
+    prompt_len = session.prompt_len
+    start = 0
+    while prompt_len - start > 1:
+        stop = min(start + request.prefill_step_size, prompt_len - 1)
+        hidden = target.hidden(prompt[None, start:stop], cache, request.embeddings(start, stop))
+        if drafter is not None:
+            drafter.prefill(hidden, prompt[start + 1 : stop + 1])
+        session.kv.quantize(cache)
+        mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
+        start = stop
+        report(start, prompt_len)
+
+
+def _first_token(session: Session, prompt: mx.array, request: Request
+                 ) -> Tuple[mx.array, mx.array, mx.array, Optional[mx.array], list]:
+    """The prompt's last token through the target, and the first token drawn from it:
+    ``(hidden, token [1], logprobs [1, V], history, cache entries KV quantization replaced)``."""
+    target, drafter, cache, draws = session.target, session.drafter, session.cache, session.draws
+    prompt_len = session.prompt_len
+    hidden = target.hidden(prompt[None, prompt_len - 1 :], cache,
+                           request.embeddings(prompt_len - 1, prompt_len))
+    history = prompt if draws.processors else None  # mlx-lm feeds processors the whole history
+    logits = target.logits(hidden[:, -1])
+    for processor in draws.processors:
+        logits = processor(history, logits)
+    logprobs = logprobs_of(logits)
+    if draws.keys is not None:
+        token = keyed_sampling.draw(draws.sampler, logprobs, draws.keys, 0, logits=logits)
+    elif draws.streams is None:
+        token = draws.sampler(logprobs)
+    else:
+        token = draws.sampler.sample(logprobs, draws.streams.target())
+    history = sampling.append_history(history, token)
+    if drafter is not None:
+        drafter.prefill(hidden, token)
+    replaced = session.kv.quantize(cache)
+    mx.eval(token, logprobs, drafter.state_arrays() if drafter else [])
+    return hidden, token, logprobs, history, replaced
+
+
+# ------------------------------------------------------------------------------------ choose
+
+
+@dataclass
+class RoundPlan:
+    """A round's drafts and the times its costs are measured from."""
+
+    drafts: int  # k: the drafts to make (the verify block is k + 1 wide)
+    started: float  # perf_counter at the round's start (RunStats.record_round)
+    chosen_at: float  # perf_counter once chosen (the chooser's observed cost starts here)
+
+
+@dataclass
+class EarlyChoice:
+    """``auto``'s choice made before the round, when undrafted stretches may run pipelined."""
+
+    drafts: int
+    started: float  # perf_counter before choosing: the round's start
+    stretch: int  # undrafted rounds in a row it commits to, this one first (0 if it drafts)
+
+
+def choose_ahead(session: Session, progress: Progress) -> EarlyChoice:
+    """The chooser's choice before the round, and how many undrafted rounds it commits to."""
+    started = time.perf_counter()
+    remaining = session.max_tokens - progress.emitted
+    drafts = session.chooser.choose(min(session.max_drafts, remaining - 1))
+    stretch = min(session.chooser.undrafted_stretch(), remaining) if drafts == 0 else 0
+    return EarlyChoice(drafts, started, stretch)
+
+
+def plan_round(session: Session, progress: Progress, ahead: Optional[EarlyChoice]
+               ) -> RoundPlan:
+    """The round's drafts: the widest block, never past the token budget nor (kv_bits) across
+    the switch to a quantized cache; under ``auto`` the chooser's choice (``ahead`` when made
+    before the round). Catches the drafter up on deferred rounds before it drafts again."""
+    drafts = min(session.max_drafts, session.max_tokens - progress.emitted - 1)
+    drafts = session.kv.max_drafts(session.cache, drafts)
+    started = time.perf_counter() if ahead is None else ahead.started
+    if session.chooser is not None:
+        drafts = session.chooser.choose(drafts) if ahead is None else ahead.drafts
+        if session.split is not None:  # timed choices differ per rank: all verify rank 0's width
+            drafts = session.split.from_rank0(drafts)
+        if drafts > 0 and progress.deferred:  # outside the round's measured cost
+            _feed_deferred(session, progress)
+    return RoundPlan(drafts, started, time.perf_counter())
+
+
+def _feed_deferred(session: Session, progress: Progress) -> None:
+    """The (hidden, ids) pairs of the rounds without drafts since the drafter last drafted."""
+    with session.stats.phase("accept"):
+        session.drafter.accept(mx.concatenate([d[0] for d in progress.deferred], axis=1),
+                               mx.concatenate([d[1] for d in progress.deferred]))
+        session.settle(session.drafter.state_arrays())
+    progress.deferred = []
+
+
+# ------------------------------------------------------------------------------------ draft
+
+
+@dataclass
+class Draft:
+    """A round's drafts on the device, and what the acceptance rule needs of them."""
+
+    ids: Optional[mx.array] = None  # [k] uint32; None without drafts
+    probs: Optional[mx.array] = None  # speculative sampling: the drafter's q rows
+    prob_ids: Optional[mx.array] = None  # the target ids of q's columns (a draft vocabulary)
+    noise: tuple = ()  # coupled drafts' G_n, reused by the target's draws at those positions
+
+
+def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
+    """The drafter's ``plan.drafts`` proposals, queued as the block's one evaluation."""
+    proposal = Draft()
+    if plan.drafts == 0:
+        return proposal
+    drafter, draws, stats = session.drafter, session.draws, session.stats
+    vocab_size = session.target.vocab_size
+    with stats.phase("draft"):
+        syncs = drafter.syncs
+        if draws.rule == keyed_sampling.COUPLED:
+            sampler = keyed_sampling.CoupledDraftSampler(
+                draws.sampler, draws.keys, progress.emitted, vocab_size, draws.processors,
+                progress.history)
+            drafter.draft_sampled(plan.drafts, sampler)
+            proposal.ids, proposal.noise = sampler.drafts(), sampler.noise
+        elif draws.streams is None:
+            proposal.ids = drafter.draft(plan.drafts)
+        else:
+            sampler = sampling.DraftSampler(draws.sampler, draws.streams.draft(), vocab_size,
+                                            draws.processors, progress.history)
+            drafter.draft_sampled(plan.drafts, sampler)
+            proposal.ids, proposal.probs, proposal.prob_ids = sampler.result()
+        session.settle(proposal.ids, proposal.probs if proposal.probs is not None else [])
+        stats.draft_syncs += 1 + drafter.syncs - syncs
+    return proposal
+
+
+# ------------------------------------------------------------------------------------ verify
+
+
+@dataclass
+class Verified:
+    """A verified block and its walk: ``accepted`` drafts kept, then the target's own token."""
+
+    hidden: mx.array  # [1, k + 1, H]: the target's hidden states over [bonus, drafts]
+    logprobs: mx.array  # [k + 1, V]: processed, as yielded
+    target_ids: mx.array  # [k + 1]: the target's draw at every row
+    accepted: int
+    out_ids: List[int]  # the round's output: the kept drafts, then the target's token
+    new_ids: mx.array  # the same ids on the device
+
+
+def verify_and_walk(session: Session, progress: Progress, plan: RoundPlan, proposal: Draft
+                    ) -> Verified:
+    """One target forward over [bonus, drafts], a draw at every row, the round's one host
+    read, and the walk: the longest run of drafts the acceptance rule keeps."""
+    drafts = plan.drafts
+    verify_start = time.perf_counter()
+    hidden, logprobs, target_ids, host = _verify(session, progress, plan, proposal)
+    session.stats.record_verify(drafts + 1, time.perf_counter() - verify_start)
+    picks, drafted = host[: drafts + 1], host[drafts + 1 : 2 * drafts + 1]
+    if session.draws.streams is None:  # greedy / point-mass: drafts equal to the target's picks
+        accepted = sampling.accepted_length([d == t for d, t in zip(drafted, picks)])
+    else:
+        accepted = sampling.accepted_length(host[2 * drafts + 1 :])
+    out_ids = drafted[:accepted] + picks[accepted : accepted + 1]
+    new_ids = (target_ids[:1] if accepted == 0
+               else mx.concatenate([proposal.ids[:accepted], target_ids[accepted : accepted + 1]]))
+    return Verified(hidden, logprobs, target_ids, accepted, out_ids, new_ids)
+
+
+def _verify(session: Session, progress: Progress, plan: RoundPlan, proposal: Draft
+            ) -> Tuple[mx.array, mx.array, mx.array, list]:
+    """``(hidden, logprobs, target ids, host)``: host is the target's picks, the drafts and any
+    speculative-sampling verdicts, read back in one go."""
+    target, draws, stats = session.target, session.draws, session.stats
+    with stats.phase("verify"), _pinned(session, plan):
+        bonus = progress.bonus
+        block = bonus if proposal.ids is None else mx.concatenate([bonus, proposal.ids])
+        # One token (no drafts) needs no rollback: a plain step.
+        hidden = (target.verify(block[None], session.cache) if plan.drafts > 0
+                  else target.decode(block[None], session.cache))
+        logits = target.logits(hidden[0])
+        if draws.processors:
+            logits = sampling.process_rows(logits, progress.history, block, draws.processors)
+        logprobs = logprobs_of(logits)
+        parts = [] if proposal.ids is None else [proposal.ids]
+        if draws.keys is not None:
+            target_ids = keyed_sampling.draw(draws.sampler, logprobs, draws.keys,
+                                             progress.emitted, logits=logits,
+                                             noise=proposal.noise)
+        elif draws.streams is None:
+            target_ids = draws.sampler(logprobs)
+        else:  # p from the logits: the logprobs stay lazy (computed if read)
+            verdicts, target_ids = sampling.rejection_sample(
+                draws.sampler.probs(logits), proposal.probs, block[1:], draws.streams.target(),
+                proposal.prob_ids)
+            parts.append(verdicts.astype(mx.uint32))
+        host = mx.concatenate([target_ids, *parts]).tolist()
+        stats.host_syncs += 1
+    return hidden, logprobs, target_ids, host
+
+
+def _pinned(session: Session, plan: RoundPlan):
+    """A drafted round's verify pinned to one core from its first eager kernel call (cpu_pin)."""
+    return cpu_pin.on_first_sync() if session.pin and plan.drafts > 0 \
+        else contextlib.nullcontext()
+
+
+# ------------------------------------------------------------------------------------ commit
+
+
+def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Verified) -> None:
+    """Keep the ``accepted + 1`` verified rows: roll the target's caches back, quantize, feed
+    the drafter (or defer it), and report the round to a prompt cache's turn."""
+    target, drafter, cache, stats = session.target, session.drafter, session.cache, session.stats
+    accepted, hidden = verified.accepted, verified.hidden
+    if plan.drafts > 0:  # selecting the kept states is graph work: evaluated with the next round
+        with stats.phase("finalize"):
+            target.rollback(cache, fed=plan.drafts + 1, keep=accepted + 1)
+    replaced = session.kv.quantize(cache)
+    if session.split is not None:  # rollback ran on every rank, on its own layers
+        session.crossings()
+        session.split.log_cache(target, cache, session.prompt_len + progress.emitted + accepted)
+    progress.bonus = verified.target_ids[accepted : accepted + 1]
+    progress.history = sampling.append_history(progress.history, verified.new_ids)
+    if (drafter is not None and session.chooser is not None and plan.drafts == 0
+            and session.turn is None):
+        # (a prompt cache's turn needs the drafter current at every round: no deferral)
+        progress.deferred.append((hidden[:, :1], verified.new_ids))  # fed if it drafts again
+    elif drafter is not None:
+        with stats.phase("accept"):
+            drafter.accept(hidden[:, : accepted + 1], verified.new_ids)
+            session.settle(drafter.state_arrays())
+    if session.turn is not None:
+        session.turn.round_done(progress.emitted, hidden[:, : accepted + 1], accepted,
+                                progress.bonus, replaced)
+
+
+def record_round(session: Session, plan: RoundPlan, verified: Verified) -> None:
+    """The round's wall time into the stats; the time since the choice to the chooser."""
+    ended = time.perf_counter()
+    session.stats.record_round(plan.drafts, verified.accepted, ended - plan.started)
+    if session.chooser is not None:
+        session.chooser.observe(plan.drafts, verified.accepted, ended - plan.chosen_at)
+
+
+# ------------------------------------------------------------------------------------ emit
+
+
+def emit(session: Session, progress: Progress, verified: Verified) -> Iterator[Emitted]:
+    """The round's tokens, up to the token budget."""
+    count = min(verified.accepted + 1, session.max_tokens - progress.emitted)
+    if session.chooser is not None:
+        session.chooser.see(verified.out_ids[:count])
+    progress.emitted += count
+    session.stats.generation_tokens = progress.emitted
+    session.note_generation_time()
+    for i in range(count):
+        yield verified.out_ids[i], verified.logprobs[i], i < verified.accepted
