@@ -34,6 +34,7 @@ from mlx_mtp import config as env
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from mlx_mtp.decoding.pipelined_steps import pipelined_steps
+from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.plain import plain_generate_step
 from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Draws, Request, Session,
                                             choose_draws, open_session, start_stats)
@@ -252,15 +253,17 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     draws = choose_draws(model.target, drafter, request)
     stats = start_stats(request, draws.rule)
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
-    # Exact or not at all: where a verify block is not byte-identical to single-token decode on
-    # this device, the gate declines and the target decodes plainly (mlx_mtp.exactness.gate).
-    decision = gate.apply(model, request.block_size, stats, kv=kv if kv.enabled else None)
+    # At T=0 exact or not at all: where a verify block is not byte-identical to single-token
+    # decode on this device, the gate declines and the target decodes plainly. A rule that
+    # samples promises the distribution: no probe, the fastest verify (mlx_mtp.exactness.gate).
+    decision = gate.apply(model, request.block_size, stats, kv=kv if kv.enabled else None,
+                          sampling=draws.rule != sampling.GREEDY)
     if not decision.mtp_enabled:
         yield from _decode_plainly(prompt, model, cache, kv, turn, draws, stats, request)
         return
     stats.draft_profiler = profiler
     session = open_session(model, cache, kv, turn, drafter, draws, stats, request, prompt.size)
-    progress, first = prefill(session, prompt, request, exact=not decision.override)
+    progress, first = prefill(session, prompt, request, exact=decision.exact_verify)
     _start_generation(session, first[0])
     yield first
     if session.plain_decode:  # block size 1: no verify block: decode as mlx-lm does

@@ -1,11 +1,18 @@
-"""The exactness gate: MTP runs only where the probe proves that verify blocks of every width the
-session may use equal the single-token chain, byte for byte, on this device.
+"""The exactness gate: which promise a session keeps, and whether MTP may run.
 
-Anything else (a block that diverges, a probe that could not run) declines: the session decodes
-plainly with mlx-lm (``mlx_mtp.decoding.plain``) and logs one reason, which also goes into the
-stats. This holds on every device; on Apple GPU generation 15+ the reason also names the kernel
-cause.
-``MLX_MTP_ALLOW_INEXACT=1`` runs MTP anyway, with a loud warning, recorded in the stats.
+At temperature 0 the promise is byte identity with plain decode, so MTP runs only where the probe
+proves that verify blocks of every width the session may use equal the single-token chain, byte
+for byte, on this device. Anything else (a block that diverges, a probe that could not run)
+declines: the session decodes plainly with mlx-lm (``mlx_mtp.decoding.plain``) and logs one
+reason, which also goes into the stats. On Apple GPU generation 15+ the reason also names the
+kernel cause. ``MLX_MTP_ALLOW_INEXACT=1`` runs MTP anyway, with a loud warning, recorded in the
+stats.
+
+At temperature > 0 (any acceptance rule that samples) the promise is the distribution:
+speculative sampling emits tokens distributed exactly as the verify forward's target
+distribution, which differs from the chain's only by float rounding, as any kernel choice's
+does. No probe runs, MTP runs on every device, and the verify takes its fastest path (no
+exactness-only fallbacks).
 """
 
 from __future__ import annotations
@@ -23,6 +30,13 @@ from mlx_mtp.exactness.device import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENER
 
 ALLOW_INEXACT_ENV = "MLX_MTP_ALLOW_INEXACT"
 NOT_NEEDED = "not_needed"  # block size 1: no verify block, nothing to probe
+SAMPLING = "sampling"  # T > 0: the promise is the distribution; no probe runs
+# The promise a session keeps (``GateDecision.promise``, ``exactness.promise`` in the stats).
+BYTE_IDENTITY = "byte-identity"  # T=0: token for token what plain greedy decode gives
+DISTRIBUTION = "distribution"  # T > 0: distributed exactly as plain sampling
+ROW_EXACT_ENV = "MLX_MTP_ROW_EXACT"
+SAMPLING_REASON = ("temperature > 0: speculative sampling keeps the target's distribution on any "
+                   "device (no byte-identity probe; the verify takes its fastest path)")
 
 logger = logging.getLogger("mlx_mtp")
 
@@ -45,10 +59,17 @@ class GateDecision:
     device: DeviceFacts
     override: bool = False  # MLX_MTP_ALLOW_INEXACT=1 turned a decline into an inexact MTP run
     probes: List[ProbeResult] = field(default_factory=list)
+    promise: str = BYTE_IDENTITY
+
+    @property
+    def exact_verify(self) -> bool:
+        """Whether the verify keeps its exactness-only fallbacks (row-exact products, per-row
+        attention): only where byte identity is promised and proven."""
+        return self.promise == BYTE_IDENTITY and not self.override
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict, "override": self.override, **self.device.to_dict(),
-                "widths": [p.to_dict() for p in self.probes]}
+        return {"verdict": self.verdict, "override": self.override, "promise": self.promise,
+                **self.device.to_dict(), "widths": [p.to_dict() for p in self.probes]}
 
 
 def _failure(probes: List[ProbeResult], device: DeviceFacts) -> str:
@@ -66,8 +87,10 @@ def _failure(probes: List[ProbeResult], device: DeviceFacts) -> str:
     return text
 
 
-def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool) -> GateDecision:
-    """The decision table: (device/generation, probe verdicts, override) -> decision. Pure."""
+def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool,
+           row_exact_on: bool = True) -> GateDecision:
+    """The decision table at T=0: (device/generation, probe verdicts, override, whether the
+    row-exact products are on) -> decision. Pure."""
     if not probes:
         return GateDecision(True, NOT_NEEDED, "block size 1: no verify block, nothing to probe",
                             device)
@@ -78,6 +101,8 @@ def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool) 
                             f"of width {widths} equal the single-token chain byte for byte",
                             device, probes=probes)
     failure = _failure(probes, device)
+    if not row_exact_on:
+        failure += f" ({ROW_EXACT_ENV}=0: the verify ran without row-exact products)"
     if allow_inexact:
         return GateDecision(True, verdict, f"{ALLOW_INEXACT_ENV}=1: running MTP although the "
                             f"{failure}; output may differ from plain decoding", device,
@@ -87,17 +112,35 @@ def decide(probes: List[ProbeResult], device: DeviceFacts, allow_inexact: bool) 
                         "plain decoding)", device, probes=probes)
 
 
+AUTO_WIDEST = "auto"  # ``sampling_decision``'s block size for ``block_size="auto"``
+
+
+def sampling_decision(block_size, device: DeviceFacts) -> GateDecision:
+    """T > 0: MTP runs, no probe, the verify on its fastest path. ``block_size``: the widest
+    verify (an int), or ``"auto"`` (drafts chosen per round)."""
+    if block_size != AUTO_WIDEST and not session_widths(block_size):
+        return GateDecision(True, NOT_NEEDED, "block size 1: no verify block, nothing to probe",
+                            device, promise=DISTRIBUTION)
+    return GateDecision(True, SAMPLING, SAMPLING_REASON, device, promise=DISTRIBUTION)
+
+
 def check(model, block_size: int, device: Optional[DeviceFacts] = None,
-          kv=None) -> GateDecision:
-    """Probe (memoized) every width the session may use, decide, and log the reason once.
-    ``kv`` (``mlx_mtp.io.kv_settings.KVSettings``): the session quantizes its KV cache, so its
-    verify blocks run against both caches; both are probed."""
+          kv=None, sampling: bool = False) -> GateDecision:
+    """The session's decision, its reason logged once. ``sampling`` (T > 0): no probe (module
+    docstring). Else probe (memoized) every width the session may use and decide. ``kv``
+    (``mlx_mtp.io.kv_settings.KVSettings``): the session quantizes its KV cache, so its verify
+    blocks run against both caches; both are probed."""
     allow_inexact = allow_inexact_from_env()  # bad values fail before any work
-    widths = session_widths(block_size)
-    probes = probe_exactness(model.target, widths) if widths else []
-    if widths and kv is not None:
-        probes += probe_exactness(model.target, widths, kv=kv)
-    decision = decide(probes, device or current_device_facts(), allow_inexact)
+    row_exact_on = env.flag(ROW_EXACT_ENV)
+    device = device or current_device_facts()
+    if sampling:
+        decision = sampling_decision(block_size, device)
+    else:
+        widths = session_widths(block_size)
+        probes = probe_exactness(model.target, widths) if widths else []
+        if widths and kv is not None:
+            probes += probe_exactness(model.target, widths, kv=kv)
+        decision = decide(probes, device, allow_inexact, row_exact_on)
     _log_once(model.target, decision)
     return decision
 
@@ -121,13 +164,13 @@ def _log_once(target, decision: GateDecision) -> None:
         logger.info("%s", decision.reason)
 
 
-def apply(model, block_size: int, stats, kv=None) -> GateDecision:
+def apply(model, block_size: int, stats, kv=None, sampling: bool = False) -> GateDecision:
     """``check`` and write the decision into ``stats`` (``RunStats``)."""
-    decision = check(model, block_size, kv=kv)
+    decision = check(model, block_size, kv=kv, sampling=sampling)
     stats.mtp_enabled = decision.mtp_enabled
     stats.gate_reason = decision.reason
     stats.exactness = decision.to_dict()
-    if decision.mtp_enabled and not decision.override and hasattr(model, "mlx_model"):
+    if decision.mtp_enabled and decision.exact_verify and hasattr(model, "mlx_model"):
         # How the probed verify stays exact: which layers compute rows how
         # (mlx_mtp.exactness.row_exact).
         stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
@@ -150,6 +193,8 @@ def summary(exactness: dict) -> str:
     verdict = exactness.get("verdict")
     if verdict in (None, NOT_NEEDED):
         return "not needed (no verify block)"
+    if verdict == SAMPLING:
+        return "not run (temperature > 0: the promise is the distribution)"
     widths = exactness.get("widths", [])
     text = f"{verdict} (width {', '.join(str(w['width']) for w in widths)}"
     bad = next((w for w in widths if w["verdict"] == DIVERGES), None)
@@ -169,7 +214,11 @@ def table_rows(result: dict) -> list:
         mtp = "off (declined by the exactness gate: mlx-lm plain decode)"
     else:
         mtp = f"off ({result['gate_reason']})"
+    promise = {BYTE_IDENTITY: "byte identity with plain decode",
+               DISTRIBUTION: "the distribution of plain sampling"}.get(exactness.get("promise"))
     rows = [("mtp", mtp), ("exactness probe", summary(exactness))]
+    if promise is not None and result["mtp_enabled"] and not exactness.get("override"):
+        rows.append(("exactness promise", promise))
     layers = row_exact_summary(exactness)
     if layers is not None:
         rows.append(("row-exact layers", layers))

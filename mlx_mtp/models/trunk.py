@@ -11,7 +11,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import gather_last_axis
 
+from mlx_mtp import config as env
 from mlx_mtp.exactness import row_exact
+
+ROW_EXACT_ENV = "MLX_MTP_ROW_EXACT"  # 0: verify with the plain multi-row products
 
 
 class TrunkTarget:
@@ -66,8 +69,10 @@ class TrunkTarget:
     def prepare(self, max_width: int, exact: bool = True) -> None:
         """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
         kernel is not row-invariant at those widths compute verify rows one at a time.
-        ``exact=False`` (the gate overridden by MLX_MTP_ALLOW_INEXACT=1): verify with the plain
-        multi-row kernels, no row-exact products, no per-row attention."""
+        ``exact=False`` (sampling, whose promise is the distribution; or the gate overridden by
+        MLX_MTP_ALLOW_INEXACT=1), or MLX_MTP_ROW_EXACT=0: verify with the plain multi-row
+        kernels, no row-exact products, no per-row attention."""
+        exact = exact and env.flag(ROW_EXACT_ENV)  # MLX_MTP_ROW_EXACT=0: the plain verify
         self.exact = exact
         if exact and max_width > self.exact_width:
             self.row_exact_layers = row_exact.install(self.model, max_width,

@@ -20,6 +20,8 @@ from mlx_lm.server import convert_chat, process_message_content
 
 import mlx_mtp
 from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.exactness import gate
+from mlx_mtp.exactness.device import current_device_facts
 from mlx_mtp.generate import plain_stream_generate
 
 from mlx_mtp.server.schema import GenerationRequest, RequestError
@@ -98,6 +100,16 @@ class Engine:
         need_head = not no_mtp and block_size != 1
         m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head, split=split)
         return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size)
+
+    def sampling_gate(self) -> dict:
+        """Whether a request at temperature > 0 decodes with MTP, and why: its promise is the
+        distribution, so no probe decides it (``mlx_mtp.exactness.gate``); a T=0 request gets
+        the probe's decision (the warm-up's, in ``/health``)."""
+        if self.no_mtp:
+            return {"mtp_enabled": False, "gate_reason": NO_MTP_REASON}
+        decision = gate.sampling_decision(self.block_kwargs.get("block_size", gate.AUTO_WIDEST),
+                                          current_device_facts())
+        return {"mtp_enabled": decision.mtp_enabled, "gate_reason": decision.reason}
 
     # ------------------------------------------------------------------------------ prompt
 

@@ -322,6 +322,7 @@ def cli_json(capsys, *args):
     return json.loads(out)
 
 
+@pytest.mark.subprocess
 def test_cli_sampling_flags_seed_and_rule(capsys, soft_dir):
     args = ["--model", soft_dir, "--prompt", "def add", "--ignore-chat-template",
             "--max-tokens", 24, "--temp", 1.0, "--top-k", 5, "--top-p", 0.95, "--min-p", 0.01,
@@ -335,10 +336,13 @@ def test_cli_sampling_flags_seed_and_rule(capsys, soft_dir):
     assert len(a["per_position_acceptance"]) == 2 and len(a["tokens"]) == 24
     pm = cli_json(capsys, *args, "--seed", 7, "--acceptance", "point-mass")
     assert pm["acceptance_rule"] == "point-mass"
-    code, out, _ = cli(capsys, *args, "--seed", 7)
-    assert code == 0 and "acceptance rule  " in out and "speculative-sampling" in out
+    assert (a["exactness"]["verdict"], a["exactness"]["promise"]) == ("sampling", "distribution")
+    code, _, table = cli(capsys, *args, "--seed", 7)  # the stats table goes to stderr
+    assert code == 0 and "acceptance rule  " in table and "speculative-sampling" in table
+    assert "the distribution of plain sampling" in table
 
 
+@pytest.mark.subprocess
 def test_cli_no_mtp_samples_like_mlx_lm(capsys, soft_dir):
     out = cli_json(capsys, "--model", soft_dir, "--prompt", "def add", "--ignore-chat-template",
                    "--max-tokens", 12, "--temp", 0.8, "--top-k", 4, "--seed", 3, "--no-mtp")
@@ -352,6 +356,7 @@ def test_cli_no_mtp_samples_like_mlx_lm(capsys, soft_dir):
     assert out["tokens"] == ref[: next((i for i, t in enumerate(ref) if t in eos), len(ref))]
 
 
+@pytest.mark.subprocess
 def test_cli_greedy_with_repetition_penalty_matches_mlx_lm(capsys, dense_dir):
     prompt = "def add(a, b):\n    return"
     out = cli_json(capsys, "--model", dense_dir, "--prompt", prompt, "--ignore-chat-template",
@@ -367,6 +372,7 @@ def test_cli_greedy_with_repetition_penalty_matches_mlx_lm(capsys, dense_dir):
     assert out["tokens"] == ref[: next((i for i, t in enumerate(ref) if t in eos), len(ref))]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args,message", [
     (["--top-p", "1.5"], "error: argument --top-p: must be between 0 and 1, got 1.5"),
     (["--min-p", "-0.5"], "error: argument --min-p: must be between 0 and 1, got -0.5"),
@@ -382,6 +388,7 @@ def test_cli_bad_sampling_flags(capsys, args, message):
     assert err.count("\n") == 1 and err.startswith(message)
 
 
+@pytest.mark.subprocess
 def test_cli_sampling_errors_after_loading(capsys, soft_dir):
     assert cli(capsys, "--model", soft_dir, "--temp", 1.0, "--top-k", 320)[::2] == (
         1, "error: top_k (--top-k) must be below the vocabulary size 320, got 320\n")
@@ -410,3 +417,91 @@ def test_a_draft_vocabulary_keeps_plain_samplings_distribution(soft_dir, plain_r
     assert two_sample(draws, plain)[2] > ALPHA
     assert goodness_of_fit(draws, exact)[2] > ALPHA
     assert 0 < stats.acceptance_rate < 1
+
+
+# ------------------------------------- T > 0 on a verify that is not byte-identical to the chain
+
+
+def _perturbed(model):
+    from support.perturbed import PerturbedVerify
+
+    return MTPModel(model.mlx_model, PerturbedVerify(model.target, position=0), model.drafter)
+
+
+def _no_probe(*args, **kwargs):
+    raise AssertionError("the exactness probe ran at temperature > 0")
+
+
+def test_sampling_keeps_the_distribution_on_a_verify_that_is_not_byte_exact(
+        soft_model, plain_reference, monkeypatch):
+    """Where a verify block differs from the chain (here: one ulp in every verify's first row,
+    as a kernel that rounds differently), T=0 is declined, but sampling runs MTP without a probe
+    and is still distributed as plain sampling."""
+    from mlx_mtp.exactness import gate
+
+    exact, plain = plain_reference
+    greedy = RunStats()
+    list(mlx_mtp.generate_step(mx.array(PROMPT), _perturbed(soft_model), max_tokens=4,
+                               block_size=3, stats=greedy))
+    assert not greedy.mtp_enabled and greedy.exactness["verdict"] == "diverges"
+    assert greedy.exactness["promise"] == "byte-identity"
+
+    monkeypatch.setattr(gate, "probe_exactness", _no_probe)
+    stats = RunStats()
+    draws = mtp_draws(_perturbed(soft_model), N_MTP, stats=stats)
+    assert stats.mtp_enabled and stats.acceptance_rule == "speculative-sampling"
+    assert (stats.exactness["verdict"], stats.exactness["promise"]) == ("sampling", "distribution")
+    assert stats.gate_reason.startswith("temperature > 0: speculative sampling keeps")
+    assert two_sample(draws, plain)[2] > ALPHA
+    assert goodness_of_fit(draws, exact)[2] > ALPHA
+
+
+def test_the_perturbed_verify_still_rejects_a_biased_rule(soft_model, plain_reference,
+                                                          monkeypatch):
+    exact, plain = plain_reference
+    monkeypatch.setattr(sampling, "rejection_sample", argmax_matching)
+    draws = mtp_draws(_perturbed(soft_model), N_MTP)
+    assert two_sample(draws, plain)[2] < ALPHA
+    assert goodness_of_fit(draws, exact)[2] < ALPHA
+
+
+def test_row_exact_off_declines_t0_where_the_probe_diverges_and_samples_anyway(
+        wide_dir, monkeypatch):
+    """MLX_MTP_ROW_EXACT=0: the verify uses the plain multi-row products. T=0 then follows the
+    probe of that verify (with BLIS on these widths: diverges, declined with the reason); T > 0
+    runs MTP with no probe on the fast verify."""
+    from mlx_mtp.cpu import blas as cpu_blas
+    from mlx_mtp.exactness import gate
+    from mlx_mtp.exactness.block_vs_chain import probe_exactness
+
+    monkeypatch.setenv("MLX_MTP_ROW_EXACT", "0")
+    model = mlx_mtp.load_model(wide_dir)
+    verdicts = {p.verdict for p in probe_exactness(model.target, [2, 3])}
+    assert model.target.exact is False and model.target.row_exact_layers == {}
+    if cpu_blas.STATE.describe().startswith("BLIS"):
+        assert "diverges" in verdicts  # BLIS reduces K > 512 rows differently
+    prompt = mx.array([5, 6, 7])
+    greedy = RunStats()
+    out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=8, block_size=3,
+                                               stats=greedy)]
+    assert out == [t for t, _ in mlx_generate_step(prompt, model.mlx_model, max_tokens=8)]
+    assert greedy.mtp_enabled == (verdicts == {"equal"})
+    if not greedy.mtp_enabled:
+        assert greedy.gate_reason.startswith("MTP declined")
+        assert "MLX_MTP_ROW_EXACT=0: the verify ran without row-exact products" in \
+            greedy.gate_reason
+
+    monkeypatch.setattr(gate, "probe_exactness", _no_probe)
+    hot = RunStats()
+    list(mlx_mtp.generate_step(prompt, model, max_tokens=8, block_size=3, stats=hot, seed=3,
+                               sampler=mlx_mtp.make_sampler(temp=0.6)))
+    assert hot.mtp_enabled and hot.rounds > 0 and hot.exactness["promise"] == "distribution"
+    assert model.target.exact is False
+
+
+def test_a_bad_row_exact_value_is_one_line(wide_dir, monkeypatch):
+    monkeypatch.setenv("MLX_MTP_ROW_EXACT", "no")
+    model = mlx_mtp.load_model(wide_dir)
+    with pytest.raises(MTPError, match="^environment variable MLX_MTP_ROW_EXACT must be 0 or 1, "
+                                       "got 'no'$"):
+        list(mlx_mtp.generate_step(mx.array([5, 6]), model, max_tokens=4, block_size=3))
