@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
-from support.native_support import blas_bindings
+from support.native_support import blas_bindings, conv_sums_taps_in_order
 
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
@@ -97,8 +97,8 @@ def test_compiled_mixer_equals_the_reference_bitwise(kind, request, monkeypatch)
             assert len(conv[3]) == T and mixed_equal(ref, conv), (T, state)
             choice = gdn_block.mixer_choice(layer, *args)
             assert choice == (gdn_block.TAPS if mixed_equal(ref, taps) else gdn_block.CONV)
-            if cpu_blas.STATE.name in ("BLIS", "bundled"):  # MLX's conv sums the taps in order
-                assert choice == gdn_block.TAPS
+            if conv_sums_taps_in_order(layer.conv_dim):  # MLX's conv sums the taps in order
+                assert choice == gdn_block.TAPS  # (BLIS on AVX2, the bundled BLAS: measured)
 
 
 def test_capture_mixer_takes_the_compiled_graph_where_its_check_passes(dense_dir, monkeypatch):
@@ -112,8 +112,11 @@ def test_capture_mixer_takes_the_compiled_graph_where_its_check_passes(dense_dir
     args = mixer_inputs(layer, 3, seed=7)
     out = gdn_block.capture_mixer(layer, *args)
     ref = gdn_block.reference_mixer(layer, *args)
-    mx.eval(out, ref)
-    assert calls == [True] and mixed_equal(out, ref)
+    taps = compiled(layer, *args, taps=True)  # not through the spy
+    mx.eval(out, ref, taps)
+    assert calls == [True] and mixed_equal(out, taps)
+    if conv_sums_taps_in_order(layer.conv_dim):  # the taps form is then the reference's bytes
+        assert mixed_equal(out, ref)
     gdn_block.capture_mixer(layer, *mixer_inputs(layer, 3, seed=8))
     assert calls == [True, True] and list(gdn_block._checked.values()) == [gdn_block.TAPS]
 
@@ -191,7 +194,7 @@ def test_taps_conv_equals_the_conv_and_keeps_the_sign_of_a_zero_sum(T, dense_dir
     mx.eval(conv, taps, plain)
     assert bitwise(conv[..., :2], mx.zeros((1, T, 2)))  # +0.0
     assert not bitwise(plain[..., :2], mx.zeros((1, T, 2)))  # -0.0: the case the + 0.0 is for
-    if cpu_blas.STATE.name in ("BLIS", "bundled"):
+    if conv_sums_taps_in_order(layer.conv_dim):  # measured on random windows
         assert bitwise(conv, taps)
     else:
         assert bitwise(taps[..., :2], conv[..., :2])
@@ -218,9 +221,12 @@ import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.models.qwen3_5 import gdn_block
+sys.path.insert(0, sys.argv[2])
+from support.native_support import conv_sums_taps_in_order
 gdn_block.kernel_pays = lambda *a: False  # the C kernel's choice: test_gdn_kernel's
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 out = []
+in_order = []
 for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
     for T in (2, 3, 4, 5):
         V, H, Dv, Dk = layer.conv_dim, layer.num_v_heads, layer.head_v_dim, layer.head_k_dim
@@ -229,20 +235,22 @@ for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
                 mx.random.normal((1, T, H)), mx.random.normal((1, T, H)),
                 mx.random.normal((1, layer.conv_kernel_size - 1, V)), mx.zeros((1, H, Dv, Dk)))
         gdn_block._checked.clear()
+        in_order.append(conv_sums_taps_in_order(V))
         out.append([gdn_block.mixer_choice(layer, *args),
                     gdn_block._equal_on_random(layer, *args, taps=True),
                     gdn_block._equal_on_random(layer, *args, taps=False)])
-print(json.dumps({"blas": cpu_blas.STATE.name, "checks": out}))
+print(json.dumps({"blas": cpu_blas.STATE.name, "checks": out, "in_order": all(in_order)}))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name,value", blas_bindings())
 def test_the_compiled_mixer_equals_the_reference_with_every_blas_binding(name, value):
     """On the demo pair's layers (their own weights), in a fresh process per binding."""
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
     env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
-    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO)], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO), str(ROOT / "tests")],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if sys.platform.startswith("linux"):
@@ -251,5 +259,6 @@ def test_the_compiled_mixer_equals_the_reference_with_every_blas_binding(name, v
     for choice, taps, conv in out["checks"]:
         assert conv  # compiling mx.conv1d's graph changes no bytes
         assert choice == ("taps" if taps else "conv")
-    if name in ("BLIS", "bundled"):  # MLX's conv sums the taps in order with these
+    if out["in_order"]:  # MLX's conv sums the taps in order with this BLAS here (measured:
+        # BLIS on AVX2, the bundled BLAS)
         assert all(taps for _, taps, _ in out["checks"])

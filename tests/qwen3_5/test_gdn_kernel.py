@@ -21,6 +21,7 @@ from support.oracle import OracleDrafter
 import mlx_mtp
 from support import tiny_checkpoints as tc
 from support.native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
+from support.native_support import conv_sums_taps_in_order
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import native
@@ -196,8 +197,8 @@ def test_kernel_mixer_equals_the_reference_and_is_chosen(kind, request, monkeypa
         assert mixed_equal(ref, out), T
         choice = gdn_block.mixer_choice(layer, *args)
         assert choice in (gdn_block.KERNEL_TAPS, gdn_block.KERNEL_CONV)
-        if cpu_blas.STATE.name in ("BLIS", "bundled"):  # MLX's conv sums the taps in order
-            assert choice == gdn_block.KERNEL_TAPS
+        if conv_sums_taps_in_order(layer.conv_dim):  # MLX's conv sums the taps in order
+            assert choice == gdn_block.KERNEL_TAPS  # (BLIS on AVX2, the bundled BLAS: measured)
         assert calls[-1] == T  # the verify itself ran the kernel (after the check's runs)
 
 
@@ -217,7 +218,7 @@ def test_a_failing_kernel_check_falls_back_to_the_compiled_graph(dense_dir, monk
     layer = gdn_layer(dense_dir)
     args = mixer_inputs(layer, 3, seed=21)
     choice = gdn_block.mixer_choice(layer, *args)
-    assert choice == (gdn_block.TAPS if cpu_blas.STATE.name in ("BLIS", "bundled")
+    assert choice == (gdn_block.TAPS if conv_sums_taps_in_order(layer.conv_dim)
                       else gdn_block.CONV)
     monkeypatch.setattr(gdn_kernel, "states", lambda *a: pytest.fail("the kernel ran"))
     out = gdn_block.capture_mixer(layer, *args)
@@ -311,8 +312,10 @@ def test_generation_with_the_kernel_is_identical_to_plain_decode(ckpt, path, req
         assert out == ref, bs
         assert set(range(K + 1)) <= set(oracle.planned)
         assert bs in calls, (bs, calls)  # the verify of bs tokens ran through the kernel
-    assert set(gdn_block._checked.values()) >= {gdn_block.KERNEL_TAPS if cpu_blas.STATE.name in
-                                                ("BLIS", "bundled") else gdn_block.KERNEL_CONV}
+    conv_dims = {l.linear_attn.conv_dim for l in model.target.layers if l.is_linear}
+    assert set(gdn_block._checked.values()) >= {
+        gdn_block.KERNEL_TAPS if conv_sums_taps_in_order(d) else gdn_block.KERNEL_CONV
+        for d in conv_dims}
 
 
 def test_other_dtypes_are_not_tried(dense_dir, monkeypatch, fresh_kernel):
@@ -330,9 +333,12 @@ import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.models.qwen3_5 import gdn_block
+sys.path.insert(0, sys.argv[2])
+from support.native_support import conv_sums_taps_in_order
 gdn_block.KERNEL_MIN_BYTES = 0
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 out = []
+in_order = []
 for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
     for T in (1, 2, 3):
         V, H, Dv, Dk = layer.conv_dim, layer.num_v_heads, layer.head_v_dim, layer.head_k_dim
@@ -341,10 +347,12 @@ for layer in [l.linear_attn for l in model.target.layers if l.is_linear][:3]:
                 mx.random.normal((1, T, H)), mx.random.normal((1, T, H)),
                 mx.random.normal((1, layer.conv_kernel_size - 1, V)), mx.zeros((1, H, Dv, Dk)))
         out.append(gdn_block.mixer_choice(layer, *args))
-print(json.dumps({"blas": cpu_blas.STATE.name, "choices": out}))
+        in_order.append(conv_sums_taps_in_order(V))
+print(json.dumps({"blas": cpu_blas.STATE.name, "choices": out, "in_order": all(in_order)}))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name,value", blas_bindings())
 def test_the_kernel_mixer_is_chosen_with_every_blas_binding(name, value):
     """On the demo pair's layers (their own weights), in a fresh process per binding: the
@@ -353,7 +361,7 @@ def test_the_kernel_mixer_is_chosen_with_every_blas_binding(name, value):
     needs_kernel()
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
     env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
-    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO)],
+    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO), str(ROOT / "tests")],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -361,5 +369,5 @@ def test_the_kernel_mixer_is_chosen_with_every_blas_binding(name, value):
         assert out["blas"] == name
     assert len(out["choices"]) == 9
     assert set(out["choices"]) <= {gdn_block.KERNEL_TAPS, gdn_block.KERNEL_CONV}
-    if name in ("BLIS", "bundled"):
+    if out["in_order"]:  # MLX's conv sums the taps in order with this BLAS here (measured)
         assert set(out["choices"]) == {gdn_block.KERNEL_TAPS}

@@ -92,3 +92,20 @@ def one_row_products_in_kernel_order() -> bool:
         out.append(all(np.array(rows[i])[0].tobytes() == want[i].tobytes() for i in range(2)))
     assert len(set(out)) == 1, f"the one-row order is the kernel's for some shapes only: {out}"
     return out[0]
+
+
+@functools.lru_cache(maxsize=None)
+def conv_sums_taps_in_order(channels: int, K: int = 4, T: int = 6) -> bool:
+    """Whether MLX's depthwise conv1d sums a window's K products in tap order from zero, each
+    product and sum rounded (what ``gdn_block.taps_conv`` computes), with this BLAS on this
+    CPU: measured against numpy for ``channels`` channels. BLIS's AVX2 kernels and MLX's bundled
+    BLAS do; OpenBLAS and BLIS's generic kernels need not. Where it does, the GatedDeltaNet
+    mixer's check must pick the taps form."""
+    x = mx.random.normal((1, K - 1 + T, channels), key=mx.random.key(channels))
+    w = mx.random.normal((channels, K, 1), key=mx.random.key(K))
+    conv = mx.conv1d(x, w, 1, 0, 1, channels)
+    xn, wn = np.array(x), np.array(w)[:, :, 0]
+    want = np.zeros((1, T, channels), np.float32)
+    for j in range(K):
+        want = want + xn[:, j : j + T] * wn[:, j]
+    return np.array(conv).tobytes() == want.tobytes()
