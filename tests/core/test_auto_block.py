@@ -404,6 +404,7 @@ def test_speculative_sampling_is_refused_under_auto(soft_model):
 # --------------------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.subprocess
 def test_cli_auto_is_the_default_and_reports_the_widths(dense_dir):
     prompt = "def add(a, b):\n    return"
     out = json.loads(cli("--model", dense_dir, "--prompt", prompt, "--max-tokens", 16,
@@ -420,10 +421,11 @@ def test_cli_auto_is_the_default_and_reports_the_widths(dense_dir):
                for w, v in spread.items())
     assert [w["width"] for w in out["exactness"]["widths"]] == [2, 3, 4]
     text = cli("--model", dense_dir, "--prompt", prompt, "--max-tokens", 8,
-               "--block-size", "auto", "--ignore-chat-template").stdout
+               "--block-size", "auto", "--ignore-chat-template").stderr  # the stats table
     assert "auto (up to 6)" in text and "block sizes used (width: rounds)" in text
 
 
+@pytest.mark.subprocess
 def test_cli_auto_sampling_is_reproducible_and_says_its_rule(soft_dir):
     args = ["--model", soft_dir, "--prompt", "def add", "--ignore-chat-template",
             "--max-tokens", 24, "--temp", 1.0, "--top-k", 5, "--json"]
@@ -437,6 +439,7 @@ def test_cli_auto_sampling_is_reproducible_and_says_its_rule(soft_dir):
         "error: acceptance speculative-sampling cannot be reproduced with block size auto")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args,err", [
     (["--block-size", "x"], "error: argument --block-size: expected an integer or 'auto', "
                             "got 'x'"),

@@ -16,13 +16,18 @@ import pytest
 from conftest import run_module
 
 from benchmarks.harness.server_process import ServerProcess
+from mlx_mtp.demo import DEMO_MODEL_ID
+from mlx_mtp.generate import DEFAULT_PROMPT
+
+pytestmark = pytest.mark.subprocess  # every test talks to a server process
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 N = 24  # max_tokens of the reference requests: small, the suite stays quick
-CODE = "def add(a, b):\n    return"
+# The CLI's default prompt: under the demo pair's decode settings it runs past N tokens.
+CODE = DEFAULT_PROMPT
 CHAT = "class Stack:"
 # mlx_lm.server's conversion of one user message for a tokenizer without a chat template
 # (the demo pair's): what the CLI must be given to see the same prompt.
@@ -126,7 +131,7 @@ def test_completion_equals_the_cli(server, code_ref):
     assert r.choices[0].finish_reason == "length" and len(code_ref["tokens"]) == N
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (code_ref["prompt_tokens"], N)
     assert r.usage.total_tokens == code_ref["prompt_tokens"] + N
-    assert r.object == "text_completion" and r.model == "demo"
+    assert r.object == "text_completion" and r.model == DEMO_MODEL_ID  # the served id
     assert_mtp_matches(r.model_extra["mtp"], code_ref)
 
 
