@@ -43,6 +43,7 @@ from typing import Dict
 import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 
+from benchmarks import common
 from mlx_mtp.demo import demo_path
 
 CALIBRATION_PROMPTS = ("def parse(line):\n    ", "The river rose in the night and ",
@@ -172,7 +173,7 @@ def write_pair(out: Path, a, scale: float) -> Path:
     n = sum(v.size for v in weights.values())
     (out / "realistic_pair.json").write_text(json.dumps(
         {"residual_scale": scale, "seed": a.seed, "parameters": n,
-         "command": " ".join(sys.argv)}, indent=1))
+         "command": common.command_line()}, indent=1))
     return out
 
 

@@ -108,7 +108,7 @@ def target_config():
 
 
 class MTPHead(torch.nn.Module):
-    """The Qwen3.5 MTP head (spec ``qwen3_5-mtp.md`` §1), built from transformers' own layers so
+    """The Qwen3.5 MTP head, built from transformers' own layers so
     its ``state_dict`` names are the raw checkpoint's ``mtp.*`` names without the prefix.
 
     ``step`` runs the head over a whole sequence of (token, hidden) pairs at once, with explicit
