@@ -1,0 +1,45 @@
+"""benchmarks/realistic_pair.py on small shapes: the folder loads through mlx_mtp with its head,
+a small residual scale makes the head agree with the target, and calibration bisects towards the
+asked first-draft acceptance."""
+
+import json
+
+import pytest
+
+from benchmarks import realistic_pair
+
+SMALL = ["--hidden", "128", "--layers", "4", "--vocab", "12288", "--intermediate", "256",
+         "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--linear-key-heads", "2",
+         "--linear-value-heads", "2", "--linear-key-dim", "32", "--linear-value-dim", "32"]
+
+
+def test_a_small_scale_pair_agrees_and_its_text_does_not_loop(tmp_path):
+    out = tmp_path / "pair"
+    assert realistic_pair.main([str(out), *SMALL, "--residual-scale", "0.003"]) == 0
+    info = json.loads((out / "realistic_pair.json").read_text())
+    assert info["residual_scale"] == 0.003 and info["first_draft_acceptance"] > 0.9
+    config = json.loads((out / "config.json").read_text())["text_config"]
+    assert (config["vocab_size"], config["tie_word_embeddings"]) == (12288, False)
+
+    import mlx.core as mx
+
+    import mlx_mtp
+    from benchmarks.common import distinct_ngram_share
+
+    model, tokenizer = mlx_mtp.load(str(out))
+    ids = [t for t, _ in mlx_mtp.generate_step(mx.array(tokenizer.encode("abc")), model,
+                                               max_tokens=64, block_size=3)]
+    assert distinct_ngram_share(ids) > 0.9
+    assert tokenizer.decode(ids)  # every id decodes (the extended vocabulary)
+
+
+def test_calibration_bisects_towards_the_asked_acceptance(tmp_path, monkeypatch):
+    """Acceptance falls as the residual scale grows; the scale kept is the nearest to the ask."""
+    tried = []
+    monkeypatch.setattr(realistic_pair, "write_pair", lambda out, a, scale: tried.append(scale))
+    monkeypatch.setattr(realistic_pair, "first_draft_acceptance",
+                        lambda folder: max(0.0, 1.0 - 4.0 * tried[-1]))
+    args = realistic_pair.parse_args([str(tmp_path), "--first-draft-acceptance", "0.9",
+                                      "--calibration-steps", "12"])
+    scale = realistic_pair.calibrate(tmp_path, args)
+    assert scale == pytest.approx(0.025, rel=0.01)
