@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,15 +51,24 @@ def wide_dir(ckpt_root):
     return tc.write_raw_hf(ckpt_root / "wide", seed=40, hidden=576)
 
 
+# The test runs' own cache of built C kernels (see row_kernel_cache).
+KERNEL_CACHE = Path(tempfile.gettempdir()) / f"mlx_mtp-tests-{os.getuid()}" / "kernels"
+
+
 @pytest.fixture(scope="session", autouse=True)
-def row_kernel_cache(tmp_path_factory):
-    """The compiled row kernel (mlx_mtp.cpu.row_kernel) builds into a fresh cache folder, so no
-    test depends on what ~/.cache holds; fresh interpreters (CLI tests) inherit it."""
+def row_kernel_cache():
+    """The C kernels (the row kernel, the GatedDeltaNet steps and their MLX extension) build into
+    the test runs' own cache folder, never ~/.cache, so no test depends on what a user's cache
+    holds; fresh interpreters (CLI tests) inherit it. A build is named by a hash of its sources,
+    compiler, flags and MLX version, so the next run reuses it (the extension takes about a
+    minute on 2 cores) and a changed source is built again; the tests of the build itself use
+    fresh folders. Delete the folder to build everything again."""
     from mlx_mtp.cpu import row_kernel
 
-    os.environ[row_kernel.CACHE_ENV] = str(tmp_path_factory.mktemp("mlx_mtp_cache"))
+    KERNEL_CACHE.mkdir(parents=True, exist_ok=True)
+    os.environ[row_kernel.CACHE_ENV] = str(KERNEL_CACHE)
     row_kernel.reset()
-    return Path(os.environ[row_kernel.CACHE_ENV])
+    return KERNEL_CACHE
 
 
 @pytest.fixture(scope="session")

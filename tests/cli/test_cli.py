@@ -22,6 +22,7 @@ def mlx_stream(path, tok, prompt, n):
     return list(stream_generate(load_model(Path(path))[0], tok, prompt, max_tokens=n))
 
 
+@pytest.mark.subprocess
 def test_json_output_has_the_documented_fields(dense_dir):
     r = cli("--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 16, "--block-size", 3,
             "--ignore-chat-template", "--json")
@@ -41,6 +42,7 @@ def test_json_output_has_the_documented_fields(dense_dir):
     assert out["text"] == "".join(r.text for r in mlx_stream(dense_dir, tok, PROMPT, 16))
 
 
+@pytest.mark.subprocess
 def test_no_mtp_runs_mlx_lm_plain_decode_with_the_same_text(dense_dir):
     args = ["--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 16, "--json"]
     plain = json.loads(cli(*args, "--no-mtp").stdout)
@@ -50,11 +52,13 @@ def test_no_mtp_runs_mlx_lm_plain_decode_with_the_same_text(dense_dir):
     assert plain["text"] == mtp["text"]
 
 
+@pytest.mark.subprocess
 def test_no_mtp_needs_no_head(mlx_dir):
     out = json.loads(cli("--model", mlx_dir, "--max-tokens", 4, "--no-mtp", "--json").stdout)
     assert out["mtp_enabled"] is False
 
 
+@pytest.mark.subprocess
 def test_human_output_is_text_then_one_table(dense_dir):
     r = cli("--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 8)
     lines = r.stdout.splitlines()
@@ -65,6 +69,7 @@ def test_human_output_is_text_then_one_table(dense_dir):
         assert label in table, label
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args,message", [
     (["--model", "/no/such/dir"], "error: model path /no/such/dir does not exist"),
     (["--max-tokens", "0"], "error: argument --max-tokens: must be at least 1, got 0"),
@@ -79,6 +84,7 @@ def test_bad_input_is_one_line_and_nonzero(args, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.subprocess
 def test_checkpoint_errors_reach_the_cli_as_one_line(mlx_dir, tmp_path):
     r = cli("--model", mlx_dir, "--max-tokens", 4, check=False)
     assert r.returncode == 1

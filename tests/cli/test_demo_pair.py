@@ -13,6 +13,7 @@ from mlx_mtp import demo
 from mlx_mtp.generate import DEFAULT_PROMPT
 
 
+@pytest.mark.subprocess
 def test_no_model_runs_the_demo_pair_exactly_like_mlx_lm():
     # A fixed block size: tokens per round under auto depends on the choices (timings).
     out = json.loads(cli("--max-tokens", 40, "--block-size", 3, "--json").stdout)
@@ -53,6 +54,7 @@ def test_the_demo_loads_through_the_real_checkpoint_path():
     assert tok.eos_token_ids == {tok.convert_tokens_to_ids("<|endoftext|>")}
 
 
+@pytest.mark.subprocess
 def test_drafter_without_model_is_one_line_error():
     r = cli("--drafter", "/some/head", check=False)
     assert r.returncode == 1

@@ -18,6 +18,7 @@ def probe_cli(*args, check=True):
     return run_module("mlx_mtp.probe", *args, check=check)
 
 
+@pytest.mark.subprocess
 def test_json_report_per_width(dense_dir):
     out = json.loads(probe_cli("--model", dense_dir, "--block-sizes", "4,2,3", "--json").stdout)
     assert out["verdict"] == "equal"
@@ -29,6 +30,7 @@ def test_json_report_per_width(dense_dir):
                                         (4, "equal", None, 0, 1280)]
 
 
+@pytest.mark.subprocess
 def test_text_report(dense_dir, mlx_dir):
     # a head-less MLX conversion probes fine: the probe needs only the target
     lines = probe_cli("--model", mlx_dir, "--block-sizes", "2,5").stdout.splitlines()
@@ -40,6 +42,7 @@ def test_text_report(dense_dir, mlx_dir):
     assert lines[5].startswith("verdict: equal (3 draws per width, ")
 
 
+@pytest.mark.subprocess
 def test_default_widths_and_drafter(dense_dir, mlx_dir):
     out = json.loads(probe_cli("--model", mlx_dir, "--drafter", dense_dir, "--json").stdout)
     assert [w["width"] for w in out["widths"]] == [2, 3, 4]
@@ -70,6 +73,7 @@ def test_a_diverging_target_is_reported_with_position_and_bytes(dense_dir, monke
     assert text[4].startswith("verdict: diverges")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args,message", [
     (["--model", "/no/such/dir"], "error: model path /no/such/dir does not exist"),
     (["--model", "x", "--block-sizes", "1,2"],
@@ -89,6 +93,7 @@ def test_bad_input_is_one_line_and_nonzero(args, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.subprocess
 def test_without_model_probes_the_demo_pair():
     from mlx_mtp.demo import demo_path
 
@@ -98,6 +103,7 @@ def test_without_model_probes_the_demo_pair():
     assert out["verdict"] == "equal"
 
 
+@pytest.mark.subprocess
 def test_drafter_without_model_is_refused(dense_dir):
     r = probe_cli("--drafter", dense_dir, check=False)
     assert r.returncode != 0

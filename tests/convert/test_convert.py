@@ -75,6 +75,7 @@ def assert_same_params(a, b):
 # --------------------------------------------------------------------------- Qwen layouts
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("bits", [None, 4, 8])
 def test_dense(dense_dir, tmp_path, bits):
     out = tmp_path / "out"
@@ -104,6 +105,7 @@ def test_target_is_mlx_lm_converts(dense_dir, tmp_path):
     assert sorted(p.name for p in ours.iterdir()) == sorted([p.name for p in ref.iterdir()] + ["mtp"])
 
 
+@pytest.mark.subprocess
 def test_quantized_head_and_draft_vocab(dense_dir, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(tc.CORPUS) * 3)
@@ -122,6 +124,7 @@ def test_quantized_head_and_draft_vocab(dense_dir, tmp_path):
         out / "mtp" / "draft_vocab" / "draft_vocab.safetensors"))["ids"]))
 
 
+@pytest.mark.subprocess
 def test_moe_fused_experts(moe_dir, tmp_path):
     check_converted(convert_cli(moe_dir, tmp_path / "plain")["out"])
     out = tmp_path / "q4"
@@ -129,6 +132,7 @@ def test_moe_fused_experts(moe_dir, tmp_path):
     check_converted(out, bits=4)
 
 
+@pytest.mark.subprocess
 def test_qwen3_next(next_dir, tmp_path):
     check_converted(convert_cli(next_dir, tmp_path / "plain")["out"])
     out = tmp_path / "q8"
@@ -136,6 +140,7 @@ def test_qwen3_next(next_dir, tmp_path):
     check_converted(out, bits=8)
 
 
+@pytest.mark.subprocess
 def test_mlx_conversion_with_drafter(mlx_dir, dense_dir, tmp_path):
     """An MLX conversion has no mtp.*: --drafter names where the head comes from."""
     r = run_module("mlx_mtp.convert", "--hf-path", mlx_dir, "--mlx-path", tmp_path / "a",
@@ -156,6 +161,7 @@ def gemma(tmp_path_factory):
     return Checkpoints(tmp_path_factory)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("bits", [None, 4])
 def test_gemma4_pair(gemma, tmp_path, bits):
     out = tmp_path / "out"
@@ -167,6 +173,7 @@ def test_gemma4_pair(gemma, tmp_path, bits):
     assert_same_params(model.drafter.assistant, reference.drafter.assistant)
 
 
+@pytest.mark.subprocess
 def test_gemma4_refuses_head_flags(gemma, tmp_path):
     r = run_module("mlx_mtp.convert", "--hf-path", gemma.target("e2b"), "--mlx-path",
                    tmp_path / "o", "--head-bits", "4", check=False)
@@ -233,6 +240,7 @@ def test_fp8_loads_dequantized_exactly(which, fp8_dense, fp8_moe, fp8_next):
     assert mtp_greedy(model, 12) == plain_greedy(model.mlx_model, 12)
 
 
+@pytest.mark.subprocess
 def test_fp8_generate_cli(fp8_moe):
     """The issue's report: ``generate --model FP8_DIR`` used to fail with a cut-off weight list."""
     r = run_module("mlx_mtp.generate", "--model", fp8_moe, "--prompt", "def add", "--max-tokens",
@@ -255,6 +263,7 @@ def test_fp8_edge_blocks():
         dequantize(mx.array(raw), mx.array(scale[:, :2]), (128, 128), name="w")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("which,bits", [("dense", None), ("moe", None), ("moe", 4)])
 def test_fp8_convert(which, bits, fp8_dense, fp8_moe, tmp_path):
     src = fp8_dense if which == "dense" else fp8_moe
@@ -271,6 +280,7 @@ def test_fp8_convert(which, bits, fp8_dense, fp8_moe, tmp_path):
         assert_same_params(model.drafter.head, direct.drafter.head)
 
 
+@pytest.mark.subprocess
 def test_unsupported_quantization_is_one_line(dense_dir, tmp_path):
     bad = tmp_path / "bnb"
     bad.mkdir()
@@ -312,6 +322,7 @@ def test_loader_error_keeps_tensor_names(dense_dir, tmp_path):
 # ------------------------------------------------------------------------------ safe writes
 
 
+@pytest.mark.subprocess
 def test_existing_output_is_an_error(dense_dir, tmp_path):
     (tmp_path / "out").mkdir()
     r = run_module("mlx_mtp.convert", "--hf-path", dense_dir, "--mlx-path", tmp_path / "out",
@@ -337,6 +348,7 @@ def test_failure_mid_write_leaves_nothing(dense_dir, tmp_path, monkeypatch, exc)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_killed_convert_leaves_nothing_at_out(dense_dir, tmp_path):
     """SIGKILL while converting: OUT never appears (only the hidden temporary folder)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -76,6 +76,7 @@ def code_prompt(path):
 # ------------------------------------------------------------------------------ T=0 identity
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "moe", "next"])
 def test_auto_is_mlx_lm_greedy_with_the_real_head(kind, request):
     path = request.getfixturevalue(f"{kind}_dir")
@@ -225,6 +226,7 @@ def test_max_block_size_bounds_auto_and_the_probe(dense_dir):
     assert one.block_sizes == {1: one.rounds} and one.exactness["verdict"] == "not_needed"
 
 
+@pytest.mark.slow
 def test_auto_on_gemma4_with_forced_acceptance_is_exact(tmp_path_factory):
     """The Gemma 4 assistant reads the target's K/V and keeps only the newest pair: rounds
     without drafts hand it their pairs later in one piece, which must re-arm it correctly."""
@@ -285,6 +287,7 @@ def keyed_plain(path, prompt, n, sampler, seed):
     return seq[len(prompt):]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acceptance,rule,settings", [
     ("auto", "gumbel-coupled", dict(temp=1.0, top_k=20)),
     ("point-mass", "point-mass", dict(temp=1.0, top_k=20)),
@@ -373,6 +376,7 @@ def test_an_mlx_lm_sampler_function_is_reproducible_under_auto(soft_model):
     assert tokens(soft_model, prompt, "auto", max_tokens=n, sampler=sampler, seed=5) != runs[0]
 
 
+@pytest.mark.slow
 def test_the_keyed_draw_has_the_sampled_distribution():
     logits = mx.array([[0.0, 1.0, 2.0, -1.0, 0.5, -mx.inf]])
     sampler = mlx_mtp.make_sampler(temp=0.7)

@@ -76,6 +76,7 @@ print(json.dumps({"name": s.name, "path": s.path, "threads": s.threads, "error":
 """
 
 
+@pytest.mark.subprocess
 def test_auto_binds_the_fastest_library_found_and_it_is_the_one_mlx_uses():
     if not LINUX:
         out, _ = run(STATE)
@@ -101,6 +102,7 @@ def test_auto_binds_the_fastest_library_found_and_it_is_the_one_mlx_uses():
                                           "(BLIS_JC_NT))")
 
 
+@pytest.mark.subprocess
 def test_a_user_blis_split_is_kept():
     blis = [path for name, path in cpu_blas.find() if name == "BLIS"]
     if not blis:
@@ -110,6 +112,7 @@ def test_a_user_blis_split_is_kept():
     assert out["ways"][1:] == [1, 2]
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not LINUX, reason="the system BLAS is bound on Linux only")
 def test_off_keeps_the_bundled_blas():
     out, sgemm = run_bound(STATE, MLX_MTP_CPU_BLAS="off")
@@ -117,6 +120,7 @@ def test_off_keeps_the_bundled_blas():
     assert out["differ"] == 0  # the reference BLAS sums every row in the same order
 
 
+@pytest.mark.subprocess
 def test_user_thread_count_is_respected():
     if not cpu_blas.find():
         pytest.fail("no system BLAS installed: .ci/run and the README install libblis4-pthread")
@@ -124,6 +128,7 @@ def test_user_thread_count_is_respected():
     assert out["threads"] == 1 and out["blis_threads"] in ("1", None)
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not LINUX, reason="the system BLAS is bound on Linux only")
 def test_mlx_imported_first_warns_and_keeps_the_bundled_blas():
     code = "import mlx.core\n" + STATE
@@ -135,6 +140,7 @@ def test_mlx_imported_first_warns_and_keeps_the_bundled_blas():
     assert bundled_blas(sgemm), sgemm
 
 
+@pytest.mark.subprocess
 def test_a_named_library_that_cannot_load_is_a_clear_error():
     code = """
 import json, mlx_mtp
@@ -173,6 +179,7 @@ def openblas_max_threads(path: str) -> int:
     return int(m.group(1)) if m else 1 << 30
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("lib", ["BLIS", "OpenBLAS"])
 def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
     path = next((p for n, p in cpu_blas.find() if n == lib), None)

@@ -153,6 +153,7 @@ def _run(model, block_size):
     return out, seen, [bytes(memoryview(x)) for x in state]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 3])
 def test_the_loop_pins_a_kernel_verify_from_its_first_kernel_call_and_changes_nothing(
         wide_dir, monkeypatch, block_size):
@@ -181,6 +182,7 @@ def test_the_loop_pins_a_kernel_verify_from_its_first_kernel_call_and_changes_no
     assert len(os.sched_getaffinity(0)) == full
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [3])
 def test_a_verify_through_the_lazy_kernel_is_not_pinned(wide_dir, block_size):
     """The row kernel as a lazy MLX op: the verify makes no eager kernel call, so nothing is

@@ -87,6 +87,7 @@ def test_bad_profile_values_are_one_line_errors(dense_dir, monkeypatch, value):
     assert str(e.value) == f"environment variable MLX_MTP_DRAFT_PROFILE must be 0 or 1, got {value!r}"
 
 
+@pytest.mark.slow
 def test_cli_json_carries_draft_profile(dense_dir, monkeypatch, capsys):
     args = ["--model", str(dense_dir), "--max-tokens", "12", "--block-size", "4",
             "--ignore-chat-template"]

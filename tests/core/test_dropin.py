@@ -358,6 +358,7 @@ def test_max_kv_size_past_the_window_as_mlx_lm(dense_dir, caplog):
                for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_gemma4_max_kv_size_past_the_window_and_kv_bits_refused(tmp_path_factory, tmp_path):
     from support.tiny_gemma4 import WINDOW, Checkpoints
 
@@ -415,6 +416,7 @@ def test_load_arguments_as_mlx_lm(dense_dir, monkeypatch):
     assert asked["repo_id"] == "someone/tiny-qwen" and asked["revision"] == "v1.2"
 
 
+@pytest.mark.subprocess
 def test_lora_adapter_as_mlx_lm(dense_dir, tmp_path):
     """A tiny adapter trained for a few steps by mlx_lm.lora: the adapted target with its
     original MTP head decodes exactly as mlx-lm with the adapter."""

@@ -360,6 +360,7 @@ sys.exit(generate.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.subprocess
 def test_cli_logs_the_decline_as_one_stderr_line(dense_dir):
     import os
     import subprocess

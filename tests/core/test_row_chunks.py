@@ -217,6 +217,7 @@ def run_openblas(code, *args, **extra_env):
     return out
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
 @pytest.mark.parametrize("form", ["installed", "chunked"])
 def test_openblas_verify_equals_decode_steps_bitwise_at_every_width(form):
@@ -268,6 +269,7 @@ print(json.dumps({"blas": cpu_blas.STATE.name, "shapes": out}))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
 def test_openblas_install_uses_transposed_products_exactly_where_they_equal_one_row_products():
     """What the transposed form rests on, measured on this host's OpenBLAS with the verify's
@@ -317,6 +319,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(OPENBLAS is None, reason="OpenBLAS is not installed")
 def test_openblas_greedy_output_is_mlx_lms_at_blocks_4_and_6():
     """With OpenBLAS bound, the gate's probe says ``equal`` at widths up to 6 and T=0 MTP output

@@ -99,6 +99,7 @@ def test_kernel_products_equal_one_row_products_bitwise(K, N):
     assert row_exact.kernel_equal_rows(layer, layer, 4) == all(same)
 
 
+@pytest.mark.slow
 def test_the_vocabulary_sized_product_is_exact():
     """A realistic LM head (32768 x 1024) with 3 rows, as a verify of 3 tokens multiplies it:
     column blocks at both ends and in the middle in the kernel's order, and every column the

@@ -96,6 +96,7 @@ def argmax_matching(p, q, drafts, key, q_ids=None):
     return drafts == mx.argmax(p[:k], axis=-1), mx.random.categorical(mx.log(p), key=key)
 
 
+@pytest.mark.slow
 def test_the_reference_is_mlx_lm_plain_sampling(plain_reference):
     exact, plain = plain_reference
     assert len(exact) == 3 ** N_TOKENS and abs(sum(exact.values()) - 1) < 1e-5
@@ -103,6 +104,7 @@ def test_the_reference_is_mlx_lm_plain_sampling(plain_reference):
     assert max(exact.values()) < 0.5  # soft: no single continuation dominates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acceptance,rule", [("auto", "speculative-sampling"),
                                              ("point-mass", "point-mass")])
 def test_mtp_sampling_has_plain_samplings_joint_distribution(soft_model, plain_reference,
@@ -118,6 +120,7 @@ def test_mtp_sampling_has_plain_samplings_joint_distribution(soft_model, plain_r
     assert all(0.2 < a < 0.9 for a in stats.per_position_acceptance), stats.per_position_acceptance
 
 
+@pytest.mark.slow
 def test_the_same_test_rejects_argmax_matching(soft_model, plain_reference, monkeypatch):
     exact, plain = plain_reference
     monkeypatch.setattr(sampling, "rejection_sample", argmax_matching)
@@ -126,6 +129,7 @@ def test_the_same_test_rejects_argmax_matching(soft_model, plain_reference, monk
     assert goodness_of_fit(draws, exact)[2] < ALPHA
 
 
+@pytest.mark.slow
 def test_gemma4_sampling_has_plain_samplings_joint_distribution(tmp_path_factory):
     """The other family through the same loop: a Gemma 4 target with its assistant sampling the
     drafts (full-vocabulary q, the 31B-like layout without a centroid head). Random weights, so
@@ -396,6 +400,7 @@ def test_cli_sampling_errors_after_loading(capsys, soft_dir):
         1, "error: acceptance speculative-sampling needs a temperature above 0\n")
 
 
+@pytest.mark.slow
 def test_a_draft_vocabulary_keeps_plain_samplings_distribution(soft_dir, plain_reference,
                                                                tmp_path):
     """Phase 2b at T > 0: the drafter's q lives on the sidecar's ids (even ids here), and the
@@ -432,6 +437,7 @@ def _no_probe(*args, **kwargs):
     raise AssertionError("the exactness probe ran at temperature > 0")
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_distribution_on_a_verify_that_is_not_byte_exact(
         soft_model, plain_reference, monkeypatch):
     """Where a verify block differs from the chain (here: one ulp in every verify's first row,
@@ -456,6 +462,7 @@ def test_sampling_keeps_the_distribution_on_a_verify_that_is_not_byte_exact(
     assert goodness_of_fit(draws, exact)[2] > ALPHA
 
 
+@pytest.mark.slow
 def test_the_perturbed_verify_still_rejects_a_biased_rule(soft_model, plain_reference,
                                                           monkeypatch):
     exact, plain = plain_reference

@@ -274,6 +274,7 @@ def test_block_verification_keeps_drafts_token_wise_would_not():
     assert max(gains) > 0.02
 
 
+@pytest.mark.slow
 def test_the_round_samples_the_joint_distribution():
     """The round's graph (``verdicts``, which the compiled round runs, with its uniforms), k = 2
     over V = 3:

@@ -3,7 +3,11 @@
 import json
 import sys
 
+import pytest
+
 from benchmarks.harness.launch import LocalRanks
+
+pytestmark = pytest.mark.subprocess  # every test runs rank processes (mlx.launch or by hand)
 
 RANK_SCRIPT = """
 import json, sys

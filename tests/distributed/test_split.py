@@ -23,6 +23,8 @@ from support import tiny_checkpoints as tc
 from benchmarks.harness import launch
 from mlx_mtp.models.distributed import TIMEOUT_ENV, WATCHDOG_EXIT
 
+pytestmark = pytest.mark.subprocess  # every test runs rank processes (mlx.launch or by hand)
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("split_worker.py")
 MAX_TOKENS = 12

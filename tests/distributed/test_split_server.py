@@ -23,6 +23,8 @@ from conftest import run_module
 from support import tiny_checkpoints as tc
 from benchmarks.harness.server_process import ServerProcess
 
+pytestmark = pytest.mark.subprocess  # every test runs rank processes (mlx.launch or by hand)
+
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")

@@ -45,6 +45,7 @@ def pair_and_references(ckpts, kind, naming):
                    for name, prompt in PROMPTS.items()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 @pytest.mark.parametrize("naming", ["text", "gemma4"])
 def test_greedy_identity_with_real_assistant(kind, naming, ckpts):
@@ -57,6 +58,7 @@ def test_greedy_identity_with_real_assistant(kind, naming, ckpts):
             assert stats.host_syncs == stats.rounds  # drafts stayed on the device
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 def test_identity_with_bonus_query_position_and_chunked_prefill(kind, ckpts):
     from mlx_lm.generate import generate_step as mlx_generate_step
@@ -73,8 +75,9 @@ def test_identity_with_bonus_query_position_and_chunked_prefill(kind, ckpts):
     assert run(model, prompt, 3, prefill_step_size=7) == ref
 
 
-@pytest.mark.parametrize("kind, naming", [("e2b", "text"), ("e2b", "gemma4"), ("31b", "text"),
-                                          ("31b", "gemma4"), ("26b", "gemma4")])
+@pytest.mark.parametrize("kind, naming", [("e2b", "text")] + [  # e2b: the quick subset's Gemma
+    pytest.param(*p, marks=pytest.mark.slow)
+    for p in (("e2b", "gemma4"), ("31b", "text"), ("31b", "gemma4"), ("26b", "gemma4"))])
 def test_every_acceptance_length_is_exact(kind, naming, ckpts):
     model, cases = pair_and_references(ckpts, kind, naming)
     for name, prompt, ref in cases:
@@ -96,6 +99,7 @@ def _bitwise(got, want):
         for g, w in zip(got, want))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 def test_caches_and_drafter_state_after_every_round_equal_sequential_decode(kind, ckpts):
     path = ckpts.target(kind)
@@ -161,6 +165,7 @@ def _oracle_model(model, prompt, ref, K):
     return MTPModel(model.mlx_model, model.target, oracle)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 def test_mutation_rollback_disabled_is_caught(kind, ckpts):
     """With the rollback disabled, rejected drafts stay in the caches: the output must differ."""
@@ -176,6 +181,7 @@ def test_mutation_rollback_disabled_is_caught(kind, ckpts):
             del model.target.rollback
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["e2b", "31b"])
 def test_mutation_rollback_as_mlx_lm_trims_is_caught(kind, ckpts):
     """mlx-lm's own rollback (``trim_prompt_cache``): once a sliding cache passes its window it is

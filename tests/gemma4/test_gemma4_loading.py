@@ -184,6 +184,7 @@ def test_quantized_assistant_folder(ckpts, tmp_path):
     assert generate(q, n=16, bs=4) == reference_greedy(ckpts.target("e2b"), PROMPT, 16)
 
 
+@pytest.mark.subprocess
 def test_cli_runs_a_gemma_pair_and_errors_in_one_line(ckpts):
     path = ckpts.target("31b", "gemma4")
     r = cli("--model", path, "--drafter", ckpts.assistant("31b"), "--prompt", "def add(a, b):",

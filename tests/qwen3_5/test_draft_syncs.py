@@ -72,6 +72,7 @@ class PerRound(RunStats):
                 self.draft_counts.append(self.counter.counts.get("draft", 0) - before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device_ids", [True, False])
 def test_drafting_a_block_adds_at_most_one_sync(dense_dir, syncs, device_ids):
     model = mlx_mtp.load_model(dense_dir, draft_options=DraftOptions(device_ids=device_ids))

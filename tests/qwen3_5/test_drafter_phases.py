@@ -40,6 +40,7 @@ def run(model, prompt, bs, stats=None):
                                                 block_size=bs, stats=stats)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "tied", "q4", "moe", "next"])
 def test_every_phase_on_keeps_greedy_identity(kind, request, dense_dir, tmp_path):
     path = request.getfixturevalue(f"{kind}_dir")

@@ -282,6 +282,7 @@ def big_state_dir(tmp_path_factory):
                                            "linear_value_head_dim": 128})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ckpt,path", [("big", "lazy"), ("big", "eager"), ("demo", "lazy")])
 def test_generation_with_the_kernel_is_identical_to_plain_decode(ckpt, path, request,
                                                                  monkeypatch, fresh_kernel):

@@ -135,6 +135,7 @@ def test_the_checks_choose_a_compiled_piece(kind, request):
     assert layer_block.norm_equal(x, layer.input_layernorm["weight"], layer.input_layernorm.eps)
 
 
+@pytest.mark.slow
 def test_the_compiled_rope_equals_the_ops_at_every_offset():
     """The rope runs inside the compiled part with its offset as an input array: equal to
     mlx-lm's rope (an int offset) at every position tried, 0..4099 and some far ones."""
@@ -282,6 +283,7 @@ def test_a_decode_step_equals_mlx_lms_bitwise(kind, request, monkeypatch):
     assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["demo", "wide", "next"])
 def test_greedy_output_is_mlx_lms_with_the_pieces(kind, request):
     path = path_of(kind, request)
