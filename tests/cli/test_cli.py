@@ -61,7 +61,8 @@ def test_no_mtp_needs_no_head(mlx_dir):
 @pytest.mark.subprocess
 def test_human_output_is_text_then_one_table(dense_dir):
     r = cli("--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 8)
-    lines = r.stdout.splitlines()
+    assert "=" * 40 not in r.stdout  # the text alone on stdout, the statistics on stderr
+    lines = r.stderr.splitlines()
     sep = lines.index("=" * 40)
     table = "\n".join(lines[sep + 1 :])
     for label in ("acceptance rate", "tokens per round", "draft 1 accepted", "verify ms/round",
