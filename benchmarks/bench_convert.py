@@ -61,7 +61,8 @@ def run(args) -> dict:
                 model=str(out), drafter=None, topic=args.topic, block_sizes=[args.block_size],
                 pairs=args.pairs, max_tokens=args.max_tokens, prompts=common.DEFAULT_PROMPTS,
                 temp=0.0, top_p=0.0, top_k=0, seed=0, acceptance="auto",
-                max_block_size=DEFAULT_MAX_BLOCK_SIZE,
+                max_block_size=DEFAULT_MAX_BLOCK_SIZE, repetition_penalty=None,
+                repetition_context_size=20,
                 synced_runs=0)  # acceptance and tok/s per arm: no round split needed
             print(f"== {arm_name(q, h)}", flush=True)
             r = bench_mtp.run(ns)

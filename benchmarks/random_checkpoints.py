@@ -5,7 +5,7 @@ larger ones of realistic proportions for benchmarks that measure cost, not accep
 Same file layout and key names as the real checkpoints: raw HF (``model.language_model.*``, HF
 conv1d layout, zero-centred norms, top-level ``mtp.*``, metadata ``format: pt``) and MLX
 conversions made by mlx-lm's own ``convert`` (``mtp.*`` stripped). The tests import this module
-(through ``tests/tiny_checkpoints.py``); nothing here imports the tests.
+(through ``tests/support/tiny_checkpoints.py``); nothing here imports the tests.
 """
 
 from __future__ import annotations
