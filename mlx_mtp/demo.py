@@ -30,6 +30,17 @@ class DemoDecode:
 
 
 DEMO_DECODE = DemoDecode()
+REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default
+
+
+def repetition_settings(model, penalty, context):
+    """``(penalty or None, context)`` for a CLI run or a server's request defaults: the ones
+    given; for the demo pair (no ``model``) with no penalty given, the demo's (``DEMO_DECODE``);
+    else no penalty and mlx-lm's context size."""
+    if model is None and penalty is None:
+        penalty = DEMO_DECODE.repetition_penalty
+        context = DEMO_DECODE.repetition_context_size if context is None else context
+    return penalty, REPETITION_CONTEXT_SIZE if context is None else context
 DEMO_MODEL_ID = "mlx_mtp-demo-pair"  # what the server calls the demo pair
 DEMO_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 

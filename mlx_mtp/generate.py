@@ -30,7 +30,8 @@ from mlx_mtp.decoding.rounds import (MAX_BLOCK_SIZE, check_no_draft_model, gener
                                      speculative_generate_step)
 from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.demo import DEMO_DECODE, model_or_demo
+from mlx_mtp.demo import (DEMO_DECODE, REPETITION_CONTEXT_SIZE, model_or_demo,
+                          repetition_settings)
 from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness.gate import table_rows as gate_table_rows
 from mlx_mtp.models import registry
@@ -234,7 +235,6 @@ def build_parser() -> argparse.ArgumentParser:
 # newline is a token the model rarely saw there.
 DEFAULT_PROMPT = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
                   "    def push(self, item):\n        ")
-REPETITION_CONTEXT_SIZE = 20  # mlx-lm's default
 
 
 def prompt_text(s: str) -> str:
@@ -264,7 +264,8 @@ def _without_eos(tokens, tokenizer):
 
 
 def run(args) -> dict:
-    is_demo = args.model is None
+    args.repetition_penalty, args.repetition_context_size = repetition_settings(
+        args.model, args.repetition_penalty, args.repetition_context_size)
     args.model = model_or_demo(args.model, args.drafter)
     widest = args.max_block_size if args.block_size == AUTO else args.block_size
     need_head = not args.no_mtp and widest > 1
@@ -277,12 +278,6 @@ def run(args) -> dict:
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, min_p=args.min_p,
                            min_tokens_to_keep=args.min_tokens_to_keep, top_k=args.top_k)
     sampler.check_vocab(model.target.vocab_size)
-    if is_demo and args.repetition_penalty is None:
-        args.repetition_penalty = DEMO_DECODE.repetition_penalty
-        if args.repetition_context_size is None:
-            args.repetition_context_size = DEMO_DECODE.repetition_context_size
-    if args.repetition_context_size is None:
-        args.repetition_context_size = REPETITION_CONTEXT_SIZE
     processors = make_logits_processors(repetition_penalty=args.repetition_penalty,
                                         repetition_context_size=args.repetition_context_size)
     if args.seed is None and model.split is not None and args.temp > 0:

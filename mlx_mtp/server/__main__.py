@@ -10,7 +10,7 @@ import sys
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
 from mlx_mtp import MTPError
 from mlx_mtp import cli
-from mlx_mtp.demo import DEMO_DECODE, DEMO_MODEL_ID, model_or_demo
+from mlx_mtp.demo import DEMO_DECODE, DEMO_MODEL_ID, model_or_demo, repetition_settings
 from mlx_mtp.models.distributed import SPLITS, init_split
 
 DEFAULT_MAX_QUEUE = 16
@@ -61,14 +61,12 @@ def build_parser() -> cli.Parser:
 
 
 def _repetition_defaults(args) -> dict:
-    """The requests' default repetition penalty: the flags', else the demo pair's for the demo
-    pair (``mlx_mtp.demo.DEMO_DECODE``), else off."""
-    penalty, context = args.repetition_penalty, args.repetition_context_size
-    if args.model is None and penalty is None:
-        penalty = DEMO_DECODE.repetition_penalty
-        context = DEMO_DECODE.repetition_context_size if context is None else context
+    """The requests' default repetition penalty (``mlx_mtp.demo.repetition_settings``; off is
+    0.0 in a request, as mlx_lm.server's)."""
+    penalty, context = repetition_settings(args.model, args.repetition_penalty,
+                                           args.repetition_context_size)
     return {"repetition_penalty": 0.0 if penalty is None else penalty,
-            "repetition_context_size": 20 if context is None else context}
+            "repetition_context_size": context}
 
 
 def main(argv=None) -> int:
