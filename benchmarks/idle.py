@@ -227,12 +227,17 @@ def _low_bandwidth(when: str, bw: Optional[float], idle_gbs: Optional[float],
 
 
 def unit_reasons(iv: dict, bw: Optional[float], idle_gbs: Optional[float],
-                 limits: Limits = Limits()) -> List[str]:
-    """Reasons one unit of a run (``iv``: its ``interval()``; ``bw``: the probe after it) was not
-    quiet (empty: keep it): the run's mean limits, applied to the unit alone."""
+                 limits: Limits = Limits(), peak: Optional[float] = None,
+                 sample_s: float = 2.0) -> List[str]:
+    """Reasons one unit of a run (``iv``: its ``interval()``; ``bw``: the probe after it; ``peak``:
+    the busiest sampled interval inside it) was not quiet (empty: keep it): the run's limits,
+    mean and peak, applied to the unit alone, so a burst too short to move the unit's mean is
+    retaken here rather than failing the whole run at the end."""
     reasons = []
     if iv["others_cores"] > limits.others_mean_cores:
         reasons.append(f"other processes used {iv['others_cores']:.2f} cores" + _top(iv))
+    if peak is not None and peak > limits.others_peak_cores:
+        reasons.append(f"other processes used {peak:.2f} cores in a {sample_s:g} s interval")
     if iv["steal_cores"] > limits.steal_mean_cores:
         reasons.append(f"the hypervisor stole {iv['steal_cores']:.2f} cores")
     return reasons + _low_bandwidth("after it", bw, idle_gbs, limits)
@@ -327,7 +332,8 @@ class Watch:
             b = read_proc()
             iv = interval(a, b, top=3)
             bw = bandwidth_probe() if self.probe else None
-            reasons = unit_reasons(iv, bw, self.idle_gbs, self.limits)
+            reasons = unit_reasons(iv, bw, self.idle_gbs, self.limits,
+                                   self._peak_within(a.t, b.t), self.sample_s)
             retake = bool(reasons) and not self.allow_busy and self.retakes > 0
             self.units.append({"unit": label, "wall_s": iv["wall_s"],
                                "others_cores": iv["others_cores"],
@@ -352,6 +358,12 @@ class Watch:
             now = read_proc()
             self.samples.append((last.t, now.t, interval(last, now, top=0)["others_cores"]))
             last = now
+
+    def _peak_within(self, t0: float, t1: float) -> Optional[float]:
+        """Others' cores in the busiest sampled interval mostly inside ``[t0, t1]`` (None: none)."""
+        inside = [v for s, e, v in list(self.samples)
+                  if max(0.0, min(t1, e) - max(t0, s)) > 0.5 * (e - s)]
+        return max(inside) if inside else None
 
     def _kept_samples(self) -> List[float]:
         """The sampled intervals less those mostly inside a retaken unit's attempt."""

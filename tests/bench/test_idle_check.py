@@ -183,6 +183,10 @@ def test_a_unit_of_the_run_is_judged_alone():
         "other processes used 0.20 cores (top: cc1[9] 0.20)",
         "the hypervisor stole 0.30 cores",
         "memory bandwidth after it was 9.0 GB/s, under 75% of this machine's idle 14.0 GB/s"]
+    # A burst too short to move the unit's mean still has it retaken (the run's peak limit).
+    assert ic.unit_reasons(quiet(0.05, 0.0), None, None, peak=0.98, sample_s=2.0) == [
+        "other processes used 0.98 cores in a 2 s interval"]
+    assert ic.unit_reasons(quiet(0.05, 0.0), None, None, peak=0.4) == []
     # 100 s at 0.1 steal and 0.05 others, less a 20 s attempt at 0.4 steal and 0.1 others:
     # 10 - 8 = 2 steal-seconds and 5 - 2 = 3 others-seconds over 80 s.
     total = {**quiet(0.05, 0.1), "wall_s": 100.0}
