@@ -1,7 +1,11 @@
-"""A random-weight Qwen3.5 pair of realistic size whose MTP head accepts like a published one.
+"""A random-weight pair of realistic size whose drafter accepts like a published MTP head.
 
-    python -m benchmarks.realistic_pair OUT [--hidden 1024 --layers 12 --vocab 131072]
-        [--first-draft-acceptance 0.9 | --residual-scale C]
+    python -m benchmarks.realistic_pair OUT [--family qwen3_5|gemma4] [--hidden 1024 --layers 12
+        --vocab 131072] [--first-draft-acceptance 0.9 | --residual-scale C]
+
+``--family qwen3_5`` (default) writes one folder, the target with its ``mtp.*`` head;
+``--family gemma4`` writes ``OUT/target`` and ``OUT/assistant`` (see ``benchmarks.realistic_gemma4``;
+run it as ``--model OUT/target --drafter OUT/assistant``).
 
 The demo pair is small enough that a round measures per-call overhead, and its greedy text loops,
 which every draft predicts. This pair is the other side: a target of realistic, memory-bound size
@@ -43,7 +47,7 @@ from typing import Dict
 import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 
-from benchmarks import common
+from benchmarks import common, realistic_gemma4
 from mlx_mtp.demo import demo_path
 
 CALIBRATION_PROMPTS = ("def parse(line):\n    ", "The river rose in the night and ",
@@ -161,28 +165,39 @@ def write_tokenizer(out: Path, vocab: int) -> None:
         shutil.copy(src / name, out / name)
 
 
+def folders(out: Path, family: str):
+    """(target folder, drafter folder or None) of a pair written to ``out``."""
+    if family == "gemma4":
+        return out / "target", out / "assistant"
+    return out, None
+
+
 def write_pair(out: Path, a, scale: float) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    text = text_config(a)
-    weights = _Weights(a, scale).build(text["layer_types"])
-    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-              "tie_word_embeddings": False, "eos_token_id": 0, "text_config": text}
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
-    write_tokenizer(out, a.vocab)
+    if a.family == "gemma4":
+        weights = realistic_gemma4.write(out, a, scale)
+    else:
+        text = text_config(a)
+        weights = _Weights(a, scale).build(text["layer_types"])
+        config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                  "tie_word_embeddings": False, "eos_token_id": 0, "text_config": text}
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+        mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    write_tokenizer(folders(out, a.family)[0], a.vocab)
     n = sum(v.size for v in weights.values())
     (out / "realistic_pair.json").write_text(json.dumps(
-        {"residual_scale": scale, "seed": a.seed, "parameters": n,
+        {"family": a.family, "residual_scale": scale, "seed": a.seed, "parameters": n,
          "command": common.command_line()}, indent=1))
     return out
 
 
-def first_draft_acceptance(folder: Path) -> float:
+def first_draft_acceptance(out: Path, family: str) -> float:
     """Drafts kept over drafts made at block size 2 (one draft a round), greedy, EOS ignored."""
     from mlx_mtp.decoding.stats import RunStats
     from mlx_mtp.generate import encode_prompt
 
-    model, tokenizer = mlx_mtp.load(str(folder))
+    target, drafter = folders(out, family)
+    model, tokenizer = mlx_mtp.load(str(target), drafter=drafter and str(drafter))
     drafted = accepted = 0
     for prompt in CALIBRATION_PROMPTS:
         stats = RunStats()
@@ -204,7 +219,7 @@ def calibrate(out: Path, a) -> float:
     for step in range(a.calibration_steps):
         scale = math.exp((lo + hi) / 2)
         write_pair(out, a, scale)
-        got = first_draft_acceptance(out)
+        got = first_draft_acceptance(out, a.family)
         print(f"calibration {step + 1}/{a.calibration_steps}: residual scale {scale:.4g} -> "
               f"first-draft acceptance {got:.3f}", flush=True)
         if best is None or abs(got - a.first_draft_acceptance) < abs(best[1] -
@@ -220,6 +235,9 @@ def calibrate(out: Path, a) -> float:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.realistic_pair", description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path, help="folder to write (raw Hugging Face layout)")
+    p.add_argument("--family", choices=("qwen3_5", "gemma4"), default="qwen3_5",
+                   help="qwen3_5: a target with its MTP head (default); gemma4: a target and an "
+                        "assistant")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--vocab", type=int, default=131072)
@@ -231,6 +249,8 @@ def parse_args(argv=None):
     p.add_argument("--linear-value-heads", type=int, default=16)
     p.add_argument("--linear-key-dim", type=int, default=128)
     p.add_argument("--linear-value-dim", type=int, default=128)
+    p.add_argument("--sliding-window", type=int, default=512, help="gemma4 only")
+    p.add_argument("--assistant-intermediate", type=int, default=2048, help="gemma4 only")
     p.add_argument("--seed", type=int, default=0)
     how = p.add_mutually_exclusive_group()
     how.add_argument("--first-draft-acceptance", type=float, default=0.9,
@@ -249,7 +269,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     scale = a.residual_scale if a.residual_scale is not None else calibrate(a.out, a)
     write_pair(a.out, a, scale)
-    got = first_draft_acceptance(a.out)
+    got = first_draft_acceptance(a.out, a.family)
     print(f"wrote {a.out}: residual scale {scale:.4g}, first-draft acceptance {got:.3f} "
           f"({time.perf_counter() - t0:.0f} s)")
     info = json.loads((a.out / "realistic_pair.json").read_text())

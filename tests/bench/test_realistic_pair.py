@@ -1,6 +1,7 @@
-"""benchmarks/realistic_pair.py on small shapes: the folder loads through mlx_mtp with its head,
-a small residual scale makes the head agree with the target, and calibration bisects towards the
-asked first-draft acceptance."""
+"""benchmarks/realistic_pair.py on small shapes: the folders load through mlx_mtp with their
+drafter (the Qwen3.5 head, the Gemma 4 assistant), a small residual scale makes the drafter agree
+with the target, the text does not loop, and calibration bisects towards the asked first-draft
+acceptance."""
 
 import json
 
@@ -38,8 +39,38 @@ def test_calibration_bisects_towards_the_asked_acceptance(tmp_path, monkeypatch)
     tried = []
     monkeypatch.setattr(realistic_pair, "write_pair", lambda out, a, scale: tried.append(scale))
     monkeypatch.setattr(realistic_pair, "first_draft_acceptance",
-                        lambda folder: max(0.0, 1.0 - 4.0 * tried[-1]))
+                        lambda out, family: max(0.0, 1.0 - 4.0 * tried[-1]))
     args = realistic_pair.parse_args([str(tmp_path), "--first-draft-acceptance", "0.9",
                                       "--calibration-steps", "12"])
     scale = realistic_pair.calibrate(tmp_path, args)
     assert scale == pytest.approx(0.025, rel=0.01)
+
+
+GEMMA_SMALL = ["--family", "gemma4", "--hidden", "128", "--layers", "6", "--vocab", "12288",
+               "--intermediate", "256", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
+               "--sliding-window", "16", "--assistant-intermediate", "128"]
+
+
+def test_a_small_scale_gemma4_pair_agrees_and_matches_plain_decode(tmp_path):
+    out = tmp_path / "pair"
+    assert realistic_pair.main([str(out), *GEMMA_SMALL, "--residual-scale", "0.003"]) == 0
+    info = json.loads((out / "realistic_pair.json").read_text())
+    assert info["family"] == "gemma4" and info["first_draft_acceptance"] > 0.9
+    config = json.loads((out / "target" / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["tie_word_embeddings"]) == \
+        ("gemma4_text", 12288, False)
+    assistant = json.loads((out / "assistant" / "config.json").read_text())
+    assert assistant["model_type"] == "gemma4_assistant"
+
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step as plain_step
+
+    import mlx_mtp
+    from benchmarks.common import distinct_ngram_share
+
+    model, tokenizer = mlx_mtp.load(str(out / "target"), drafter=str(out / "assistant"))
+    prompt = mx.array(tokenizer.encode("abc"))
+    ids = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=48, block_size=3)]
+    plain = [int(t) for t, _ in plain_step(prompt, model.mlx_model, max_tokens=48)]
+    assert ids == plain
+    assert distinct_ngram_share(ids) > 0.9
