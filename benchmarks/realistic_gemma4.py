@@ -96,6 +96,13 @@ def target_weights(a, scale: float, rng: _Random) -> Dict[str, mx.array]:
     return out
 
 
+def set_scale(lm, scale: float) -> None:
+    """Set the residual scale of a loaded target (mlx-lm's ``gemma4_text.Model``) in place."""
+    for layer in lm.layers:
+        for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+            norm.weight = mx.full(norm.weight.shape, scale, dtype=norm.weight.dtype)
+
+
 def assistant_weights(a, lm_head: mx.array, rng: _Random) -> Dict[str, mx.array]:
     H = a.hidden
     w = {"pre_projection.weight": mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1),

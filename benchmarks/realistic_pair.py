@@ -192,12 +192,20 @@ def write_pair(out: Path, a, scale: float) -> Path:
 
 
 def first_draft_acceptance(out: Path, family: str) -> float:
-    """Drafts kept over drafts made at block size 2 (one draft a round), greedy, EOS ignored."""
+    """Drafts kept over drafts made at block size 2 (one draft a round), greedy, EOS ignored,
+    on the pair written to ``out``."""
+    target, drafter = folders(out, family)
+    model, tokenizer = mlx_mtp.load(str(target), drafter=drafter and str(drafter))
+    got = acceptance_of(model, tokenizer)
+    del model
+    mx.clear_cache()
+    return got
+
+
+def acceptance_of(model, tokenizer) -> float:
     from mlx_mtp.decoding.stats import RunStats
     from mlx_mtp.generate import encode_prompt
 
-    target, drafter = folders(out, family)
-    model, tokenizer = mlx_mtp.load(str(target), drafter=drafter and str(drafter))
     drafted = accepted = 0
     for prompt in CALIBRATION_PROMPTS:
         stats = RunStats()
@@ -206,9 +214,26 @@ def first_draft_acceptance(out: Path, family: str) -> float:
         for _ in steps:
             pass
         drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
-    del model
-    mx.clear_cache()
     return accepted / max(drafted, 1)
+
+
+def _measure(out: Path, a):
+    """``scale -> first-draft acceptance``. Qwen3.5: the scale is in every branch's output
+    weights, so each candidate is written and loaded. Gemma 4: it is only the post-branch norms'
+    weight, so the pair is written once and the candidates are set on the loaded target."""
+    if a.family != "gemma4":
+        def measure(scale):
+            write_pair(out, a, scale)
+            return first_draft_acceptance(out, a.family)
+        return measure
+    write_pair(out, a, 1.0)
+    target, drafter = folders(out, a.family)
+    model, tokenizer = mlx_mtp.load(str(target), drafter=str(drafter))
+
+    def measure(scale):
+        realistic_gemma4.set_scale(model.mlx_model, scale)
+        return acceptance_of(model, tokenizer)
+    return measure
 
 
 def calibrate(out: Path, a) -> float:
@@ -216,10 +241,10 @@ def calibrate(out: Path, a) -> float:
     bisection on log C (acceptance falls as C grows)."""
     lo, hi = math.log(1e-3), math.log(1.0)
     best = None
+    measure = _measure(out, a)
     for step in range(a.calibration_steps):
         scale = math.exp((lo + hi) / 2)
-        write_pair(out, a, scale)
-        got = first_draft_acceptance(out, a.family)
+        got = measure(scale)
         print(f"calibration {step + 1}/{a.calibration_steps}: residual scale {scale:.4g} -> "
               f"first-draft acceptance {got:.3f}", flush=True)
         if best is None or abs(got - a.first_draft_acceptance) < abs(best[1] -

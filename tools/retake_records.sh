@@ -131,9 +131,33 @@ retake split -- $PY -m benchmarks.bench_split --pairs 3 --max-tokens 128 "${WAIT
 retake server-demo-pair -- \
   $PY -m benchmarks.bench_server --pairs 5 --max-tokens 128 --clients 4 --requests 3 "${WAIT[@]}"
 
+# What sampling saves by promising the distribution (no probe, the fastest verify) at T=0.6.
+retake sampling-gate-demo-pair -- $PY -m benchmarks.sampling_gate --model mlx_mtp/demo_pair \
+  --topic sampling-gate-demo-pair --pairs 3 --max-tokens 128 --repetition-penalty 1.3 \
+  --repetition-context-size 48 "${UNITS[@]}"
+
 # A realistic-size random pair (hidden 1024, 12 layers, 32k vocabulary, a head wired to agree
 # with the target part of the time; not built by this repository), when $BIG_PAIR names its folder.
 if [ -n "${BIG_PAIR:-}" ]; then
   retake big-pair-blis -- $PY -m benchmarks.bench_mtp --model "$BIG_PAIR" \
     --topic big-pair-blis --block-sizes 1,2,3,auto --pairs 2 --max-tokens 96 "${UNITS[@]}"
+fi
+
+# The realistic calibrated pairs, when $REALISTIC_PAIRS names a folder holding them (built by
+# `python -m benchmarks.realistic_pair $REALISTIC_PAIRS/qwen3_5` and
+# `... $REALISTIC_PAIRS/gemma4 --family gemma4`, about 30 minutes each with calibration).
+if [ -n "${REALISTIC_PAIRS:-}" ]; then
+  Q="$REALISTIC_PAIRS/qwen3_5"
+  G=(--model "$REALISTIC_PAIRS/gemma4/target" --drafter "$REALISTIC_PAIRS/gemma4/assistant")
+  retake realistic-pair-blis -- $PY -m benchmarks.bench_mtp --model "$Q" \
+    --topic realistic-pair-blis --block-sizes 2,3,4,6,auto --pairs 2 --max-tokens 96 \
+    --synced-runs 0 "${UNITS[@]}"
+  retake realistic-pair-blis-T0.6 -- $PY -m benchmarks.bench_mtp --model "$Q" \
+    --topic realistic-pair-blis-T0.6 --block-sizes 3,auto --temp 0.6 --seed 1 --pairs 2 \
+    --max-tokens 96 --synced-runs 0 "${UNITS[@]}"
+  retake realistic-gemma4-pair-blis -- $PY -m benchmarks.bench_mtp "${G[@]}" \
+    --topic realistic-gemma4-pair-blis --block-sizes 2,3,4,6,auto --pairs 2 --max-tokens 96 \
+    --synced-runs 0 "${UNITS[@]}"
+  retake sampling-gate-realistic-pair -- $PY -m benchmarks.sampling_gate --model "$Q" \
+    --topic sampling-gate-realistic-pair --pairs 2 --max-tokens 64 "${UNITS[@]}"
 fi

@@ -74,3 +74,15 @@ def test_a_small_scale_gemma4_pair_agrees_and_matches_plain_decode(tmp_path):
     plain = [int(t) for t, _ in plain_step(prompt, model.mlx_model, max_tokens=48)]
     assert ids == plain
     assert distinct_ngram_share(ids) > 0.9
+
+
+def test_gemma4_calibration_sets_the_scale_on_the_loaded_target_as_a_written_pair_has_it(tmp_path):
+    """The in-place candidates measure what a pair written with that scale measures."""
+    args = realistic_pair.parse_args([str(tmp_path / "a"), *GEMMA_SMALL])
+    measure = realistic_pair._measure(tmp_path / "a", args)
+    in_place = [measure(scale) for scale in (0.003, 0.3)]
+    written = []
+    for scale in (0.003, 0.3):
+        realistic_pair.write_pair(tmp_path / "b", args, scale)
+        written.append(realistic_pair.first_draft_acceptance(tmp_path / "b", "gemma4"))
+    assert in_place == written and written[0] > written[1]
