@@ -3,21 +3,25 @@
     python -m benchmarks.sampling_gate --model PATH [--temp 0.6 --block-size 3 --pairs 3
         --max-tokens 128] [--repetition-penalty R] [record flags]
 
-At temperature > 0 the gate runs no probe and the verify takes its fastest path
-(``mlx_mtp.exactness.gate``). This measures both sides of that choice on one target, idle and
+At temperature > 0 the gate runs no probe, and the verify takes the kernels its device kind
+measured faster (``mlx_mtp.exactness.gate``). This measures that choice on one target, idle and
 alternating:
-- ``byte-gate``: what a sampled session did when it was gated like a T=0 one: the probe (its one-off
-  cost, timed on the loaded target before anything is memoized) and a verify with the
-  exactness-only fallbacks (row-exact products, per-row attention);
-- ``distribution``: the default now: no probe, the plain multi-row verify.
+- ``byte-gate``: a sampled session gated like a T=0 one: the probe (its one-off cost, timed on
+  the loaded target before anything is memoized) and the verify with the row-exact products;
+- ``distribution``: the default: no probe, the device kind's verify (on the CPU the row-exact
+  products);
+- ``plain-verify``: no probe, the plain multi-row products (``MLX_MTP_ROW_EXACT=0``; what a GPU
+  kind's sampled verify runs).
 Arms alternate per prompt and pair; each is seeded alike (speculative sampling at a fixed block
-size). The record gives tok/s per arm, their per-pair ratio, and the verify's ms per round.
+size). The record gives tok/s per arm, the default's per-pair ratio to each other arm, and the
+verify's ms per round.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -32,7 +36,26 @@ from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.block_vs_chain import probe_exactness
 from mlx_mtp.generate import encode_prompt
 
-ARMS = ("byte-gate", "distribution")
+ARMS = ("byte-gate", "distribution", "plain-verify")
+
+
+@contextlib.contextmanager
+def plain_verify():
+    """The ``plain-verify`` arm: the session's verify without row-exact products."""
+    before = os.environ.get(gate.ROW_EXACT_ENV)
+    os.environ[gate.ROW_EXACT_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[gate.ROW_EXACT_ENV]
+        else:
+            os.environ[gate.ROW_EXACT_ENV] = before
+
+
+def arm_context(arm: str):
+    return {"byte-gate": gated_like_t0, "plain-verify": plain_verify}.get(
+        arm, contextlib.nullcontext)()
 
 
 @contextlib.contextmanager
@@ -62,7 +85,7 @@ def run(args, watch) -> dict:
     unit = common.idle.Watch.runner(watch)
 
     def decode(arm, prompt, seed):
-        with gated_like_t0() if arm == "byte-gate" else contextlib.nullcontext():
+        with arm_context(arm):
             toks, _, gen_s, stats = common.mtp_decode(model, prompt, args.max_tokens,
                                                       args.block_size, sampler,
                                                       "speculative-sampling", seed,
@@ -71,6 +94,7 @@ def run(args, watch) -> dict:
         return {"tps": (len(toks) - 1) / gen_s, "verify_ms": verify_ms,
                 "tokens_per_round": stats.tokens_per_round,
                 "promise": stats.exactness.get("promise"),
+                "row_exact_verify": model.target.exact,
                 "distinct_4gram_share": common.distinct_ngram_share(toks)}
 
     for arm in ARMS:  # warm-up: first-call compilation and allocation stay out
@@ -92,11 +116,13 @@ def run(args, watch) -> dict:
 
 
 def summarize(args, model, raw, probe_s, probes) -> dict:
-    ratios = [r["distribution"]["tps"] / r["byte-gate"]["tps"] for r in raw]
+    ratios = {other: [r["distribution"]["tps"] / r[other]["tps"] for r in raw]
+              for other in ("byte-gate", "plain-verify")}
     arms = {a: {"tps": statistics.median(r[a]["tps"] for r in raw),
                 "verify_ms": statistics.median(r[a]["verify_ms"] for r in raw),
                 "tokens_per_round": statistics.median(r[a]["tokens_per_round"] for r in raw),
-                "promise": raw[0][a]["promise"]} for a in ARMS}
+                "promise": raw[0][a]["promise"],
+                "row_exact_verify": raw[0][a]["row_exact_verify"]} for a in ARMS}
     return {**common.record_setup(args.topic), "model": str(args.model),
             "target_dtype": str(model.target.dtype), "temperature": args.temp,
             "top_p": args.top_p, "block_size": args.block_size, "pairs": args.pairs,
@@ -104,36 +130,45 @@ def summarize(args, model, raw, probe_s, probes) -> dict:
             "repetition_penalty": args.repetition_penalty,
             "repetition_context_size": args.repetition_context_size,
             "probe_s": probe_s, "probe_verdicts": [p.verdict for p in probes],
-            "arms": arms, "ratio": statistics.median(ratios),
-            "ratio_range": [min(ratios), max(ratios)],
+            "arms": arms,
+            "ratios": {other: {"median": statistics.median(v), "range": [min(v), max(v)]}
+                       for other, v in ratios.items()},
             "distinct_4gram_share": statistics.median(
                 r["distribution"]["distinct_4gram_share"] for r in raw), "raw": raw}
 
 
+ARM_TITLES = {"byte-gate": "byte-gate (probe + row-exact verify)",
+              "distribution": "distribution (the default: no probe, this device's verify)",
+              "plain-verify": "plain-verify (no probe, plain multi-row verify)"}
+
+
 def render(r: dict) -> str:
-    a, b = r["arms"]["byte-gate"], r["arms"]["distribution"]
     lines = common.setup_lines(r, memory=True) + [
         f"- Target: {r['model']} ({r['target_dtype']}), its MTP head",
         f"- Sampling: T={r['temperature']}, top-p {r['top_p']}, speculative sampling at block "
         f"size {r['block_size']}, seed {r['seed']} (+ pair); {r['max_tokens']} tokens per run, "
         f"EOS ignored; prompts: {', '.join(r['prompts'])}; {r['pairs']} alternating pairs",
-        "- Logits processors (both arms): " + (
+        "- Logits processors (all arms): " + (
             f"repetition penalty {r['repetition_penalty']} over "
             f"{r['repetition_context_size']} tokens" if r.get("repetition_penalty") else "none"),
         f"- Outputs' share of distinct 4-grams (median): {r['distinct_4gram_share']:.2f}",
         "", "## Results", "",
-        "| arm | probe (one-off, s) | tok/s | verify ms/round | tokens/round | promise |",
-        "|---|---|---|---|---|---|",
-        f"| byte-gate (probe + exact verify) | {r['probe_s']:.2f} "
-        f"({', '.join(r['probe_verdicts'])}) | {a['tps']:.1f} | {a['verify_ms']:.1f} | "
-        f"{a['tokens_per_round']:.2f} | {a['promise']} |",
-        f"| distribution (no probe, fast verify) | 0 | {b['tps']:.1f} | {b['verify_ms']:.1f} | "
-        f"{b['tokens_per_round']:.2f} | {b['promise']} |",
-        "",
-        f"distribution / byte-gate tok/s, per pair: median {r['ratio']:.3f}x "
-        f"(range {r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f}). The probe's time is paid "
-        f"once per loaded target (a CLI run, a server start), not per request.",
-    ]
+        "| arm | probe (one-off, s) | tok/s | verify ms/round | tokens/round | promise | "
+        "row-exact products |",
+        "|---|---|---|---|---|---|---|"]
+    for arm in ARMS:
+        a = r["arms"][arm]
+        probe = (f"{r['probe_s']:.2f} ({', '.join(r['probe_verdicts'])})" if arm == "byte-gate"
+                 else "0")
+        lines.append(f"| {ARM_TITLES[arm]} | {probe} | {a['tps']:.1f} | {a['verify_ms']:.1f} | "
+                     f"{a['tokens_per_round']:.2f} | {a['promise']} | "
+                     f"{'yes' if a['row_exact_verify'] else 'no'} |")
+    lines.append("")
+    for other, q in r["ratios"].items():
+        lines.append(f"- distribution / {other} tok/s, per pair: median {q['median']:.3f}x "
+                     f"(range {q['range'][0]:.3f}-{q['range'][1]:.3f})")
+    lines += ["", "The probe's time is paid once per loaded target (a CLI run, a server start), "
+              "not per request."]
     return "\n".join(lines + common.what_it_says(r))
 
 

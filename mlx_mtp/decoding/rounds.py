@@ -255,7 +255,7 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # At T=0 exact or not at all: where a verify block is not byte-identical to single-token
     # decode on this device, the gate declines and the target decodes plainly. A rule that
-    # samples promises the distribution: no probe, the fastest verify (mlx_mtp.exactness.gate).
+    # samples promises the distribution: no probe (mlx_mtp.exactness.gate).
     decision = gate.apply(model, request.block_size, stats, kv=kv if kv.enabled else None,
                           sampling=draws.rule != sampling.GREEDY)
     if not decision.mtp_enabled:
@@ -264,6 +264,7 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     stats.draft_profiler = profiler
     session = open_session(model, cache, kv, turn, drafter, draws, stats, request, prompt.size)
     progress, first = prefill(session, prompt, request, exact=decision.exact_verify)
+    gate.report_verify(model, stats)
     _start_generation(session, first[0])
     yield first
     if session.plain_decode:  # block size 1: no verify block: decode as mlx-lm does

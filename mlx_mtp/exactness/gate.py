@@ -11,8 +11,11 @@ stats.
 At temperature > 0 (any acceptance rule that samples) the promise is the distribution:
 speculative sampling emits tokens distributed exactly as the verify forward's target
 distribution, which differs from the chain's only by float rounding, as any kernel choice's
-does. No probe runs, MTP runs on every device, and the verify takes its fastest path (no
-exactness-only fallbacks).
+does. No probe runs, MTP runs on every device, and the verify takes the kernels that measured
+fastest on the device kind: on the CPU the row-exact products (the row kernel streams the
+weights once for all rows, where BLAS's multi-row products pack them; the ``sampling-gate``
+records), elsewhere the plain multi-row kernels (on a CUDA GPU the row-exact fallbacks made a
+verify about twice as dear).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ BYTE_IDENTITY = "byte-identity"  # T=0: token for token what plain greedy decode
 DISTRIBUTION = "distribution"  # T > 0: distributed exactly as plain sampling
 ROW_EXACT_ENV = "MLX_MTP_ROW_EXACT"
 SAMPLING_REASON = ("temperature > 0: speculative sampling keeps the target's distribution on any "
-                   "device (no byte-identity probe; the verify takes its fastest path)")
+                   "device (no byte-identity probe)")
 
 logger = logging.getLogger("mlx_mtp")
 
@@ -63,9 +66,13 @@ class GateDecision:
 
     @property
     def exact_verify(self) -> bool:
-        """Whether the verify keeps its exactness-only fallbacks (row-exact products, per-row
-        attention): only where byte identity is promised and proven."""
-        return self.promise == BYTE_IDENTITY and not self.override
+        """Whether the verify computes its rows with the row-exact products (``row_exact``):
+        wherever byte identity is promised and proven, and for a sampled session on the CPU,
+        where they are the faster verify (module docstring). Never under the override.
+        ``MLX_MTP_ROW_EXACT=0`` still turns them off (``Trunk.prepare``)."""
+        if self.override:
+            return False
+        return self.promise == BYTE_IDENTITY or self.device.kind == "cpu"
 
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "override": self.override, "promise": self.promise,
@@ -116,7 +123,8 @@ AUTO_WIDEST = "auto"  # ``sampling_decision``'s block size for ``block_size="aut
 
 
 def sampling_decision(block_size, device: DeviceFacts) -> GateDecision:
-    """T > 0: MTP runs, no probe, the verify on its fastest path. ``block_size``: the widest
+    """T > 0: MTP runs, no probe, the verify on the device kind's faster kernels
+    (``GateDecision.exact_verify``). ``block_size``: the widest
     verify (an int), or ``"auto"`` (drafts chosen per round)."""
     if block_size != AUTO_WIDEST and not session_widths(block_size):
         return GateDecision(True, NOT_NEEDED, "block size 1: no verify block, nothing to probe",
@@ -170,11 +178,14 @@ def apply(model, block_size: int, stats, kv=None, sampling: bool = False) -> Gat
     stats.mtp_enabled = decision.mtp_enabled
     stats.gate_reason = decision.reason
     stats.exactness = decision.to_dict()
-    if decision.mtp_enabled and decision.exact_verify and hasattr(model, "mlx_model"):
-        # How the probed verify stays exact: which layers compute rows how
-        # (mlx_mtp.exactness.row_exact).
-        stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
     return decision
+
+
+def report_verify(model, stats) -> None:
+    """Once the target is prepared for the session's verify blocks: which layers compute rows
+    how (``mlx_mtp.exactness.row_exact``), where the verify uses the row-exact products."""
+    if stats.mtp_enabled and getattr(model.target, "exact", False) and hasattr(model, "mlx_model"):
+        stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
 
 
 def row_exact_summary(exactness: dict) -> Optional[str]:

@@ -476,7 +476,7 @@ def test_row_exact_off_declines_t0_where_the_probe_diverges_and_samples_anyway(
         wide_dir, monkeypatch):
     """MLX_MTP_ROW_EXACT=0: the verify uses the plain multi-row products. T=0 then follows the
     probe of that verify (with BLIS on these widths: diverges, declined with the reason); T > 0
-    runs MTP with no probe on the fast verify."""
+    runs MTP with no probe on that plain verify."""
     from mlx_mtp.cpu import blas as cpu_blas
     from mlx_mtp.exactness import gate
     from mlx_mtp.exactness.block_vs_chain import probe_exactness
@@ -504,6 +504,27 @@ def test_row_exact_off_declines_t0_where_the_probe_diverges_and_samples_anyway(
                                sampler=mlx_mtp.make_sampler(temp=0.6)))
     assert hot.mtp_enabled and hot.rounds > 0 and hot.exactness["promise"] == "distribution"
     assert model.target.exact is False
+
+
+def test_a_sampled_session_keeps_the_row_exact_products_on_the_cpu_only(wide_dir, monkeypatch):
+    """T > 0 runs no probe; its verify keeps the row-exact products on the CPU (the faster
+    verify there) and takes the plain multi-row kernels on a GPU kind."""
+    from mlx_mtp.exactness import gate
+    from mlx_mtp.exactness.device import DeviceFacts
+
+    cpu, cuda = DeviceFacts("cpu", "x86_64", None), DeviceFacts("cuda", "sm_90", None)
+    assert gate.sampling_decision(3, cpu).exact_verify is True
+    assert gate.sampling_decision("auto", cuda).exact_verify is False
+    assert gate.sampling_decision(3, cuda).promise == "distribution"
+
+    monkeypatch.setattr(gate, "probe_exactness", _no_probe)
+    model = mlx_mtp.load_model(wide_dir)
+    stats = RunStats()
+    list(mlx_mtp.generate_step(mx.array([5, 6, 7]), model, max_tokens=8, block_size=3,
+                               stats=stats, seed=3, sampler=mlx_mtp.make_sampler(temp=0.6)))
+    assert stats.mtp_enabled and stats.exactness["promise"] == "distribution"
+    assert model.target.exact is True  # which layers switch depends on this host's BLAS
+    assert stats.exactness["row_exact"] == gate.row_exact.report(model.mlx_model)
 
 
 def test_a_bad_row_exact_value_is_one_line(wide_dir, monkeypatch):
