@@ -374,22 +374,27 @@ def write_record(out: Path, result: dict, render_fn, kind: Optional[str] = "mtp"
           + (f" and {len(pictures)} pictures" if pictures else ""))
 
 
-def rerender_record(path: Path, render_fn, kind: str = "mtp", summary: str = None) -> dict:
+def rerender_record(path: Path, render_fn, kind: Optional[str] = "mtp",
+                    summary: str = None) -> dict:
     """``--render RECORD.json``: draw the record's pictures again from its JSON (no run) and link
     them from its ``.md`` (which is otherwise kept; written from the JSON if absent). With
-    ``summary``: also store it in the JSON and rewrite the whole ``.md`` from the JSON."""
+    ``summary``: also store it in the JSON and rewrite the whole ``.md`` from the JSON.
+    ``kind`` None: a record without pictures (only the summary and the .md)."""
     try:
         result = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: --render {path}: expected a record's .json ({e})")
-    problem = plots.check(result, kind)
-    if problem:
-        raise SystemExit(f"error: --render {path}: {problem}")
-    if not plots.available():
-        raise SystemExit(f"error: --render needs matplotlib: {plots.INSTALL}")
+    if not isinstance(result, dict):
+        raise SystemExit(f"error: --render {path}: expected a record's .json (a JSON object)")
+    if kind is not None:
+        problem = plots.check(result, kind)
+        if problem:
+            raise SystemExit(f"error: --render {path}: {problem}")
+        if not plots.available():
+            raise SystemExit(f"error: --render needs matplotlib: {plots.INSTALL}")
     path = Path(path)
     md_path = path.with_suffix(".md")
-    pictures = plots.draw(result, path.with_suffix(""), kind)
+    pictures = [] if kind is None else plots.draw(result, path.with_suffix(""), kind)
     if summary is not None:
         result["summary"] = summary
         path.write_text(json.dumps(result, indent=1))

@@ -2,6 +2,7 @@
 
     python -m benchmarks.sampling_gate --model PATH [--temp 0.6 --block-size 3 --pairs 3
         --max-tokens 128] [--repetition-penalty R] [record flags]
+    python -m benchmarks.sampling_gate --render RECORD.json --summary "..."  # no run
 
 At temperature > 0 the gate runs no probe, and the verify takes the kernels its device kind
 measured faster (``mlx_mtp.exactness.gate``). This measures that choice on one target, idle and
@@ -25,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
 import mlx.core as mx
@@ -175,7 +177,10 @@ def render(r: dict) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.sampling_gate",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", help="the target (required unless --render)")
+    p.add_argument("--render", type=Path, metavar="RECORD.json",
+                   help="no run: rewrite this record's .md from its JSON (with --summary: "
+                        "store that first)")
     p.add_argument("--topic", default="sampling-gate")
     p.add_argument("--temp", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.0)
@@ -188,6 +193,8 @@ def parse_args(argv=None):
     common.add_prompt_args(p)
     common.add_record_args(p, units=True)
     args = p.parse_args(argv)
+    if args.render is None and not args.model:
+        p.error("--model is required (or --render RECORD.json)")
     if args.temp <= 0 or args.block_size < 2 or args.pairs < 1:
         p.error("needs --temp > 0, --block-size >= 2 and --pairs >= 1")
     args.prompts = common.prompts_of(args, p)
@@ -196,6 +203,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.render is not None:
+        return common.rerender_record(args.render, render, None, args.summary)
     watch = common.watch(args)
     result = run(args, watch)
     return common.finish(args, result, watch, render, kind=None)

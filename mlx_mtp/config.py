@@ -58,8 +58,9 @@ SETTINGS = (
             "0: never pin the process's threads to one core during a verify that calls an eager "
             "C kernel"),
     Setting("MLX_MTP_ROW_EXACT", FLAG, True, "0 or 1",
-            "0: verify with the plain multi-row products on the CPU (faster where the BLAS reduces "
-            "rows differently); the probe then decides T=0 on that verify, T > 0 is unaffected"),
+            "0: verify with the plain multi-row products on the CPU at every temperature (not "
+            "row-exact; with the row kernel usually slower); the probe then decides T=0 on "
+            "that verify"),
     Setting("MLX_MTP_ROW_KERNEL", FLAG, True, "0 or 1",
             "0: no compiled C kernel at all (row kernel, GatedDeltaNet kernel, lazy ops)"),
     Setting("MLX_MTP_SYNC_PHASES", FLAG, False, "0 or 1",

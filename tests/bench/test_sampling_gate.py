@@ -29,3 +29,9 @@ def test_the_record_has_every_arm_and_their_promises(tmp_path):
     assert "| distribution (the default: no probe, this device's verify) | 0 |" in text
     assert "| plain-verify (no probe, plain multi-row verify) | 0 |" in text
     assert "MLX_MTP_ROW_EXACT" not in os.environ  # the arm puts it back
+
+    record = next((tmp_path / "out").glob("sampling-gate-*.json"))
+    sampling_gate.main(["--render", str(record), "--summary", "What the arms say."])
+    assert json.loads(record.read_text())["summary"] == "What the arms say."
+    md = record.with_suffix(".md").read_text()
+    assert md.rstrip().endswith("What the arms say.") and "| plain-verify (no probe" in md
