@@ -38,7 +38,6 @@ one-row calls. The exactness probe still has the last word.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Dict, Tuple
 
 import mlx.core as mx
@@ -48,22 +47,14 @@ from mlx.utils import tree_flatten
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
+from mlx_mtp.scope import Scope
 
-_active = 0  # open ``verifying()`` bodies (module state: mlx-lm's forward passes no context)
-
-
-@contextmanager
-def verifying():
-    global _active
-    _active += 1
-    try:
-        yield
-    finally:
-        _active -= 1
+_verifying = Scope()  # on inside a verify (``mlx_mtp.scope``)
+verifying = _verifying.open
 
 
 def active() -> bool:
-    return _active > 0
+    return bool(_verifying)
 
 
 BLOCK_BYTES = 1024 * 1024  # most bytes of weights one column block keeps in cache (an L2)
@@ -80,7 +71,7 @@ class _ExactRows:
 
     def _exact(self, call, x):
         """``call(x)`` (the layer's own product), its rows computed as one-row products would."""
-        if _active and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
+        if _verifying and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
             if self.transposed:

@@ -28,7 +28,6 @@ inputs with the layer's own weights, every output bitwise; where it differs, the
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
@@ -40,11 +39,12 @@ from mlx_lm.models.activations import swiglu
 
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.exactness.row_exact import bitwise_equal
+from mlx_mtp.scope import Scope
 
 # False: every piece runs as the ops, to compare the two paths in one process (tests,
 # benchmarks/verify_arms.py's ``uncompiled_layers`` arm); nothing user-facing sets it.
 enabled = True
-_active = 0  # open ``compiling()`` bodies (module state: mlx-lm's forward passes no context)
+_compiling = Scope()  # on inside a verify (``mlx_mtp.scope``)
 # Per process: keyed by the piece, its settings and its inputs' device, shapes and dtypes, so
 # every layer (of every model) with that signature shares them.
 _compiled: Dict[Tuple, Callable] = {}  # signature -> the compiled piece
@@ -53,30 +53,18 @@ _checked: Dict[Tuple, object] = {}  # signature -> the choice (or True / False)
 WHOLE, SPLIT = "whole", "split"
 
 
-@contextmanager
 def compiling():
     """Inside a verify: the pieces run compiled where their check passed."""
-    global _active
-    _active += 1
-    try:
-        yield
-    finally:
-        _active -= 1
+    return _compiling.open()
 
 
 def active() -> bool:
-    return enabled and _active > 0
+    return enabled and bool(_compiling)
 
 
-@contextmanager
 def _ops():
     """The uncompiled reference, inside ``compiling()`` (for the checks)."""
-    global _active
-    saved, _active = _active, 0
-    try:
-        yield
-    finally:
-        _active = saved
+    return _compiling.suspended()
 
 
 TRANSPOSED = "transposed"
