@@ -446,8 +446,10 @@ def render(r: dict) -> str:
         steps = [row["drafter_step_ms"] for row in r["rows"] if row["drafter_step_ms"]]
         meas = f"; measured drafter step {statistics.median(steps):.2f} ms " \
                f"({statistics.median(steps) / r['drafter_step_floor_ms']:.2f}x the floor)" if steps else ""
-        lines.append(f"- Drafter step reads {r['drafter_step_bytes'] / 1e6:.1f} MB (head + borrowed "
-                     f"LM head {r['lm_head_bytes'] / 1e6:.1f} MB): floor "
+        what = r.get("drafter_step_reads", "head + borrowed LM head")
+        what += (f" {r['lm_head_bytes'] / 1e6:.1f} MB" if what == "head + borrowed LM head"
+                 else "")
+        lines.append(f"- Drafter step reads {r['drafter_step_bytes'] / 1e6:.1f} MB ({what}): floor "
                      f"{r['drafter_step_floor_ms']:.2f} ms{meas}")
     lines += common.what_it_says(r)
     return "\n".join(lines)

@@ -160,7 +160,9 @@ def nbytes(module, skip=()) -> int:
 
 def step_bytes(model) -> dict:
     """Weight bytes one decode step must read: the target (its input embedding is a row lookup,
-    unless tied, when it is also the LM head) and one drafter step (head + borrowed LM head)."""
+    unless tied, when it is also the LM head) and one drafter step: the Qwen head and the LM head
+    it borrows, or the Gemma 4 assistant with its own head (with the centroid head, only the
+    ``top_k`` of ``num_centroids`` clusters of that head a step ranks)."""
     from mlx.utils import tree_flatten
 
     target = model.target
@@ -171,8 +173,18 @@ def step_bytes(model) -> dict:
     target_step = total - (0 if tied else emb_bytes)
     lm_head = emb_bytes if tied else nbytes(target.lm.lm_head)
     out = {"target_step_bytes": target_step, "lm_head_bytes": lm_head}
-    if model.drafter is not None and hasattr(model.drafter, "head"):
-        out["drafter_step_bytes"] = nbytes(model.drafter.head) + lm_head
+    drafter = model.drafter
+    if drafter is not None and hasattr(drafter, "head"):
+        out["drafter_step_bytes"] = nbytes(drafter.head) + lm_head
+        out["drafter_step_reads"] = "head + borrowed LM head"
+    elif drafter is not None and hasattr(drafter, "assistant"):
+        a = drafter.assistant
+        read = nbytes(a)
+        if "masked_embedding" in a:
+            m = a.masked_embedding
+            read -= round(nbytes(a.model.embed_tokens) * (1 - m.top_k / m.num_centroids))
+        out["drafter_step_bytes"] = read
+        out["drafter_step_reads"] = "the assistant, its own head included"
     return out
 
 
