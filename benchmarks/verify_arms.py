@@ -74,7 +74,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             kernel_threads: int = 0, arms=ARMS) -> dict:
     """Time the arms on a loaded ``mlx_mtp`` model; its layers' installed choices and its
     target's exactness are as before on return. ``kernel_threads`` > 0: the kernel arm's
-    threads (else ``row_exact.kernel_threads()``, from MLX_MTP_VERIFY_THREADS), so a thread
+    threads (else ``row_exact.kernel_threads``'s, by each product's size), so a thread
     count can be tried on the kernel alone without changing the BLAS threads of the rest.
     ``arms``: the arms to time (``decode`` is always timed: the others are its multiples)."""
     arms = ("decode",) + tuple(a for a in ARMS if a in arms and a != "decode")
@@ -123,7 +123,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
         layer_block.enabled = arm != "uncompiled_layers"
-        pin = (nullcontext() if arm == "unpinned" or threads != 1
+        pin = (nullcontext() if arm == "unpinned" or threaded
                else cpu_pin.one_core() if arm == "pinned" else cpu_pin.on_first_sync())
         path = lazy_kernels.eager() if arm == "eager" else nullcontext()
         with cpu_blas.verify_threads(), pin, path:
@@ -132,8 +132,11 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     times = {arm: [] for arm in arms}
     mixer_choice, kernel_pays = gdn_block.mixer_choice, gdn_block.kernel_pays
     default_threads = row_exact.kernel_threads
-    threads = kernel_threads or default_threads()
-    row_exact.kernel_threads = lambda: threads
+    threads = kernel_threads or "by size"  # by size: row_exact.kernel_threads's default
+    threaded = (kernel_threads > 1 if kernel_threads
+                else row_exact.threaded(target.model, width))
+    if kernel_threads:
+        row_exact.kernel_threads = lambda *_: kernel_threads
     try:
         for _ in range(reps + 1):  # the first round warms up
             for arm in arms:

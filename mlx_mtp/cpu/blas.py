@@ -185,6 +185,10 @@ def _thread_api():
     return _api or None
 
 
+def verify_threads_set(environ=None) -> bool:
+    return config.is_set(VERIFY_THREADS_ENV, environ)
+
+
 def verify_thread_count(environ=None) -> int:
     """``MLX_MTP_VERIFY_THREADS``: unset = 1; 0 = leave the BLAS thread count alone; n >= 1."""
     return config.count(VERIFY_THREADS_ENV, environ)

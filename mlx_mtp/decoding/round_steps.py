@@ -19,6 +19,7 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.decoding import keyed_sampling
 from mlx_mtp.decoding import sampling
+from mlx_mtp.exactness import row_exact
 from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
 from mlx_mtp.io.prompt_cache import forget_drafter
 
@@ -60,10 +61,12 @@ def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
         target.prepare(session.max_drafts + 1, exact=False)
     # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``) from
     # its first eager C kernel call on: each kernel syncs with MLX's stream thread. Not across
-    # split ranks (two could pin to one core), nor with more than one verify thread (they
-    # would share the core).
+    # split ranks (two could pin to one core), nor with more than one verify or kernel thread
+    # (they would share the core).
     session.pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and session.split is None
-                   and cpu_blas.round_thread_count() == 1)
+                   and cpu_blas.round_thread_count() == 1
+                   and not (getattr(target, "exact", False)
+                            and row_exact.threaded(target.model, session.max_drafts + 1)))
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()

@@ -38,6 +38,7 @@ one-row calls. The exactness probe still has the last word.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Tuple
 
 import mlx.core as mx
@@ -169,20 +170,45 @@ def kernel_products(layer, x: mx.array) -> mx.array:
     N = weight.shape[0]
     main = N - N % row_kernel.COLUMN_GROUP
     w = weight if lazy_kernels.available() else cached[1]  # the view: checked, eager use
-    out = row_kernel.products(x, w, main, kernel_threads()) if main else None
+    out = (row_kernel.products(x, w, main, kernel_threads(weight.nbytes * x.shape[-2]))
+           if main else None)
     if main < N:
         rest = one_row_products(x, weight[main:], N - main)
         out = rest if out is None else mx.concatenate([out, rest], axis=-1)
     return out
 
 
-def kernel_threads() -> int:
-    """The kernel's threads: ``MLX_MTP_VERIFY_THREADS`` (default 1 whatever the library, unlike
-    the round's BLAS count; 0 = the bound library's count). Each output is computed by one
-    thread, so the bytes do not depend on it. More than one thread is much slower on a busy
-    machine (threads wait for descheduled ones)."""
-    n = cpu_blas.verify_thread_count()
-    return n if n else (cpu_blas.STATE.threads or 1)
+# A product of at least this many weight bytes times rows runs on every core this process may
+# use: it does enough work to repay the threads' hand-off. On a 2-core x86 VM, a realistic-size
+# target's verify (16-512 MB layers) took 0.75-0.96x a decode step at widths 2-4 with 2 threads
+# against 0.97-1.27x with one; the demo pair's (1-2 MB layers) gained nothing (docs/cpu-backend.md).
+PARALLEL_WORK_BYTES = 16 * 1024 * 1024
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def kernel_threads(work_bytes: int = 0) -> int:
+    """The kernel's threads for a product of ``work_bytes`` (weight bytes times rows):
+    ``MLX_MTP_VERIFY_THREADS`` if set (0 = the bound library's count); else every usable core
+    from ``PARALLEL_WORK_BYTES`` on, one below. Each output is computed by one thread, so the
+    bytes do not depend on it. More threads are slower on a busy machine (threads wait for
+    descheduled ones): set the variable to 1 there."""
+    if cpu_blas.verify_threads_set():
+        n = cpu_blas.verify_thread_count()
+        return n if n else (cpu_blas.STATE.threads or 1)
+    return usable_cores() if work_bytes >= PARALLEL_WORK_BYTES else 1
+
+
+def threaded(model: nn.Module, width: int) -> bool:
+    """Whether a verify of ``width`` rows runs any of ``model``'s kernel products on more than
+    one thread (then its threads must not be pinned to one core: ``mlx_mtp.cpu.pin``)."""
+    return any(getattr(m, "use_kernel", False) and kernel_threads(m.weight.nbytes * width) > 1
+               for _, m in model.named_modules())
 
 
 def kernel_equal_rows(fn, layer, max_width: int) -> bool:

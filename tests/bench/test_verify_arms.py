@@ -22,7 +22,7 @@ def test_verify_arms_reports_every_arm_against_the_decode_step(wide_dir, capsys)
     assert list(out["ms"]) == list(verify_arms.ARMS) == list(out["x_decode"])
     assert all(v > 0 for v in out["ms"].values()) and out["x_decode"]["decode"] == 1.0
     assert out["width"] == 3 and out["reps"] == 2 and out["blas"] == cpu_blas.STATE.describe()
-    assert out["kernel_threads"] == 1
+    assert out["kernel_threads"] == "by size"  # row_exact.kernel_threads's default
     if cpu_blas.STATE.name == "BLIS" and row_kernel.available():
         assert out["kernel_layers"] == out["row_exact"]["layers"]["kernel"] >= 20
 
@@ -55,7 +55,8 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     out = verify_arms.measure(model, 3, 1, kernel_threads=2)
     assert out["kernel_threads"] == 2
     assert choices() == before and model.target.exact is True
-    assert row_exact.kernel_threads() == 1  # the kernel arm's threads were its own
+    assert row_exact.kernel_threads(0) == 1  # the kernel arm's threads were its own
+    assert row_exact.kernel_threads(row_exact.PARALLEL_WORK_BYTES) == row_exact.usable_cores()
     assert gdn_block.mixer_choice is mixer_choice  # the stepwise arm's switch undone
 
 

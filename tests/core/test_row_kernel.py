@@ -223,10 +223,15 @@ def test_threads_split_columns_and_change_no_byte(monkeypatch):
         got = row_kernel.products(x, view, 4096, threads)
         mx.eval(got)
         assert bitwise(got, one), threads
+    big = row_exact.PARALLEL_WORK_BYTES
     monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "3")
-    assert row_exact.kernel_threads() == 3
+    assert row_exact.kernel_threads() == 3 and row_exact.kernel_threads(big) == 3
+    monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "1")
+    assert row_exact.kernel_threads(big) == 1
     monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV)
-    assert row_exact.kernel_threads() == 1
+    # unset: one thread for a small product, every usable core from the threshold on
+    assert row_exact.kernel_threads(big - 1) == 1
+    assert row_exact.kernel_threads(big) == row_exact.usable_cores()
 
 
 def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
@@ -300,3 +305,23 @@ def test_weights_that_end_at_an_unmapped_page_are_read_without_a_fault(T):
         del w
     finally:
         libc.mprotect(base + size, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def test_a_verify_whose_kernel_products_run_on_every_core_equals_plain_decode(wide_dir,
+                                                                              monkeypatch):
+    """Products past the size threshold run on every usable core (here forced for all, on 2
+    threads): T=0 output is still mlx-lm's greedy decode, and the round does not pin."""
+    import mlx_mtp
+    from mlx_lm.generate import generate_step as mlx_generate_step
+
+    needs_kernel()
+    monkeypatch.setattr(row_exact, "PARALLEL_WORK_BYTES", 0)
+    monkeypatch.setattr(row_exact, "usable_cores", lambda: 2)
+    model = mlx_mtp.load_model(wide_dir)
+    prompt = mx.array([5, 6, 7, 8])
+    out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=12, block_size=4)]
+    assert out == [t for t, _ in mlx_generate_step(prompt, model.mlx_model, max_tokens=12)]
+    if row_exact.report(model.mlx_model)["layers"].get("kernel"):
+        assert row_exact.threaded(model.mlx_model, 4)
+    monkeypatch.setattr(row_exact, "PARALLEL_WORK_BYTES", 1 << 62)
+    assert not row_exact.threaded(model.mlx_model, 4)
