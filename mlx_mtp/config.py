@@ -68,8 +68,9 @@ SETTINGS = (
             "(slower rounds)"),
     Setting("MLX_MTP_VERIFY_THREADS", COUNT, 1,
             "a whole number of threads (0 = leave the BLAS default)",
-            "BLAS and row-kernel threads of a round's multi-row work (unset: 1 for the row kernel; "
-            "a round: 1, with OpenBLAS its own count; 0: the library's count)"),
+            "BLAS and row-kernel threads of a round's multi-row work (unset: the row kernel runs "
+            "products of 16 MB of work or more on every usable core, smaller ones on 1; the "
+            "BLAS: 1, with OpenBLAS its own count; 0: the library's count)"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
