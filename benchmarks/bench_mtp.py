@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 from pathlib import Path
 
@@ -121,9 +120,7 @@ def synced_pass(args, model, prompts: dict, sampler, unit) -> list:
     time); their plain runs give the step the verify is divided by. Each prompt's runs are one
     unit of the idle check (``unit``: ``Watch.runner``)."""
     out = []
-    before = os.environ.get(SYNC_PHASES_ENV)
-    os.environ[SYNC_PHASES_ENV] = "1"
-    try:
+    with common.environment(SYNC_PHASES_ENV, "1"):
         for rep in range(args.synced_runs):
             for name, prompt in prompts.items():
                 def measure():
@@ -139,11 +136,6 @@ def synced_pass(args, model, prompts: dict, sampler, unit) -> list:
                     return rows
 
                 out += unit(f"synced {rep} {name}", measure)
-    finally:
-        if before is None:
-            del os.environ[SYNC_PHASES_ENV]
-        else:
-            os.environ[SYNC_PHASES_ENV] = before
     return out
 
 

@@ -15,6 +15,7 @@ MLX is imported only inside the functions that need it, so a launcher that runs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -148,6 +149,21 @@ def bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
         mx.eval(x @ w.T)
         times.append(time.perf_counter() - t0)
     return w.nbytes / statistics.median(times) / 1e9
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str):
+    """The body with ``name`` set to ``value`` in the environment (mlx_mtp reads its variables
+    when it uses them); what was there before is put back."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def nbytes(module, skip=()) -> int:
@@ -295,14 +311,15 @@ def host_facts() -> dict:
     import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
     import mlx.core as mx
 
+    from mlx_mtp.cpu import blas as cpu_blas
+
     mem = None
     try:
         mem = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
     except (OSError, ValueError, IndexError):
         pass
     return {"name": socket.gethostname(), "cpu": idle.cpu_model(),
-            "cores": len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cores": cpu_blas.usable_cores(),
             "memory_gib": mem, "os": platform.platform(), "device": str(mx.default_device())}
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -41,23 +40,12 @@ from mlx_mtp.generate import encode_prompt
 ARMS = ("byte-gate", "distribution", "plain-verify")
 
 
-@contextlib.contextmanager
-def plain_verify():
-    """The ``plain-verify`` arm: the session's verify without row-exact products."""
-    before = os.environ.get(gate.ROW_EXACT_ENV)
-    os.environ[gate.ROW_EXACT_ENV] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[gate.ROW_EXACT_ENV]
-        else:
-            os.environ[gate.ROW_EXACT_ENV] = before
-
-
 def arm_context(arm: str):
-    return {"byte-gate": gated_like_t0, "plain-verify": plain_verify}.get(
-        arm, contextlib.nullcontext)()
+    if arm == "byte-gate":
+        return gated_like_t0()
+    if arm == "plain-verify":  # the session's verify without row-exact products
+        return common.environment(gate.ROW_EXACT_ENV, "0")
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

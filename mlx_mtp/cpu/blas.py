@@ -90,6 +90,15 @@ def find() -> List[Tuple[str, str]]:
 BLIS_WAYS = ("BLIS_JC_NT", "BLIS_PC_NT", "BLIS_IC_NT", "BLIS_JR_NT", "BLIS_IR_NT")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; where there is none, as on macOS,
+    every core)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def blis_threads(cores: int) -> int:
     """BLIS's default thread count: all cores but one (at least one).
 
@@ -115,7 +124,7 @@ def _set_threads(name: str) -> Optional[int]:
         ways = [int(os.environ.get(v) or 1) for v in BLIS_WAYS]
         return max(1, ways[0] * ways[1] * ways[2] * ways[3] * ways[4])
     if var not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) or 1
+        cores = usable_cores()
         if name == "BLIS":
             os.environ["BLIS_JC_NT"] = str(blis_threads(cores))
             return blis_threads(cores)

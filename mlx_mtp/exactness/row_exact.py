@@ -38,7 +38,6 @@ one-row calls. The exactness probe still has the last word.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, Tuple
 
 import mlx.core as mx
@@ -185,13 +184,6 @@ def kernel_products(layer, x: mx.array) -> mx.array:
 PARALLEL_WORK_BYTES = 16 * 1024 * 1024
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
 def kernel_threads(work_bytes: int = 0) -> int:
     """The kernel's threads for a product of ``work_bytes`` (weight bytes times rows):
     ``MLX_MTP_VERIFY_THREADS`` if set (0 = the bound library's count); else every usable core
@@ -201,7 +193,7 @@ def kernel_threads(work_bytes: int = 0) -> int:
     if cpu_blas.verify_threads_set():
         n = cpu_blas.verify_thread_count()
         return n if n else (cpu_blas.STATE.threads or 1)
-    return usable_cores() if work_bytes >= PARALLEL_WORK_BYTES else 1
+    return cpu_blas.usable_cores() if work_bytes >= PARALLEL_WORK_BYTES else 1
 
 
 def threaded(model: nn.Module, width: int) -> bool:

@@ -56,7 +56,7 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     assert out["kernel_threads"] == 2
     assert choices() == before and model.target.exact is True
     assert row_exact.kernel_threads(0) == 1  # the kernel arm's threads were its own
-    assert row_exact.kernel_threads(row_exact.PARALLEL_WORK_BYTES) == row_exact.usable_cores()
+    assert row_exact.kernel_threads(row_exact.PARALLEL_WORK_BYTES) == cpu_blas.usable_cores()
     assert gdn_block.mixer_choice is mixer_choice  # the stepwise arm's switch undone
 
 

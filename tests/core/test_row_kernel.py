@@ -231,7 +231,7 @@ def test_threads_split_columns_and_change_no_byte(monkeypatch):
     monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV)
     # unset: one thread for a small product, every usable core from the threshold on
     assert row_exact.kernel_threads(big - 1) == 1
-    assert row_exact.kernel_threads(big) == row_exact.usable_cores()
+    assert row_exact.kernel_threads(big) == cpu_blas.usable_cores()
 
 
 def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
@@ -316,7 +316,7 @@ def test_a_verify_whose_kernel_products_run_on_every_core_equals_plain_decode(wi
 
     needs_kernel()
     monkeypatch.setattr(row_exact, "PARALLEL_WORK_BYTES", 0)
-    monkeypatch.setattr(row_exact, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 2)
     model = mlx_mtp.load_model(wide_dir)
     prompt = mx.array([5, 6, 7, 8])
     out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=12, block_size=4)]
