@@ -178,9 +178,9 @@ def kernel_products(layer, x: mx.array) -> mx.array:
 
 
 # A product of at least this many weight bytes times rows runs on every core this process may
-# use: it does enough work to repay the threads' hand-off. On a 2-core x86 VM, a realistic-size
-# target's verify (16-512 MB layers) took 0.75-0.96x a decode step at widths 2-4 with 2 threads
-# against 0.97-1.27x with one; the demo pair's (1-2 MB layers) gained nothing (docs/cpu-backend.md).
+# use: it does enough work to repay the threads' hand-off (a realistic-size target's 16-512 MB
+# layers); smaller ones, such as the demo pair's 1-2 MB layers, gained nothing from a second
+# thread (measurements: docs/cpu-backend.md).
 PARALLEL_WORK_BYTES = 16 * 1024 * 1024
 
 
