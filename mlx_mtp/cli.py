@@ -10,6 +10,7 @@ import sys
 from mlx_mtp.decoding.block_chooser import AUTO
 from mlx_mtp.errors import MTPError
 from mlx_mtp.decoding.rounds import block_size_problem
+from mlx_mtp.models.draft_tree import MAX_TOPK
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,6 +38,13 @@ def block_size(s):
     problem = block_size_problem(v)
     if problem:
         raise argparse.ArgumentTypeError(problem)
+    return v
+
+
+def draft_topk(s):
+    v = _int(s)
+    if not 1 <= v <= MAX_TOPK:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_TOPK}, got {v}")
     return v
 
 

@@ -20,8 +20,9 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tabulate import tabulate
 
-from mlx_mtp.cli import (Parser, block_size, block_size_or_auto, cli_main, non_negative_float,
-                         non_negative_int, positive_int, temperature, unit_interval)
+from mlx_mtp.cli import (Parser, block_size, block_size_or_auto, cli_main, draft_topk,
+                         non_negative_float, non_negative_int, positive_int, temperature,
+                         unit_interval)
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops, native
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
@@ -37,6 +38,7 @@ from mlx_mtp.exactness.gate import table_rows as gate_table_rows
 from mlx_mtp.models import registry
 from mlx_mtp.models.distributed import SPLITS
 from mlx_mtp.models.draft_profile import table_rows as draft_profile_rows
+from mlx_mtp.models.draft_tree import CLI_NAMES, MAX_TOPK, tree_shape
 from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 
 __all__ = ["generate", "stream_generate", "generate_step", "speculative_generate_step", "main"]
@@ -187,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-block-size", type=block_size, default=DEFAULT_MAX_BLOCK_SIZE,
                    help=f"the widest block --block-size auto may choose (default "
                         f"{DEFAULT_MAX_BLOCK_SIZE})")
+    p.add_argument("--draft-topk", type=draft_topk, default=1,
+                   help=f"children drafted per tree node (1..{MAX_TOPK}; default 1: a chain). "
+                        "Above 1 each round drafts a tree, its depth --block-size less one, and "
+                        "verifies it in one forward (temperature 0, a fixed --block-size, the "
+                        "Qwen families' MTP head)")
+    p.add_argument("--draft-tokens", type=positive_int, default=None,
+                   help="most draft nodes a tree verifies per round (default: --draft-topk per "
+                        "depth)")
     p.add_argument("--temp", type=temperature, default=0.0,
                    help="sampling temperature (default 0: greedy, identical to plain decode)")
     p.add_argument("--top-p", type=unit_interval, default=0.0, help="sampling top-p (0: off)")
@@ -268,6 +278,8 @@ def run(args) -> dict:
         args.model, args.repetition_penalty, args.repetition_context_size)
     args.model = model_or_demo(args.model, args.drafter)
     widest = args.max_block_size if args.block_size == AUTO else args.block_size
+    tree_shape(args.draft_topk, args.draft_tokens, args.block_size, MAX_BLOCK_SIZE,
+               names=CLI_NAMES)  # before loading: a bad shape fails at once
     need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
@@ -297,7 +309,9 @@ def run(args) -> dict:
                                          max_block_size=args.max_block_size, sampler=sampler,
                                          stats=stats,
                                          logits_processors=processors, seed=args.seed,
-                                         acceptance=args.acceptance))
+                                         acceptance=args.acceptance,
+                                         draft_topk=args.draft_topk,
+                                         draft_tokens=args.draft_tokens))
     text = "".join(r.text for r in responses)
     tokens = _without_eos([r.token for r in responses], tokenizer)
     out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(),
@@ -356,10 +370,18 @@ def _rows_from_result(result: dict):
             ("acceptance rate", f"{result['acceptance_rate']:.3f}"),
             ("tokens per round", f"{result['tokens_per_round']:.3f}"),
         ]
+        tree = result.get("draft_topk", 1) > 1
+        if tree:
+            rows += [("draft tree", f"top {result['draft_topk']} per node, at most "
+                                    f"{result['draft_tokens']} nodes"),
+                     ("tree nodes verified per round", f"{result['tree_nodes_per_round']:.2f}"),
+                     ("accepted nodes by sibling rank (0: the head's first choice)",
+                      ", ".join(map(str, result["accepted_by_sibling_rank"])) or "-")]
         for j, (rate, n) in enumerate(zip(result["per_position_acceptance"],
                                           result["per_position_rounds"]), 1):
-            rows.append((f"draft {j} accepted (share of the {n} rounds that drafted it)",
-                         f"{rate:.3f}"))
+            rows.append((f"depth {j} reached (share of the {n} rounds whose tree reached it)"
+                         if tree else f"draft {j} accepted (share of the {n} rounds that "
+                         f"drafted it)", f"{rate:.3f}"))
         per_round = max(result["rounds"], 1)
         for phase, ms in result["phase_ms"].items():
             rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))

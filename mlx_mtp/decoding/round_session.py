@@ -24,6 +24,7 @@ from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.io.prompt_cache import PromptCache, Turn
+from mlx_mtp.models.draft_tree import TreeShape
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import Drafter, Target
 
@@ -50,6 +51,12 @@ class Request:
     seed: Optional[int]
     acceptance: str
     stats: Optional[RunStats]
+    tree: Optional[TreeShape] = None  # draft trees instead of chains (mlx_mtp.models.draft_tree)
+
+    @property
+    def widest(self) -> int:
+        """The widest verify the session may run: the block size, or a tree's nodes and root."""
+        return self.block_size if self.tree is None else max(self.block_size, self.tree.width)
 
     def embeddings(self, start: int, stop: int) -> Optional[mx.array]:
         """The input embeddings of prompt positions ``start:stop`` as a batch of one, or None."""
@@ -98,6 +105,8 @@ def start_stats(request: Request, rule: str) -> RunStats:
     stats.block_size = request.block_size if request.chooser is None else AUTO
     stats.max_block_size = request.block_size
     stats.acceptance_rule = rule
+    if request.tree is not None:
+        stats.draft_topk, stats.draft_tokens = request.tree.topk, request.tree.nodes
     return stats
 
 
@@ -114,17 +123,24 @@ class Session:
     stats: RunStats
     chooser: Optional[BlockChooser]  # ``auto``: chooses each round's drafts
     max_tokens: int
-    max_drafts: int  # the widest verify width less one
+    max_drafts: int  # the widest chain less one (a tree's depth)
     prompt_len: int
     settle: Callable[..., None]  # mx.async_eval, or mx.eval with MLX_MTP_SYNC_PHASES=1
     split: Optional[Any]  # mlx_mtp.models.distributed.Split of a split target
     crossings: Callable[[], None]  # brings the split's collective counts in stats up to date
+    tree: Optional[TreeShape] = None  # draft trees instead of chains
     pin: bool = False  # a drafted round's verify pins the process to one core (cpu_pin)
     generation_start: float = 0.0  # perf_counter when the first token was ready
 
     @property
     def target(self) -> Target:
         return self.model.target
+
+    @property
+    def widest(self) -> int:
+        """The widest verify: the widest chain, or a tree's nodes and root."""
+        return self.max_drafts + 1 if self.tree is None else max(self.max_drafts + 1,
+                                                                  self.tree.width)
 
     @property
     def plain_decode(self) -> bool:
@@ -158,7 +174,7 @@ def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Opti
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     session = Session(model, cache, kv, turn, drafter, draws, stats, request.chooser,
                       request.max_tokens, request.block_size - 1, prompt_len, settle, split,
-                      crossings)
+                      crossings, tree=request.tree)
     mx.reset_peak_memory()
     return session
 

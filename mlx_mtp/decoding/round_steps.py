@@ -22,6 +22,8 @@ from mlx_mtp.decoding import sampling
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
 from mlx_mtp.io.prompt_cache import forget_drafter
+from mlx_mtp.models import draft_tree
+from mlx_mtp.models.draft_tree import DraftTree
 
 Emitted = Tuple[int, mx.array, bool]  # (token, logprobs, from_draft)
 
@@ -56,9 +58,9 @@ def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
     """Ready the target for verify blocks, and the drafter (or the turn's carried one)."""
     target, drafter, turn = session.target, session.drafter, session.turn
     if exact:
-        target.prepare(session.max_drafts + 1)
+        target.prepare(session.widest)
     else:
-        target.prepare(session.max_drafts + 1, exact=False)
+        target.prepare(session.widest, exact=False)
     # A drafted round's verify on the CPU runs with every thread on one core (``cpu_pin``) from
     # its first eager C kernel call on: each kernel syncs with MLX's stream thread. Not across
     # split ranks (two could pin to one core), nor with more than one verify or kernel thread
@@ -66,7 +68,7 @@ def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
     session.pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and session.split is None
                    and cpu_blas.round_thread_count() == 1
                    and not (getattr(target, "exact", False)
-                            and row_exact.threaded(target.model, session.max_drafts + 1)))
+                            and row_exact.threaded(target.model, session.widest)))
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()
@@ -189,6 +191,7 @@ class Draft:
     probs: Optional[mx.array] = None  # speculative sampling: the drafter's q rows
     prob_ids: Optional[mx.array] = None  # the target ids of q's columns (a draft vocabulary)
     noise: tuple = ()  # coupled drafts' G_n, reused by the target's draws at those positions
+    tree: Optional[DraftTree] = None  # a draft tree: ``ids`` are its nodes, breadth first
 
 
 def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
@@ -206,6 +209,9 @@ def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
                 progress.history)
             drafter.draft_sampled(plan.drafts, sampler)
             proposal.ids, proposal.noise = sampler.drafts(), sampler.noise
+        elif session.tree is not None:
+            proposal.tree = drafter.draft_tree(session.tree.topk, session.tree.nodes, plan.drafts)
+            proposal.ids = proposal.tree.ids
         elif draws.streams is None:
             proposal.ids = drafter.draft(plan.drafts)
         else:
@@ -223,7 +229,8 @@ def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
 
 @dataclass
 class Verified:
-    """A verified block and its walk: ``accepted`` drafts kept, then the target's own token."""
+    """A verified block and its walk: ``accepted`` drafts kept, then the target's own token.
+    For a tree the rows are those of the walked path (root first), ``path`` their nodes."""
 
     hidden: mx.array  # [1, k + 1, H]: the target's hidden states over [bonus, drafts]
     logprobs: mx.array  # [k + 1, V]: processed, as yielded
@@ -231,6 +238,8 @@ class Verified:
     accepted: int
     out_ids: List[int]  # the round's output: the kept drafts, then the target's token
     new_ids: mx.array  # the same ids on the device
+    path: Optional[List[int]] = None  # a tree's walked nodes (root first)
+    fed: int = 0  # a tree's nodes, root included (what its verify fed the target)
 
 
 def verify_and_walk(session: Session, progress: Progress, plan: RoundPlan, proposal: Draft
@@ -240,7 +249,10 @@ def verify_and_walk(session: Session, progress: Progress, plan: RoundPlan, propo
     drafts = plan.drafts
     verify_start = time.perf_counter()
     hidden, logprobs, target_ids, host = _verify(session, progress, plan, proposal)
-    session.stats.record_verify(drafts + 1, time.perf_counter() - verify_start)
+    width = 1 if proposal.ids is None else proposal.ids.shape[0] + 1
+    session.stats.record_verify(width, time.perf_counter() - verify_start)
+    if proposal.tree is not None:
+        return _walk_tree(session, proposal.tree, hidden, logprobs, target_ids, host)
     picks, drafted = host[: drafts + 1], host[drafts + 1 : 2 * drafts + 1]
     if session.draws.streams is None:  # greedy / point-mass: drafts equal to the target's picks
         accepted = sampling.accepted_length([d == t for d, t in zip(drafted, picks)])
@@ -252,6 +264,17 @@ def verify_and_walk(session: Session, progress: Progress, plan: RoundPlan, propo
     return Verified(hidden, logprobs, target_ids, accepted, out_ids, new_ids)
 
 
+def _walk_tree(session: Session, tree: DraftTree, hidden: mx.array, logprobs: mx.array,
+               target_ids: mx.array, host: list) -> Verified:
+    """The greedy walk down a verified tree; the rows of the walked path, root first."""
+    path = draft_tree.walk(tree, host[: len(tree.parents)])
+    session.stats.record_tree(tree, path)
+    out_ids = [tree.tokens[n - 1] for n in path[1:]] + [host[path[-1]]]
+    rows = mx.array(path, dtype=mx.uint32)
+    return Verified(hidden[:, rows], logprobs[rows], target_ids[rows], len(path) - 1, out_ids,
+                    mx.array(out_ids, dtype=target_ids.dtype), path, len(tree.parents))
+
+
 def _verify(session: Session, progress: Progress, plan: RoundPlan, proposal: Draft
             ) -> Tuple[mx.array, mx.array, mx.array, list]:
     """``(hidden, logprobs, target ids, host)``: host is the target's picks, the drafts and any
@@ -261,11 +284,18 @@ def _verify(session: Session, progress: Progress, plan: RoundPlan, proposal: Dra
         bonus = progress.bonus
         block = bonus if proposal.ids is None else mx.concatenate([bonus, proposal.ids])
         # One token (no drafts) needs no rollback: a plain step.
-        hidden = (target.verify(block[None], session.cache) if plan.drafts > 0
-                  else target.decode(block[None], session.cache))
+        if proposal.tree is not None:
+            hidden = target.verify_tree(block[None], session.cache, proposal.tree)
+        elif plan.drafts > 0:
+            hidden = target.verify(block[None], session.cache)
+        else:
+            hidden = target.decode(block[None], session.cache)
         logits = target.logits(hidden[0])
         if draws.processors:
-            logits = sampling.process_rows(logits, progress.history, block, draws.processors)
+            paths = (None if proposal.tree is None
+                     else [proposal.tree.path(i) for i in range(len(proposal.tree.parents))])
+            logits = sampling.process_rows(logits, progress.history, block, draws.processors,
+                                           paths)
         logprobs = logprobs_of(logits)
         parts = [] if proposal.ids is None else [proposal.ids]
         if draws.keys is not None:
@@ -300,7 +330,10 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
     accepted, hidden = verified.accepted, verified.hidden
     if plan.drafts > 0:  # selecting the kept states is graph work: evaluated with the next round
         with stats.phase("finalize"):
-            target.rollback(cache, fed=plan.drafts + 1, keep=accepted + 1)
+            if verified.path is not None:
+                target.keep_path(cache, verified.fed, verified.path)
+            else:
+                target.rollback(cache, fed=plan.drafts + 1, keep=accepted + 1)
     replaced = session.kv.quantize(cache)
     if session.split is not None:  # rollback ran on every rank, on its own layers
         session.crossings()

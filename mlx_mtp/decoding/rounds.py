@@ -47,6 +47,7 @@ from mlx_mtp.io.kv_settings import KVSettings, note_max_kv_size
 from mlx_mtp.io.prompt_cache import (PromptCache, Turn, check_prompt_cache, forget_drafter,
                                      make_prompt_cache)
 from mlx_mtp.models import draft_profile
+from mlx_mtp.models.draft_tree import TreeShape, tree_shape
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import Drafter
 
@@ -111,6 +112,8 @@ def speculative_generate_step(
     seed: Optional[int] = None,
     acceptance: str = "auto",
     stats: Optional[RunStats] = None,
+    draft_topk: int = 1,
+    draft_tokens: Optional[int] = None,
 ) -> Generator[Tuple[int, mx.array, bool], None, None]:
     """Yield ``(token, logprobs, from_draft)`` like mlx-lm's ``speculative_generate_step``
     (``generate_step`` is this without ``from_draft``, as mlx-lm's).
@@ -132,12 +135,16 @@ def speculative_generate_step(
     yields them. ``acceptance``: ``auto``, ``point-mass`` or ``speculative-sampling`` (see
     ``mlx_mtp.decoding.sampling``; temperature 0 is always ``greedy``). ``seed`` seeds the key
     streams of speculative sampling, or under ``auto`` the per-position keys (default: drawn
-    from mlx's global random state). On a split target
+    from mlx's global random state). ``draft_topk`` above 1 drafts a tree per round instead of a
+    chain (``mlx_mtp.models.draft_tree``): ``draft_topk`` children considered per node, at most
+    ``draft_tokens`` draft nodes verified (default ``draft_topk`` per depth), its depth the block
+    size less one; at temperature 0, with a fixed ``block_size``. On a split target
     (``mlx_mtp.models.distributed``) every step is bounded by the split's watchdog.
     """
     check_no_draft_model(draft_model, num_draft_tokens)
     max_tokens = _checked_max_tokens(max_tokens)
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
+    tree = check_tree(model, draft_topk, draft_tokens, block_size, chooser, sampler)
     cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
     env.flag(SYNC_PHASES_ENV)  # as a bad MLX_MTP_SYNC_PHASES does
     prompt = _checked_prompt(prompt, input_embeddings)
@@ -148,13 +155,32 @@ def speculative_generate_step(
     turn = Turn(model, cache, kv, drafter) if prompt_cache is not None else None
     request = Request(max_tokens, sampler, logits_processors, prefill_step_size,
                       prompt_progress_callback, input_embeddings, block_size, chooser, seed,
-                      acceptance, stats)
+                      acceptance, stats, tree)
     context = mx.stream(stream) if stream is not None else contextlib.nullcontext()
     with context:
         tokens = _rounds(prompt, model, cache, kv, turn, drafter, request)
         if getattr(model, "split", None) is not None:
             tokens = model.split.guard(tokens)
         yield from _settled(tokens, turn)
+
+
+def check_tree(model: MTPModel, draft_topk, draft_tokens, block_size: int,
+               chooser: Optional[BlockChooser], sampler) -> Optional[TreeShape]:
+    """The draft tree's shape (None: chains), or an error naming what a tree needs."""
+    tree = tree_shape(draft_topk, draft_tokens, AUTO if chooser is not None else block_size,
+                      MAX_BLOCK_SIZE)
+    if tree is None:
+        return None
+    if not sampling.is_argmax(sampler):
+        raise MTPError("draft_topk above 1 (tree drafting) runs at temperature 0 only; use "
+                       "draft_topk 1 (a chain) to sample")
+    if model.drafter is not None and not (hasattr(model.drafter, "draft_tree")
+                                          and hasattr(model.target, "keep_path")):
+        raise MTPError(f"draft_topk above 1: this drafter ({type(model.drafter).__name__}) "
+                       "drafts chains only (trees are drafted by the Qwen families' MTP head)")
+    if getattr(model, "split", None) is not None:
+        raise MTPError("draft_topk above 1 (tree drafting) is not available on a split target")
+    return tree
 
 
 def _checked_max_tokens(max_tokens) -> int:
@@ -256,7 +282,7 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     # At T=0 exact or not at all: where a verify block is not byte-identical to single-token
     # decode on this device, the gate declines and the target decodes plainly. A rule that
     # samples promises the distribution: no probe (mlx_mtp.exactness.gate).
-    decision = gate.apply(model, request.block_size, stats, kv=kv if kv.enabled else None,
+    decision = gate.apply(model, request.widest, stats, kv=kv if kv.enabled else None,
                           sampling=draws.rule != sampling.GREEDY)
     if not decision.mtp_enabled:
         yield from _decode_plainly(prompt, model, cache, kv, turn, draws, stats, request)

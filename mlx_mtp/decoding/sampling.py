@@ -190,12 +190,16 @@ def accepted_length(accepted: Sequence) -> int:
 
 
 def process_rows(logits: mx.array, history: mx.array, block: mx.array,
-                 processors: Sequence) -> mx.array:
+                 processors: Sequence, paths: Optional[Sequence[Sequence[int]]] = None
+                 ) -> mx.array:
     """Apply mlx-lm logits processors to verify rows: row i follows ``block[: i + 1]``, so it sees
-    ``history + block[1 : i + 1]`` where ``history`` already ends with ``block[0]`` (the bonus)."""
+    ``history + block[1 : i + 1]`` where ``history`` already ends with ``block[0]`` (the bonus).
+    A draft tree's row i follows its path instead: ``paths[i]``, the block rows from the root."""
     rows = []
     for i in range(logits.shape[0]):
-        tokens = history if i == 0 else mx.concatenate([history, block[1 : i + 1]])
+        after = list(range(1, i + 1)) if paths is None else list(paths[i][1:])
+        tokens = history if not after else mx.concatenate(
+            [history, block[mx.array(after, dtype=mx.uint32)]])
         row = logits[i : i + 1]
         for proc in processors:
             row = proc(tokens, row)

@@ -44,6 +44,12 @@ class RunStats:
     # cost estimates see (tools/simulate_chooser.py --sigma record replays with it)
     round_log_s: Dict[int, List[float]] = field(default_factory=dict)
     peak_memory_gb: float = 0.0
+    # Draft trees (mlx_mtp.models.draft_tree): the shape, nodes verified over the run, and
+    # accepted nodes by their rank among their siblings (0: the drafter's first choice).
+    draft_topk: int = 1
+    draft_tokens: Optional[int] = None
+    tree_nodes: int = 0
+    sibling_rank_hits: List[int] = field(default_factory=list)
     # greedy / point-mass / speculative-sampling (``mlx_mtp.decoding.sampling``); None when no
     # MTP loop ran.
     acceptance_rule: Optional[str] = None
@@ -116,6 +122,15 @@ class RunStats:
             self.offered[j] += 1
             self.hits[j] += j < accepted
 
+    def record_tree(self, tree, path: List[int]) -> None:
+        """A verified draft tree and the walked path (root first)."""
+        self.tree_nodes += len(tree.parents) - 1
+        for node in path[1:]:
+            rank = tree.ranks[node]
+            while len(self.sibling_rank_hits) <= rank:
+                self.sibling_rank_hits.append(0)
+            self.sibling_rank_hits[rank] += 1
+
     def round_spread_by_width(self) -> Dict[int, Dict[str, float]]:
         """Per verify width timed in two rounds or more: the rounds and the standard deviation of
         log(round wall time) among them (0.03: a round's time typically within 3% of the
@@ -177,6 +192,10 @@ class RunStats:
                                        sorted(self.verify_by_width.items())},
             "round_spread_by_width": {str(w): v for w, v in self.round_spread_by_width().items()},
             "peak_memory_gb": self.peak_memory_gb,
+            "draft_topk": self.draft_topk,
+            "draft_tokens": self.draft_tokens,
+            "tree_nodes_per_round": self.tree_nodes / self.rounds if self.rounds else 0.0,
+            "accepted_by_sibling_rank": list(self.sibling_rank_hits),
             "acceptance_rule": self.acceptance_rule,
             "mtp_enabled": self.mtp_enabled,
             "gate_reason": self.gate_reason,

@@ -96,3 +96,63 @@ class TableDrafter:
             return tok
 
         return self.inner.draft_sampled(k, on_table)
+
+
+class OracleTreeDrafter(OracleDrafter):
+    """Drafts planted trees over the known continuation: at every depth the true token and a
+    wrong sibling (which of them is the drafter's first choice alternates with the depth), and
+    under each wrong sibling a child holding the next true token, which the walk must not take.
+    Round r plants a mistake at depth ``schedule[r] + 1``. With ``inner`` (the real MTP drafter)
+    its ``draft_tree`` runs too, so the head's in-round state is exercised and rolled back."""
+
+    def __init__(self, full, schedule, vocab_size, inner=None):
+        self.inner = inner
+        super().__init__(full, schedule, vocab_size)
+
+    def reset(self) -> None:
+        super().reset()
+        if self.inner is not None:
+            self.inner.reset()
+
+    def prefill(self, hidden, next_ids) -> None:
+        super().prefill(hidden, next_ids)
+        if self.inner is not None:
+            self.inner.prefill(hidden, next_ids)
+
+    def accept(self, hidden, next_ids) -> None:
+        super().accept(hidden, next_ids)
+        if self.inner is not None:
+            self.inner.accept(hidden, next_ids)
+
+    def state_arrays(self) -> list:
+        return [] if self.inner is None else self.inner.state_arrays()
+
+    def draft_tree(self, topk: int, nodes: int, depth: int):
+        from mlx_mtp.models.draft_tree import DraftTree
+
+        if self.inner is not None:
+            self.inner.draft_tree(topk, nodes, depth)
+        true = self._ids(depth)  # the mistake planted at depth planned + 1
+        wrong = lambda t: (t + 1) % self.vocab_size  # noqa: E731
+        tokens, parents, ranks = [], [-1], [0]
+        on_path, decoy = 0, None  # node numbers of the true-path node and the last wrong sibling
+        for d in range(depth):
+            level = [(true[d], on_path), (wrong(true[d]), on_path)]
+            if d % 2:
+                level.reverse()
+            if decoy is not None:
+                level.append((true[d], decoy))
+            next_path = next_decoy = None
+            for rank, (tok, parent) in enumerate(level):
+                number = len(parents)
+                tokens.append(tok)
+                parents.append(parent)
+                ranks.append(rank if parent == on_path else 0)
+                if parent == on_path and tok == true[d]:
+                    next_path = number
+                elif parent == on_path:
+                    next_decoy = number
+            if next_path is None:  # the planted mistake: both siblings wrong
+                next_path = next_decoy
+            on_path, decoy = next_path, next_decoy
+        return DraftTree(mx.array(tokens, dtype=mx.uint32), tokens, parents, ranks)

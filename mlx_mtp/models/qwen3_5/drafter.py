@@ -7,6 +7,7 @@ embedding and LM head and keeps its own KV cache, whose offset always equals the
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import List, Optional
 
 import mlx.core as mx
@@ -16,12 +17,15 @@ from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
+from mlx_mtp.models import draft_tree
 from mlx_mtp.models.draft_profile import DraftProfiler
+from mlx_mtp.models.draft_tree import DraftTree
 from mlx_mtp.models.protocols import DrafterDefaults
 from mlx_mtp.models.qwen3_5 import row_products
 from mlx_mtp.models.qwen3_5.compiled_head import CompiledHead
 from mlx_mtp.models.qwen3_5.fused_head import FusedHead, fusable
 from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead
+from mlx_mtp.models.qwen3_5.target import Qwen3NextSpecAttention
 from mlx_mtp.models.options import DraftOptions
 
 # Norm-weight suffixes that use the zero-centred (1 + w) convention in raw HF checkpoints.
@@ -161,6 +165,68 @@ class QwenMTPDrafter(DrafterDefaults):
     def draft(self, k: int) -> mx.array:
         return self._draft(k, self.first_draft)
 
+    def draft_tree(self, topk: int, nodes: int, depth: int) -> DraftTree:
+        """A tree of at most ``nodes`` drafts and ``depth`` levels after the bonus
+        (``mlx_mtp.models.draft_tree``): the ``topk`` best children of each expanded node by the
+        head's log-probabilities; at each depth the ``topk`` children of highest path
+        probability are expanded, the head run once over them; the ``nodes`` of highest path
+        probability are kept. One host read per depth (the shape depends on the scores)."""
+        logits = self.first_draft_logits
+        if logits is None:
+            logits = self.lm.project(self.first_draft_hidden[:, -1])
+        base = self.offset
+        # candidates: [token, score, parent candidate (-1: the root), depth, rank]
+        cands: List[list] = []
+        parent_g = {-1: self.first_draft_hidden}
+        entry = {}  # expanded candidate -> its in-round head cache entry
+        frontier = self._children(logits, [-1], [0.0], 1, topk, cands)
+        for d in range(2, depth + 1):
+            hidden = mx.concatenate([parent_g[cands[f][2]] for f in frontier], axis=1)
+            ids = mx.array([cands[f][0] for f in frontier], dtype=mx.uint32)
+            first = len(entry)
+            for r, f in enumerate(frontier):
+                entry[f] = first + r
+            rows = draft_tree.Rows(base, [base + d - 2] * len(frontier),
+                                   [self._entries(f, cands, entry) for f in frontier])
+            with draft_tree.laid_out(rows), _attending_by_rows(self.head):
+                g = self.head(self.target.embed(ids[None]), hidden, self.cache)
+            for r, f in enumerate(frontier):
+                parent_g[f] = g[:, r : r + 1]
+            frontier = self._children(self.lm.project(g[0]), frontier,
+                                      [cands[f][1] for f in frontier], d, topk, cands)
+        self.in_round = len(entry)
+        return _select(cands, nodes)
+
+    def _children(self, logits: mx.array, parents: List[int], scores: List[float], d: int,
+                  topk: int, cands: List[list]) -> List[int]:
+        """Add the ``topk`` best children of each parent row of ``logits`` to ``cands``; return
+        the ``topk`` new ones of highest path score (the next depth's expansions)."""
+        cols = mx.argpartition(-logits, topk - 1, axis=-1)[:, :topk]
+        best = mx.take_along_axis(logits, cols, axis=-1)
+        order = mx.argsort(-best, axis=-1)
+        cols = mx.take_along_axis(cols, order, axis=-1)
+        best = mx.take_along_axis(best, order, axis=-1) - mx.logsumexp(logits, axis=-1,
+                                                                       keepdims=True)
+        tokens, best = self.lm.to_target(cols).tolist(), best.tolist()
+        self.syncs += 1
+        new = []
+        for r, p in enumerate(parents):
+            for rank in range(topk):
+                new.append(len(cands))
+                cands.append([tokens[r][rank], scores[r] + best[r][rank], p, d, rank])
+        new.sort(key=lambda c: -cands[c][1])
+        return new[:topk]
+
+    @staticmethod
+    def _entries(f: int, cands: List[list], entry: dict) -> List[int]:
+        """The in-round head entries candidate ``f`` sees: its expanded ancestors' and its own."""
+        out = [entry[f]]
+        p = cands[f][2]
+        while p >= 0:
+            out.append(entry[p])
+            p = cands[p][2]
+        return out[::-1]
+
     def _sample(self, logits: mx.array, sample) -> mx.array:
         self.profiler.stage("lm_head", logits)
         tok = sample(logits, ids=self.lm.ids)
@@ -218,3 +284,39 @@ class QwenMTPDrafter(DrafterDefaults):
                 "quantized_layers": len(quantized),
                 "bits": sorted({m.bits for m in quantized}),
                 "fc_quantized": hasattr(self.head.fc, "bits")}
+
+
+@contextmanager
+def _attending_by_rows(head: MTPHead):
+    """The head's attention layers as ``Qwen3NextSpecAttention`` for this body, so a draft tree's
+    rows attend along their paths (``draft_tree.Rows``); mlx-lm's class again after it (the
+    merged head and the compiled step look for it)."""
+    swapped = [layer.self_attn for layer in head.layers
+               if type(getattr(layer, "self_attn", None)) is _qwen3_next.Qwen3NextAttention]
+    for attn in swapped:
+        attn.__class__ = Qwen3NextSpecAttention
+    try:
+        yield
+    finally:
+        for attn in swapped:
+            attn.__class__ = _qwen3_next.Qwen3NextAttention
+
+
+def _select(cands: List[list], nodes: int) -> DraftTree:
+    """The ``nodes`` candidates of highest path score (a child never scores above its parent,
+    and ties go to the shallower, so they form a tree), numbered breadth first, siblings best
+    first."""
+    order = sorted(range(len(cands)), key=lambda c: (-cands[c][1], cands[c][3], c))[:nodes]
+    chosen = set(order)
+    number = {-1: 0}
+    tokens, parents, ranks = [], [-1], [0]
+    for d in range(1, max(cands[c][3] for c in order) + 1):
+        level = sorted((c for c in order if cands[c][3] == d),
+                       key=lambda c: (number[cands[c][2]], -cands[c][1], c))
+        for c in level:
+            assert cands[c][2] in number and (cands[c][2] < 0 or cands[c][2] in chosen)
+            number[c] = len(parents)
+            tokens.append(cands[c][0])
+            parents.append(number[cands[c][2]])
+            ranks.append(cands[c][4])
+    return DraftTree(mx.array(tokens, dtype=mx.uint32), tokens, parents, ranks)

@@ -339,6 +339,27 @@ def reference_pre(layer, x: mx.array, offset: int):
     return layer.rope(queries, offset=offset), gate, layer.rope(keys, offset=offset), values
 
 
+def tree_pre(layer, x: mx.array, positions: List[int]):
+    """``reference_pre`` for rows at their own ``positions`` (a draft tree's nodes): each run of
+    rows at consecutive positions gets one rope call at its first position, as a chain does."""
+    queries, gate, keys, values = _heads(layer.q_proj(x), layer.k_proj(x), layer.v_proj(x),
+                                         layer.q_norm["weight"], layer.k_norm["weight"],
+                                         _attn_shape(layer))
+    runs, start = [], 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    if len(runs) == 1:
+        at = positions[0]
+        return layer.rope(queries, offset=at), gate, layer.rope(keys, offset=at), values
+    q = mx.concatenate([layer.rope(queries[:, :, a:b], offset=positions[a]) for a, b in runs],
+                       axis=2)
+    k = mx.concatenate([layer.rope(keys[:, :, a:b], offset=positions[a]) for a, b in runs],
+                       axis=2)
+    return q, gate, k, values
+
+
 def _attn_plain(layer, T: int, projections) -> Optional[Tuple]:
     return _rows_of([getattr(layer, p) for p in projections], T)
 

@@ -26,6 +26,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from mlx_lm.models.gated_delta import gated_delta_update
 
 from mlx_mtp.exactness import row_exact
+from mlx_mtp.models import draft_tree
 from mlx_mtp.models.trunk import TrunkTarget
 from mlx_mtp.models.qwen3_5 import layer_block
 from mlx_mtp.models.qwen3_5.gdn_block import capture_mixer, conv_qkv
@@ -72,28 +73,62 @@ class _CapturingGDN:
         conv_state = cache[0]
         if conv_state is None:
             conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
-        state_in = cache[1]
-        if mask is None and uses_ops_recurrence(self.head_k_dim, not self.training):
-            out, conv_input, cache[0], states = capture_mixer(self, qkv, z, b, a, conv_state,
-                                                              state_in)
-            cache[1] = states[-1]
-            cache.stash = ("states", states, conv_input)
+        rows = draft_tree.current()
+        if rows is None:
+            out, cache[0], cache[1], cache.stash = self._mix(qkv, z, b, a, conv_state, cache[1],
+                                                             mask)
         else:
-            out = self._kernel_mixer(qkv, z, b, a, conv_state, mask, cache)
+            out = self._mix_tree(qkv, z, b, a, conv_state, cache, rows)
         cache.advance(S)
         out = self.out_proj(out.reshape(B, S, -1))
         return out if group is None else mx.distributed.all_sum(out, group=group)
 
-    def _kernel_mixer(self, qkv, z, b, a, conv_state, mask, cache):
-        """As mlx-lm (masked, or its Metal kernel): stash the inputs, replay kept tokens later."""
+    def _mix(self, qkv, z, b, a, conv_state, state_in, mask):
+        """The block's mixer output, the conv and recurrent states after it, and the stash a
+        rollback selects from: the per-token states, or (masked, or where mlx-lm runs its Metal
+        kernel) the inputs, to replay the kept tokens as mlx-lm computes them."""
+        if mask is None and uses_ops_recurrence(self.head_k_dim, not self.training):
+            out, conv_input, conv_end, states = capture_mixer(self, qkv, z, b, a, conv_state,
+                                                              state_in)
+            return out, conv_end, states[-1], ("states", states, conv_input)
         if mask is not None:
             qkv = mx.where(mask[..., None], qkv, 0)
-        conv_input, cache[0], q, k, v = conv_qkv(self, qkv, conv_state)
-        state_in = cache[1]
-        out, cache[1] = gated_delta_update(
+        conv_input, conv_end, q, k, v = conv_qkv(self, qkv, conv_state)
+        out, state_end = gated_delta_update(
             q, k, v, a, b, self.A_log, self.dt_bias, state_in, mask, use_kernel=not self.training)
-        cache.stash = ("replay", q, k, v, a, b, state_in, conv_input)
-        return self.norm(out, z)
+        return (self.norm(out, z), conv_end, state_end,
+                ("replay", q, k, v, a, b, state_in, conv_input))
+
+    def _mix_tree(self, qkv, z, b, a, conv_state, cache, rows):
+        """A draft tree's rows: the block's mixer over every root-to-leaf path from the cache's
+        states, the paths as one batch (shorter ones padded with their last row, whose outputs
+        are not read), so each row is what the chain through its ancestors gives. The stash
+        keeps every path's states (``keep_path`` selects the accepted one)."""
+        paths = rows.paths()
+        longest = max(len(p) for p in paths)
+        idx = mx.array([p + p[-1:] * (longest - len(p)) for p in paths], dtype=mx.uint32)
+        P = len(paths)
+        state_in = cache[1]
+        out, conv_end, state_end, stash = self._mix(
+            qkv[0][idx], z[0][idx], b[0][idx], a[0][idx], _repeat(conv_state, P),
+            None if state_in is None else _repeat(state_in, P), None)
+        first = {}
+        for i, p in enumerate(paths):
+            for j, node in enumerate(p):
+                first.setdefault(node, i * longest + j)
+        flat = out.reshape(P * longest, *out.shape[2:])
+        picked = flat[mx.array([first[n] for n in range(qkv.shape[1])], dtype=mx.uint32)]
+        cache[0], cache[1] = conv_end[:1], state_end[:1]  # a path's ends until ``keep_path``
+        cache.stash = ("tree", paths, stash)
+        return picked[None]
+
+    def keep_path(self, cache: SpecArraysCache, path: List[int]) -> None:
+        """After a tree verify, the states after the nodes ``path`` (root first); the stash
+        becomes that path's, so a later ``rewind`` works as after a chain."""
+        _, paths, (kind, *stash) = cache.stash
+        i = next(i for i, p in enumerate(paths) if p[: len(path)] == path)
+        cache.stash = (kind, *(_row(x, i) for x in stash))
+        self.rewind(cache, len(path))
 
     def rewind(self, cache: SpecArraysCache, keep: int) -> None:
         """Set the cache to the state after the first ``keep`` tokens of the last verify."""
@@ -138,6 +173,9 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         B, L, D = x.shape
+        rows = draft_tree.current()
+        if rows is not None and cache is not None:
+            return self._tree_rows(x, cache, rows)
         by_rows = row_exact.active() and L > 1
         compiled = layer_block.active()
         if cache is None or not (by_rows or compiled):
@@ -165,7 +203,59 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         return layer_block.compiled_post(self, rows, gate, post)
 
 
+    def _tree_rows(self, x: mx.array, cache, rows: draft_tree.Rows) -> mx.array:
+        """Draft-tree rows (``draft_tree.Rows``): each query at its node's position, against the
+        keys of the cache's committed entries and then its path's, in path order, as a chain's
+        row at that position sees them."""
+        queries, gate, keys, values = layer_block.tree_pre(self, x, rows.positions)
+        keys, values = cache.update_and_fetch(keys, values)
+        out = [scaled_dot_product_attention(
+                   queries[:, :, i : i + 1], _seen(keys, rows.base, seen),
+                   _seen(values, rows.base, seen), cache=cache, scale=self.scale, mask=None)
+               for i, seen in enumerate(rows.visible)]
+        return layer_block.reference_post(self, out, gate)
+
+
+def _repeat(x: mx.array, n: int) -> mx.array:
+    """``x`` (a batch of one) as a batch of ``n`` copies."""
+    return x if n == 1 else mx.concatenate([x] * n, axis=0)
+
+
+def _row(x, i: int):
+    """Batch entry ``i`` of a stashed array (or of each array of a per-token list)."""
+    if isinstance(x, (list, tuple)):
+        return [_row(y, i) for y in x]
+    return x[i : i + 1]
+
+
+def _seen(kv, base: int, seen: List[int]):
+    """Positions ``0..base-1``, then ``base + j`` for j in ``seen``, of a cache's keys or values
+    (an array, or a quantized tuple)."""
+    if seen == list(range(len(seen))):
+        return _first(kv, base + len(seen))
+    if isinstance(kv, (tuple, list)):
+        return tuple(_seen(x, base, seen) for x in kv)
+    idx = mx.array([base + j for j in seen], dtype=mx.uint32)
+    return mx.concatenate([kv[..., :base, :], kv[..., idx, :]], axis=-2)
+
+
+def _compact(c, fed: int, path: List[int]) -> None:
+    """A KV cache that took ``fed`` tree nodes: their entries become those of ``path``, at
+    consecutive positions from the block's start."""
+    start = c.offset - fed
+    idx = mx.array([start + j for j in path], dtype=mx.uint32)
+    stop = start + len(path)
+    if isinstance(c.keys, (tuple, list)):  # a quantized cache: (packed, scales, biases)
+        for part in (c.keys, c.values):
+            for x in part:
+                x[..., start:stop, :] = x[..., idx, :]
+    else:
+        c.keys[..., start:stop, :] = c.keys[..., idx, :]
+        c.values[..., start:stop, :] = c.values[..., idx, :]
+    c.offset = stop
+
 def _first(kv, n: int):
+
     """Positions ``0..n-1`` of a cache's keys or values (an array, or a quantized tuple)."""
     if isinstance(kv, (tuple, list)):  # (packed, scales, biases)
         return tuple(x[..., :n, :] for x in kv)
@@ -213,6 +303,31 @@ class Qwen3_5Target(TrunkTarget):
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
         with layer_block.compiling():
             return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
+
+    def verify_tree(self, ids: mx.array, cache: List[Any], tree: draft_tree.DraftTree
+                    ) -> mx.array:
+        """``verify`` of a draft tree's nodes (``ids [1, n]``: the root, then ``tree``'s nodes
+        breadth first): every row is what a chain verify through the node's ancestors gives,
+        and ``keep_path`` commits one root-to-node path."""
+        start = next((c.offset for c in cache if not isinstance(c, SpecArraysCache)), 0)
+        with draft_tree.laid_out(draft_tree.verify_rows(tree, start)):
+            return self.verify(ids, cache)
+
+    def keep_path(self, cache: List[Any], fed: int, path: List[int]) -> None:
+        """After ``verify_tree`` of ``fed`` nodes: keep the nodes ``path`` (root first) as
+        consecutive positions, as a chain verify of them then a rollback would leave the caches;
+        nothing of the other nodes remains."""
+        contiguous = path == list(range(len(path)))
+        for layer, c in zip(self.layers, cache):
+            if isinstance(c, SpecArraysCache):
+                layer.linear_attn.keep_path(c, path)
+                if not c.keep_stash:
+                    c.stash = None
+            elif contiguous:
+                if len(path) < fed:
+                    c.trim(fed - len(path))
+            else:
+                _compact(c, fed, path)
 
     def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """A one-token step through the verify's compiled pieces (``gdn_block``, ``layer_block``:

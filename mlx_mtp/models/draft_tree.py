@@ -1,0 +1,151 @@
+"""Draft trees: the shape a round may draft, the tree it drafted, and the walk over it.
+
+A tree's nodes are numbered breadth first: node 0 is the round's bonus token (the root), the draft
+nodes follow by depth, siblings best first. ``parents[i]`` is node i's parent (-1 for the root).
+The verify feeds the nodes as one block; every node's row must equal what a chain through its
+ancestors gives (``Rows``: which block rows each row sees, and at which position).
+
+Shape (``TreeShape``): ``topk`` children are considered per expanded node and the ``topk`` best
+of them by path probability are expanded at the next depth (EAGLE-2's expansion, as SGLang's
+``--speculative-eagle-topk``); of everything considered, the ``nodes`` of highest path probability
+are verified (``--speculative-num-draft-tokens`` less the root); ``depth`` bounds the paths.
+``topk`` 1 is the chain.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from mlx_mtp.errors import MTPError
+
+MAX_TOPK = 8
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    topk: int
+    nodes: int  # draft nodes verified per round (the verify is nodes + 1 wide)
+
+    @property
+    def width(self) -> int:
+        return self.nodes + 1
+
+
+API_NAMES = {"topk": "draft_topk", "tokens": "draft_tokens", "block": "block_size"}
+CLI_NAMES = {"topk": "--draft-topk", "tokens": "--draft-tokens", "block": "--block-size"}
+
+
+def tree_shape(draft_topk: int, draft_tokens: Optional[int], block_size, max_width: int,
+               names: dict = API_NAMES) -> Optional[TreeShape]:
+    """The checked shape for ``draft_topk`` / ``draft_tokens`` (None: the chain). ``draft_tokens``
+    defaults to ``draft_topk`` per depth; a tree needs a fixed block size, which bounds its depth.
+    ``names``: the settings' names in the errors (the API's or the CLI's)."""
+    topk, tokens, block = names["topk"], names["tokens"], names["block"]
+    if not isinstance(draft_topk, int) or isinstance(draft_topk, bool) or \
+            not 1 <= draft_topk <= MAX_TOPK:
+        raise MTPError(f"{topk} must be an integer from 1 to {MAX_TOPK}, got {draft_topk!r}")
+    if draft_topk == 1:
+        if draft_tokens is not None and draft_tokens != block_size - 1:
+            raise MTPError(f"{tokens} with {topk} 1 (a chain) is the block size less one, got "
+                           f"{draft_tokens!r}")
+        return None
+    if not isinstance(block_size, int):
+        raise MTPError(f"{topk} above 1 needs a fixed {block} (the tree's depth plus one), got "
+                       f"{block_size!r}")
+    if block_size < 2:
+        raise MTPError(f"{topk} above 1 drafts a tree: it needs a {block} of at least 2 (the "
+                       f"tree's depth is the block size less one)")
+    depth = block_size - 1
+    if draft_tokens is None:
+        draft_tokens = min(draft_topk * depth, max_width - 1)
+    if not isinstance(draft_tokens, int) or isinstance(draft_tokens, bool) or \
+            not depth <= draft_tokens <= max_width - 1:
+        raise MTPError(f"{tokens} must be an integer from the tree's depth ({block} less one: "
+                       f"{depth}) to {max_width - 1}, got {draft_tokens!r}")
+    return TreeShape(draft_topk, draft_tokens)
+
+
+@dataclass
+class DraftTree:
+    """A drafted tree: ``ids`` [nodes] on the device (draft nodes 1..n), the host's copy, and
+    the structure. ``ranks[i]``: node i's rank among its siblings (0: the drafter's best)."""
+
+    ids: object  # mx.array [n] uint32
+    tokens: List[int]
+    parents: List[int]  # over nodes 0..n, root first (-1)
+    ranks: List[int]
+
+    @property
+    def depths(self) -> List[int]:
+        out = [0]
+        for p in self.parents[1:]:
+            out.append(out[p] + 1)
+        return out
+
+    def path(self, node: int) -> List[int]:
+        """Nodes from the root to ``node``, both included."""
+        out = [node]
+        while self.parents[out[-1]] >= 0:
+            out.append(self.parents[out[-1]])
+        return out[::-1]
+
+    def leaves(self) -> List[int]:
+        has_child = set(self.parents[1:])
+        return [i for i in range(len(self.parents)) if i not in has_child]
+
+
+def walk(tree: DraftTree, picks: Sequence[int]) -> List[int]:
+    """The greedy walk: from the root, go to the child whose token is the target's pick at the
+    current node, while there is one. Returns the path of kept nodes (root first)."""
+    children = {}
+    for i in range(1, len(tree.parents)):
+        children.setdefault(tree.parents[i], []).append(i)
+    path = [0]
+    while True:
+        node = path[-1]
+        nxt = [c for c in children.get(node, ()) if tree.tokens[c - 1] == picks[node]]
+        if not nxt:
+            return path
+        path.append(nxt[0])
+
+
+@dataclass
+class Rows:
+    """How a forward's new rows attend when they are tree nodes: the cache's first ``base``
+    entries, then the entries ``base + j`` for j in ``visible[i]`` (the row's ancestors' entries
+    and its own, in path order); row i sits at position ``positions[i]``."""
+
+    base: int
+    positions: List[int]
+    visible: List[List[int]]
+
+    def paths(self) -> List[List[int]]:
+        """Row paths (``visible`` lists) that are no other row's prefix: the chains whose
+        recurrences cover every row."""
+        prefixes = {tuple(v[:-1]) for v in self.visible}
+        return [v for v in self.visible if tuple(v) not in prefixes]
+
+
+_rows: List[Rows] = []  # the open ``laid_out`` bodies, innermost last
+
+
+@contextmanager
+def laid_out(rows: Rows):
+    """Inside this body the layers read ``rows`` (``current``) for the forward's new rows."""
+    _rows.append(rows)
+    try:
+        yield
+    finally:
+        _rows.pop()
+
+
+def current() -> Optional[Rows]:
+    return _rows[-1] if _rows else None
+
+
+def verify_rows(tree: DraftTree, start: int) -> Rows:
+    """A target verify of the tree's nodes appended at cache offset ``start``."""
+    return Rows(start, [start + d for d in tree.depths],
+                [tree.path(i) for i in range(len(tree.parents))])
