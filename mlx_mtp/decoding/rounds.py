@@ -287,6 +287,11 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     if not decision.mtp_enabled:
         yield from _decode_plainly(prompt, model, cache, kv, turn, draws, stats, request)
         return
+    if (request.tree is not None and draws.rule == sampling.GREEDY
+            and not gate.apply_tree(model, request.tree.topk, request.tree.nodes,
+                                    request.block_size - 1, stats)):
+        request.tree = None  # the tree probe declined: chains, as the stats say
+        stats.draft_topk, stats.draft_tokens = 1, None
     stats.draft_profiler = profiler
     session = open_session(model, cache, kv, turn, drafter, draws, stats, request, prompt.size)
     progress, first = prefill(session, prompt, request, exact=decision.exact_verify)

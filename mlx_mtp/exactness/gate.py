@@ -28,6 +28,7 @@ from typing import List, Optional
 from mlx_mtp import config as env
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.exactness.block_vs_chain import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
+from mlx_mtp.exactness.tree_vs_chain import probe_tree_exactness
 from mlx_mtp.exactness.device import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
                              current_device_facts, narrow_kernel_architecture)
 
@@ -181,6 +182,27 @@ def apply(model, block_size: int, stats, kv=None, sampling: bool = False) -> Gat
     return decision
 
 
+def apply_tree(model, topk: int, nodes: int, depth: int, stats) -> bool:
+    """At T=0 with a draft tree (after ``apply`` let MTP run): whether the session drafts trees.
+    The tree probe (``tree_vs_chain``) must find every node's row equal to the chain through its
+    path; else the session drafts chains, and the stats say why. Under the override
+    (``MLX_MTP_ALLOW_INEXACT=1``) trees run unprobed, as blocks do."""
+    if allow_inexact_from_env():
+        return True
+    result = probe_tree_exactness(model.target, topk, nodes, depth)
+    stats.exactness["tree"] = result.to_dict()
+    if result.verdict == EQUAL:
+        return True
+    reason = (f"draft tree declined, drafting chains: exactness probe on "
+              f"{current_device_facts().describe()}: {result.describe()}")
+    stats.gate_reason = f"{stats.gate_reason}; {reason}" if stats.gate_reason else reason
+    seen = _logged_reasons.setdefault(model.target, set())
+    if reason not in seen:
+        seen.add(reason)
+        logger.warning("%s", reason)
+    return False
+
+
 def report_verify(model, stats) -> None:
     """Once the target is prepared for the session's verify blocks: which layers compute rows
     how (``mlx_mtp.exactness.row_exact``), where the verify uses the row-exact products."""
@@ -230,6 +252,9 @@ def table_rows(result: dict) -> list:
     rows = [("mtp", mtp), ("exactness probe", summary(exactness))]
     if promise is not None and result["mtp_enabled"] and not exactness.get("override"):
         rows.append(("exactness promise", promise))
+    tree = exactness.get("tree")
+    if tree:
+        rows.append(("tree probe", f"{tree['verdict']} ({tree['config']})"))
     layers = row_exact_summary(exactness)
     if layers is not None:
         rows.append(("row-exact layers", layers))
