@@ -22,6 +22,7 @@ from mlx_mtp.decoding import keyed_sampling
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
 from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.errors import MTPError
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.io.prompt_cache import PromptCache, Turn
 from mlx_mtp.models.draft_tree import TreeShape
@@ -84,6 +85,13 @@ def choose_draws(target: Target, drafter: Optional[Drafter], request: Request) -
     chooser = request.chooser
     rule = (sampling.choose_rule if chooser is None else keyed_sampling.choose_rule)(
         request.sampler, drafter, request.acceptance)
+    if request.tree is not None and rule == sampling.SPECULATIVE:
+        # A tree's siblings are the head's top-k, not draws from q: each node's target draw is
+        # kept when it equals one of them (the point-mass rule, over siblings).
+        if request.acceptance == sampling.SPECULATIVE:
+            raise MTPError("acceptance speculative-sampling drafts chains: a draft tree "
+                           "(draft_topk above 1) is walked by the point-mass rule")
+        rule = sampling.POINT_MASS
     if isinstance(request.sampler, sampling.Sampler):
         request.sampler.check_vocab(target.vocab_size)
     draws = Draws(rule, request.sampler or greedy_sampler,  # argmax over the last axis

@@ -138,7 +138,8 @@ def speculative_generate_step(
     from mlx's global random state). ``draft_topk`` above 1 drafts a tree per round instead of a
     chain (``mlx_mtp.models.draft_tree``): ``draft_topk`` children considered per node, at most
     ``draft_tokens`` draft nodes verified (default ``draft_topk`` per depth), its depth the block
-    size less one; at temperature 0, with a fixed ``block_size``. On a split target
+    size less one, with a fixed ``block_size``; at temperature > 0 a tree is walked by the
+    point-mass rule over siblings (``acceptance`` ``auto`` or ``point-mass``). On a split target
     (``mlx_mtp.models.distributed``) every step is bounded by the split's watchdog.
     """
     check_no_draft_model(draft_model, num_draft_tokens)
@@ -171,9 +172,6 @@ def check_tree(model: MTPModel, draft_topk, draft_tokens, block_size: int,
                       MAX_BLOCK_SIZE)
     if tree is None:
         return None
-    if not sampling.is_argmax(sampler):
-        raise MTPError("draft_topk above 1 (tree drafting) runs at temperature 0 only; use "
-                       "draft_topk 1 (a chain) to sample")
     if model.drafter is not None and not (hasattr(model.drafter, "draft_tree")
                                           and hasattr(model.target, "keep_path")):
         raise MTPError(f"draft_topk above 1: this drafter ({type(model.drafter).__name__}) "

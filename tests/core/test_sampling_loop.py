@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support.chisquare import goodness_of_fit, two_sample
+from support.plain_sampling import plain_samples, plain_tree
 from conftest import CODE_PROMPT
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.sample_utils import make_logits_processors
@@ -37,43 +38,11 @@ N_PLAIN = 20000
 N_MTP = 300
 
 
-def plain_tree(path, sampler, n_tokens):
-    """Plain decoding's reachable prefixes (``index``: prefix -> row of ``logprobs``, mlx-lm's
-    next-token logprobs after it) and the exact probability of every ``n_tokens`` continuation
-    (the processed distribution multiplied out along the tree)."""
-    model, _ = mlx_load_model(Path(path))
-    index, rows, exact = {}, [], {(): 1.0}
-    for _ in range(n_tokens):
-        prefixes = list(exact)
-        logits = model(mx.array([PROMPT + list(p) for p in prefixes]))[:, -1]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        probs = np.array(sampler.probs(logprobs))
-        level = {}
-        for i, prefix in enumerate(prefixes):
-            index[prefix] = len(index)
-            for t in np.flatnonzero(probs[i]):
-                level[prefix + (int(t),)] = exact[prefix] * float(probs[i, t])
-        rows.append(logprobs)
-        exact = level
-    return index, mx.concatenate(rows), exact
-
-
-def plain_samples(index, logprobs, n, n_tokens, seed):
-    """``n`` plain generations with mlx-lm's own sampler, batched over the tree's logprob rows (a
-    token outside the enumerated support raises KeyError)."""
-    mlx_sampler = mlx_make_sampler(**SAMPLING)
-    mx.random.seed(seed)
-    seqs = [()] * n
-    for _ in range(n_tokens):
-        lp = logprobs[mx.array([index[s] for s in seqs])]
-        seqs = [s + (t,) for s, t in zip(seqs, mlx_sampler(lp).tolist())]
-    return seqs
-
-
 @pytest.fixture(scope="module")
 def plain_reference(soft_dir):
-    index, logprobs, exact = plain_tree(soft_dir, mlx_mtp.make_sampler(**SAMPLING), N_TOKENS)
-    return exact, plain_samples(index, logprobs, N_PLAIN, N_TOKENS, seed=0)
+    index, logprobs, exact = plain_tree(soft_dir, PROMPT, mlx_mtp.make_sampler(**SAMPLING),
+                                        N_TOKENS)
+    return exact, plain_samples(index, logprobs, N_PLAIN, N_TOKENS, SAMPLING, seed=0)
 
 
 def mtp_draws(model, n, acceptance="auto", stats=None):
@@ -139,8 +108,9 @@ def test_gemma4_sampling_has_plain_samplings_joint_distribution(tmp_path_factory
     ckpts = Checkpoints(tmp_path_factory)
     target = ckpts.target("31b")
     model = mlx_mtp.load_model(target, drafter=ckpts.assistant("31b"))
-    index, logprobs, exact = plain_tree(target, mlx_mtp.make_sampler(**SAMPLING), N_TOKENS)
-    plain = plain_samples(index, logprobs, N_PLAIN, N_TOKENS, seed=0)
+    index, logprobs, exact = plain_tree(target, PROMPT, mlx_mtp.make_sampler(**SAMPLING),
+                                        N_TOKENS)
+    plain = plain_samples(index, logprobs, N_PLAIN, N_TOKENS, SAMPLING, seed=0)
     assert goodness_of_fit(plain, exact)[2] > ALPHA
     stats = RunStats()
     draws = mtp_draws(model, N_MTP, "auto", stats)

@@ -210,8 +210,9 @@ def test_tree_settings_are_checked(dense_dir):
         (dict(block_size="auto", draft_topk=2),
          r"draft_topk above 1 needs a fixed block_size \(the tree's depth plus one\), got 'auto'"),
         (dict(block_size=1, draft_topk=2), "it needs a block_size of at least 2"),
-        (dict(block_size=3, draft_topk=2, sampler=mlx_mtp.make_sampler(temp=0.7)),
-         "runs at temperature 0 only"),
+        (dict(block_size=3, draft_topk=2, sampler=mlx_mtp.make_sampler(temp=0.7),
+              acceptance="speculative-sampling"),
+         "acceptance speculative-sampling drafts chains: a draft tree"),
     ]
     for kwargs, message in cases:
         with pytest.raises(MTPError, match=message):

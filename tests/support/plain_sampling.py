@@ -1,0 +1,42 @@
+"""Plain sampling's exact distribution over short continuations, and mlx-lm's own samples of
+it: the reference the sampling tests compare MTP's draws with."""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
+from mlx_lm.utils import load_model as mlx_load_model
+
+
+def plain_tree(path, prompt, sampler, n_tokens):
+    """Plain decoding's reachable prefixes (``index``: prefix -> row of ``logprobs``, mlx-lm's
+    next-token logprobs after it) and the exact probability of every ``n_tokens`` continuation
+    (the processed distribution multiplied out along the tree)."""
+    model, _ = mlx_load_model(Path(path))
+    index, rows, exact = {}, [], {(): 1.0}
+    for _ in range(n_tokens):
+        prefixes = list(exact)
+        logits = model(mx.array([list(prompt) + list(p) for p in prefixes]))[:, -1]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        probs = np.array(sampler.probs(logprobs))
+        level = {}
+        for i, prefix in enumerate(prefixes):
+            index[prefix] = len(index)
+            for t in np.flatnonzero(probs[i]):
+                level[prefix + (int(t),)] = exact[prefix] * float(probs[i, t])
+        rows.append(logprobs)
+        exact = level
+    return index, mx.concatenate(rows), exact
+
+
+def plain_samples(index, logprobs, n, n_tokens, settings, seed):
+    """``n`` plain generations with mlx-lm's own sampler, batched over the tree's logprob rows (a
+    token outside the enumerated support raises KeyError)."""
+    mlx_sampler = mlx_make_sampler(**settings)
+    mx.random.seed(seed)
+    seqs = [()] * n
+    for _ in range(n_tokens):
+        lp = logprobs[mx.array([index[s] for s in seqs])]
+        seqs = [s + (t,) for s, t in zip(seqs, mlx_sampler(lp).tolist())]
+    return seqs
