@@ -11,7 +11,9 @@ import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core load
 from mlx_mtp import MTPError
 from mlx_mtp import cli
 from mlx_mtp.demo import DEMO_DECODE, DEMO_MODEL_ID, model_or_demo, repetition_settings
+from mlx_mtp.decoding.rounds import MAX_BLOCK_SIZE
 from mlx_mtp.models.distributed import SPLITS, init_split
+from mlx_mtp.models.draft_tree import CLI_NAMES, tree_shape
 
 DEFAULT_MAX_QUEUE = 16
 # On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
@@ -34,6 +36,12 @@ def build_parser() -> cli.Parser:
                    help="tokens verified per round, drafts + 1, or auto (default: the library's)")
     p.add_argument("--max-block-size", type=cli.block_size, default=None,
                    help="the widest block --block-size auto may choose (default: the library's)")
+    p.add_argument("--draft-topk", type=cli.draft_topk, default=1,
+                   help="children drafted per tree node (default 1: chains); above 1 every "
+                        "request drafts a tree, its depth --block-size less one")
+    p.add_argument("--draft-tokens", type=cli.positive_int, default=None,
+                   help="most draft nodes a tree verifies per round (default: --draft-topk per "
+                        "depth)")
     p.add_argument("--max-queue", type=cli.positive_int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait while one decodes; more get 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
@@ -86,6 +94,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         model = model_or_demo(args.model, args.drafter)
+        tree_shape(args.draft_topk, args.draft_tokens,
+                   "auto" if args.block_size is None else args.block_size, MAX_BLOCK_SIZE,
+                   names=CLI_NAMES)
         split = init_split(args.split, program="mlx_mtp.server") if args.split else None
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
@@ -94,6 +105,7 @@ def main(argv=None) -> int:
     def load():
         return Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
                            block_size=args.block_size, max_block_size=args.max_block_size,
+                           draft_topk=args.draft_topk, draft_tokens=args.draft_tokens,
                            split=split)
 
     if split is not None and split.rank != 0:

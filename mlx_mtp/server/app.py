@@ -196,6 +196,7 @@ class _Routes:
             # temperature 0: the probe's decision (the warm-up's); above 0: no probe decides
             "mtp_enabled": warm.mtp["mtp_enabled"] if warm else None,
             "gate_reason": warm.mtp["gate_reason"] if warm else None,
+            "draft_topk": warm.mtp["draft_topk"] if warm else None,
             "sampling": worker.engine.sampling_gate() if warm else None,
             "running": worker.running is not None, "queued": worker.queued,
             "max_queue": worker.max_queue}, status_code=200 if ok else 503)

@@ -70,6 +70,10 @@ def mtp_summary(stats: RunStats) -> dict:
         "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
         "tokens_per_round": stats.tokens_per_round if stats.rounds else None,
         "per_position_acceptance": stats.per_position_acceptance,
+        "draft_topk": stats.draft_topk,
+        "tree_nodes_per_round": stats.tree_nodes / stats.rounds if stats.draft_topk > 1 and
+        stats.rounds else None,
+        "accepted_by_sibling_rank": list(stats.sibling_rank_hits),
         "generation_tps": stats.generation_tps,
         **split,
     }
@@ -83,23 +87,29 @@ def context_length(config: dict) -> Optional[int]:
 
 class Engine:
     def __init__(self, model, tokenizer, *, no_mtp: bool = False, block_size=None,
-                 max_block_size: Optional[int] = None):
+                 max_block_size: Optional[int] = None, draft_topk: int = 1,
+                 draft_tokens: Optional[int] = None):
         self.model = model
         self.tokenizer = tokenizer
         self.no_mtp = no_mtp
         # None: the library's defaults (block size "auto")
         self.block_kwargs = {k: v for k, v in (("block_size", block_size),
-                                               ("max_block_size", max_block_size))
+                                               ("max_block_size", max_block_size),
+                                               ("draft_tokens", draft_tokens))
                              if v is not None}
+        if draft_topk != 1:
+            self.block_kwargs["draft_topk"] = draft_topk
         self.context_length = context_length(model.config)
 
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
-             block_size=None, max_block_size: Optional[int] = None, split=None) -> "Engine":
+             block_size=None, max_block_size: Optional[int] = None, draft_topk: int = 1,
+             draft_tokens: Optional[int] = None, split=None) -> "Engine":
         """``split``: this rank's ``mlx_mtp.models.distributed.Split`` (``server/split.py``)."""
         need_head = not no_mtp and block_size != 1
         m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head, split=split)
-        return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size)
+        return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size,
+                   draft_topk=draft_topk, draft_tokens=draft_tokens)
 
     def sampling_gate(self) -> dict:
         """Whether a request at temperature > 0 decodes with MTP, and why: its promise is the

@@ -207,6 +207,7 @@ def test_models_and_health(server):
         "code": None}})
     h = server.get("/health")
     assert h["status"] == "ok" and h["mtp_enabled"] is True and h["max_queue"] == 8
+    assert h["draft_topk"] == 1  # chains
     assert h["gate_reason"].startswith("exactness probe on cpu")
 
 
@@ -431,8 +432,35 @@ def test_chat_goes_through_the_tokenizers_template_like_the_cli(templated):
      "error: --drafter needs --model: the embedded demo pair has its own head"),
     (["--block-size", "40"], 2,
      "error: argument --block-size: must be between 1 and 16, got 40"),
+    (["--draft-topk", "9"], 2, "error: argument --draft-topk: must be between 1 and 8, got 9"),
+    (["--draft-topk", "2"], 1,
+     "error: --draft-topk above 1 needs a fixed --block-size (the tree's depth plus one), got "
+     "'auto'"),
+    (["--block-size", "3", "--draft-topk", "2", "--draft-tokens", "20"], 1,
+     "error: --draft-tokens must be an integer from the tree's depth (--block-size less one: "
+     "2) to 15, got 20"),
 ])
 def test_bad_flags_are_one_line_and_nonzero(args, code, message):
     r = run_module("mlx_mtp.server", *args, check=False)
     assert (r.returncode, r.stderr.strip().splitlines()[-1]) == (code, message)
     assert "Traceback" not in r.stderr
+
+
+def test_a_tree_server_answers_as_the_cli_drafting_trees():
+    """``--draft-topk 2``: every request drafts trees; the text and the acceptance numbers are
+    the CLI's with the same flags, and /health and the response say trees ran."""
+    s = Server("--block-size", "3", "--draft-topk", "2", "--draft-tokens", "3")
+    try:
+        ref = json.loads(run_module("mlx_mtp.generate", "--prompt", CODE, "--max-tokens", N,
+                                    "--block-size", 3, "--draft-topk", 2, "--draft-tokens", 3,
+                                    "--ignore-chat-template", "--json").stdout)
+        r = s.complete()
+        assert r.choices[0].text == ref["text"]
+        mtp = r.model_extra["mtp"]
+        assert_mtp_matches(mtp, ref)
+        assert mtp["draft_topk"] == 2 and ref["draft_topk"] == 2
+        assert mtp["tree_nodes_per_round"] == ref["tree_nodes_per_round"] > 0
+        assert mtp["accepted_by_sibling_rank"] == ref["accepted_by_sibling_rank"]
+        assert s.get("/health")["draft_topk"] == 2
+    finally:
+        s.stop()
