@@ -221,9 +221,10 @@ def plain_decode(mlx_model, prompt, n: int, sampler=None, processors=None):
 
 
 def mtp_decode(model, prompt, n: int, block_size, sampler=None, acceptance: str = "auto",
-               seed=None, max_block_size: int = 6, processors=None):
+               seed=None, max_block_size: int = 6, processors=None, draft_topk: int = 1,
+               draft_tokens=None):
     """mlx_mtp's decode of ``n`` tokens: (tokens, prompt_s, generation_s, RunStats), timed as
-    ``plain_decode``."""
+    ``plain_decode``; ``draft_topk`` / ``draft_tokens``: draft trees (``generate_step``'s)."""
     import mlx_mtp
     from mlx_mtp.decoding.stats import RunStats
 
@@ -233,7 +234,8 @@ def mtp_decode(model, prompt, n: int, block_size, sampler=None, acceptance: str 
     for tok, _ in mlx_mtp.generate_step(prompt, model, max_tokens=n, block_size=block_size,
                                         max_block_size=max_block_size, stats=stats,
                                         sampler=sampler, acceptance=acceptance, seed=seed,
-                                        logits_processors=processors):
+                                        logits_processors=processors, draft_topk=draft_topk,
+                                        draft_tokens=draft_tokens):
         if t1 is None:
             t1 = time.perf_counter()
         toks.append(tok)

@@ -46,9 +46,10 @@ def check(record: dict, kind: str) -> str | None:
     need = {"mtp": ("block_size", "mtp_tps", "classic_tps", "per_position_acceptance", "round_ms"),
             "drafter": ("arm", "step_ms", "step_floor_ms", "accept_ms", "round_ms"),
             "server": ("prompt", "plain_decode_tps", "mtp_decode_tps", "plain_ttft_ms",
-                       "mtp_ttft_ms")}[kind]
+                       "mtp_ttft_ms"),
+            "trees": ("arm", "topk", "tps", "tokens_per_round", "nodes_per_round")}[kind]
     script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
-              "server": "bench_server.py"}[kind]
+              "server": "bench_server.py", "trees": "bench_trees.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
         return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
@@ -286,6 +287,45 @@ def _server_ttft(ax, r: dict) -> None:
     _server_bars(ax, r, "ttft_ms", "ms", "time to first token per prompt")
 
 
+def _tree_tps(ax, r: dict) -> None:
+    """Median tok/s per arm with the pairs' range, plain decode as a line (bench_trees.py)."""
+    rows = r["rows"]
+    xs = range(len(rows))
+    runs = r.get("raw") or {}
+    for x, row in zip(xs, rows):
+        lo, hi = _tps_range(runs.get(row["arm"]), row["tps"])
+        color = COLORS["draft"] if row["topk"] > 1 else COLORS["verify"]
+        ax.bar(x, row["tps"], width=0.6, color=color)
+        ax.plot([x, x], [lo, hi], color="black", linewidth=1)
+    ax.axhline(r["plain_tps"], color="#8c8c8c", linestyle="--",
+               label=f"plain decode {r['plain_tps']:.1f} tok/s")
+    ax.bar([], [], color=COLORS["verify"], label="chain")
+    ax.bar([], [], color=COLORS["draft"], label="tree")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([row["arm"] for row in rows])
+    ax.set_ylabel("tok/s (median; bar: the pairs' range)")
+    ax.set_ylim(0, max([r["plain_tps"], *[row["tps"] for row in rows]]) * 1.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    _title(ax, r, "tok/s per arm")
+
+
+def _tree_rounds(ax, r: dict) -> None:
+    """Tokens emitted per round against nodes verified per round, per arm."""
+    rows = r["rows"]
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [row["nodes_per_round"] + 1 for row in rows], width=0.4,
+           color="#8c8c8c", label="tokens verified per round (nodes + bonus)")
+    ax.bar([x + 0.2 for x in xs], [row["tokens_per_round"] for row in rows], width=0.4,
+           color=COLORS["accept"], label="tokens emitted per round")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([row["arm"] for row in rows])
+    ax.set_ylim(0, max(row["nodes_per_round"] + 1 for row in rows) * 1.35)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    _title(ax, r, "tokens verified and emitted per round")
+
+
 FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "mtp": [("tps", "tok/s per block size", _mtp_tps),
             ("acceptance", "per-position acceptance per block size", _mtp_acceptance),
@@ -293,6 +333,8 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "drafter": [("step", "drafter step and accept hook vs their read floor, per arm",
                  _drafter_step),
                 ("rounds", "round split per arm", _drafter_rounds)],
+    "trees": [("tps", "tok/s per arm: chains and trees", _tree_tps),
+              ("rounds", "tokens verified and emitted per round, per arm", _tree_rounds)],
     "server": [("tps", "streamed decode tok/s per prompt, MTP vs --no-mtp", _server_tps),
                ("ttft", "time to first token per prompt, MTP vs --no-mtp", _server_ttft)],
 }

@@ -1,0 +1,219 @@
+"""Draft trees against chains and plain decode, paired and alternating.
+
+Protocol (docs/benchmarks.md): every arm in one process, each warmed up once, a fixed token
+budget with EOS ignored, several prompts, temperature 0; per arm the median of the per-pair tok/s
+and its ratio to plain decode, tokens per round, verified nodes per round, accepted nodes by
+sibling rank, and each prompt's share of distinct 4-grams (a loop lifts acceptance far above what
+the pair does on text). After the pairs, ``--synced-runs`` runs per prompt and arm with every
+phase synced give the verify's own ms per round and per verified node. Writes
+benchmark_results/<topic>-<host>-<date>.md and .json and the record's pictures.
+
+    python -m benchmarks.bench_trees --model PATH --arms 3,4,3t2x4,4t2x6 --pairs 3
+    python -m benchmarks.bench_trees --render RECORD.json    # redraw a record's pictures
+
+An arm is a chain block size (``3``) or a tree ``BtKxN``: block size B (the depth plus one),
+``--draft-topk`` K and ``--draft-tokens`` N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import mlx_mtp  # first: binds the system BLAS before mlx.core loads
+
+from benchmarks import common
+from benchmarks.common import mtp_decode, plain_decode
+from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
+from mlx_mtp.generate import encode_prompt
+
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Arm:
+    block_size: int
+    topk: int = 1
+    nodes: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        return str(self.block_size) if self.topk == 1 else \
+            f"{self.block_size}t{self.topk}x{self.nodes}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Arm":
+        m = re.fullmatch(r"(\d+)(?:t(\d+)x(\d+))?", text.strip())
+        if not m:
+            raise ValueError(f"expected a block size (3) or a tree BtKxN (4t2x6), got {text!r}")
+        b, k, n = m.groups()
+        return cls(int(b)) if k is None else cls(int(b), int(k), int(n))
+
+    def decode(self, model, prompt, n: int):
+        return mtp_decode(model, prompt, n, self.block_size, draft_topk=self.topk,
+                          draft_tokens=self.nodes)
+
+
+def run(args, watch=None) -> dict:
+    model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter)
+    prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
+    n = args.max_tokens
+    warm = next(iter(prompts.values()))
+    plain_decode(model.mlx_model, warm, 8)
+    for arm in args.arms:
+        arm.decode(model, warm, 8)
+    unit = common.idle.Watch.runner(watch)
+    raw = {PLAIN: [], **{a.name: [] for a in args.arms}}
+    exact = {a.name: True for a in args.arms}
+    for pair in range(args.pairs):
+        for name, prompt in prompts.items():
+            order = [None] + (args.arms if pair % 2 == 0 else list(reversed(args.arms)))
+            if pair % 2:
+                order = order[1:] + order[:1]  # alternate which arm goes first
+
+            def measure():
+                out = {}
+                for arm in order:
+                    if arm is None:
+                        toks, _, gs = plain_decode(model.mlx_model, prompt, n)
+                        out[PLAIN] = {"tokens": toks, "gen_s": gs}
+                    else:
+                        toks, _, gs, st = arm.decode(model, prompt, n)
+                        out[arm.name] = {"tokens": toks, "gen_s": gs, "stats": st.to_dict()}
+                return out
+
+            results = unit(f"pair {pair} {name}", measure)
+            for arm_name, r in results.items():
+                r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
+                r["distinct_4gram_share"] = common.distinct_ngram_share(r["tokens"])
+                if arm_name != PLAIN:
+                    exact[arm_name] &= r["tokens"] == results[PLAIN]["tokens"]
+                raw[arm_name].append({"pair": pair, "prompt": name,
+                                      **{k: v for k, v in r.items() if k != "tokens"}})
+            print(f"pair {pair} {name}: " + ", ".join(
+                f"{a} {r['tps']:.1f}" for a, r in results.items()), flush=True)
+    synced = []
+    with common.environment(SYNC_PHASES_ENV, "1"):
+        for rep in range(args.synced_runs):
+            for name, prompt in prompts.items():
+                def measure_synced():
+                    rows = []
+                    for arm in args.arms:
+                        _, _, _, st = arm.decode(model, prompt, n)
+                        rows.append({"arm": arm.name, "prompt": name, "stats": st.to_dict()})
+                    return rows
+                synced += unit(f"synced {rep} {name}", measure_synced)
+    return summarize(args, raw, exact, synced)
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else 0.0
+
+
+def summarize(args, raw: dict, exact: dict, synced: list) -> dict:
+    plain = _median([r["tps"] for r in raw[PLAIN]])
+    rows = []
+    for arm in args.arms:
+        runs = raw[arm.name]
+        stats = [r["stats"] for r in runs]
+        ratios = [r["tps"] / p["tps"] for r, p in zip(runs, raw[PLAIN])]
+        mine = [s["stats"] for s in synced if s["arm"] == arm.name]
+        verify = [(ms, n) for st in mine for w, ms in st["verify_ms_by_width"].items()
+                  for n in [st["verify_rounds_by_width"][w]] if int(w) > 1]
+        rounds = sum(n for _, n in verify)
+        verify_ms = sum(ms * n for ms, n in verify) / rounds if rounds else 0.0
+        nodes = _median([st["tree_nodes_per_round"] if arm.topk > 1
+                         else (st["drafted"] / st["rounds"] if st["rounds"] else 0.0)
+                         for st in stats])
+        ranks = [sum(x) for x in zip(*[st["accepted_by_sibling_rank"] for st in stats
+                                       if st["accepted_by_sibling_rank"]])]
+        rows.append({
+            "arm": arm.name, "block_size": arm.block_size, "topk": arm.topk,
+            "draft_tokens": arm.nodes, "tps": _median([r["tps"] for r in runs]),
+            "ratio_vs_plain": _median(ratios), "ratio_range": [min(ratios), max(ratios)],
+            "tokens_per_round": _median([st["tokens_per_round"] for st in stats]),
+            "nodes_per_round": nodes,
+            "accepted_by_sibling_rank": ranks,
+            "per_depth_acceptance": [
+                _median([st["per_position_acceptance"][j] for st in stats
+                         if len(st["per_position_acceptance"]) > j])
+                for j in range(arm.block_size - 1)],
+            "verify_ms_synced": verify_ms,
+            "verify_ms_per_node": verify_ms / (nodes + 1) if nodes else 0.0,
+            "identical": exact[arm.name],
+        })
+    return {**common.record_setup(args.topic), "model": args.model, "drafter": args.drafter,
+            "prompts": args.prompts, "max_tokens": args.max_tokens, "pairs": args.pairs,
+            "synced_runs": args.synced_runs, "plain_tps": plain,
+            "distinct_4gram_share": {name: _median([r["distinct_4gram_share"] or 0.0
+                                                   for r in raw[PLAIN] if r["prompt"] == name])
+                                     for name in args.prompts},
+            "rows": rows, "raw": raw}
+
+
+def render(r: dict) -> str:
+    lines = common.setup_lines(r)
+    lines += [f"- Model: `{r['model']}`" + (f", drafter `{r['drafter']}`" if r["drafter"] else ""),
+              f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS "
+              f"ignored, T=0; {r['pairs']} pairs of alternating arms; "
+              f"{r['synced_runs']} synced run(s) per prompt and arm for the verify's own cost",
+              "- Distinct 4-gram share of plain decode's output per prompt (1.0: no loop): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in r["distinct_4gram_share"].items()),
+              "", "## Results", "",
+              f"Plain decode: {r['plain_tps']:.1f} tok/s (median over pairs and prompts).", "",
+              "| arm | tok/s | vs plain (min-max) | tokens/round | nodes/round | per-depth "
+              "acceptance | accepted by sibling rank | verify ms (synced) | ms per node | "
+              "identical |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lo, hi = row["ratio_range"]
+        lines.append(
+            f"| {row['arm']} | {row['tps']:.1f} | {row['ratio_vs_plain']:.2f}x ({lo:.2f}-{hi:.2f}) "
+            f"| {row['tokens_per_round']:.2f} | {row['nodes_per_round']:.2f} | "
+            + " / ".join(f"{a:.2f}" for a in row["per_depth_acceptance"])
+            + f" | {', '.join(map(str, row['accepted_by_sibling_rank'])) or '-'} | "
+            f"{row['verify_ms_synced']:.1f} | {row['verify_ms_per_node']:.1f} | "
+            f"{'yes' if row['identical'] else 'NO'} |")
+    lines += ["", "An arm `BtKxN` drafts trees of depth B - 1 with K children per expanded node "
+              "and at most N nodes; an arm `B` drafts chains of B - 1. Nodes per round: drafted "
+              "nodes verified with the bonus. ms per node: the synced verify over its nodes and "
+              "root."]
+    return "\n".join(lines + common.what_it_says(r))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="draft trees vs chains vs plain decode")
+    p.add_argument("--model", help="the target (required unless --render)")
+    p.add_argument("--drafter")
+    p.add_argument("--topic", default="trees")
+    p.add_argument("--arms", default="3,4,3t2x4,4t2x6",
+                   help="comma-separated: chain block sizes and trees BtKxN")
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--synced-runs", type=int, default=1)
+    common.add_prompt_args(p)
+    p.add_argument("--render", type=Path, metavar="RECORD.json",
+                   help="no run: redraw this record's pictures (with --summary: store it too)")
+    common.add_record_args(p, units=True)
+    args = p.parse_args(argv)
+    if args.render:
+        return common.rerender_record(args.render, render, "trees", args.summary)
+    if not args.model:
+        p.error("--model is required (or --render RECORD.json)")
+    try:
+        args.arms = [Arm.parse(a) for a in args.arms.split(",")]
+    except ValueError as e:
+        p.error(f"--arms: {e}")
+    args.prompts = common.prompts_of(args, p)
+    if args.pairs < 1 or args.max_tokens < 2 or args.synced_runs < 0:
+        p.error("--pairs >= 1, --max-tokens >= 2 and --synced-runs >= 0 are required")
+    watch = common.watch(args)
+    return common.finish(args, run(args, watch), watch, render, "trees")
+
+
+if __name__ == "__main__":
+    main()
