@@ -175,7 +175,7 @@ def check_tree(model: MTPModel, draft_topk, draft_tokens, block_size: int,
     if model.drafter is not None and not (hasattr(model.drafter, "draft_tree")
                                           and hasattr(model.target, "keep_path")):
         raise MTPError(f"draft_topk above 1: this drafter ({type(model.drafter).__name__}) "
-                       "drafts chains only (trees are drafted by the Qwen families' MTP head)")
+                       "drafts chains only (a drafter with draft_tree drafts trees)")
     if getattr(model, "split", None) is not None:
         raise MTPError("draft_topk above 1 (tree drafting) is not available on a split target")
     return tree

@@ -96,6 +96,71 @@ class DraftTree:
         return [i for i in range(len(self.parents)) if i not in has_child]
 
 
+class TreeSearch:
+    """A drafter's tree search (EAGLE-2's expansion): ``expand`` adds the ``topk`` best children
+    of each expanded node from its logits row and returns the ``topk`` new candidates of highest
+    path score, the next depth's expansions; ``select`` keeps the best ``nodes``. Scores are
+    summed log-probabilities of the drafter's logits. Each ``expand`` reads its scores on the
+    host once (the tree's shape depends on them)."""
+
+    ROOT = -1
+
+    def __init__(self, topk: int, to_target=lambda cols: cols):
+        self.topk = topk
+        self.to_target = to_target  # drafter columns -> target ids (a reduced vocabulary)
+        self.cands: List[list] = []  # [token, score, parent candidate (ROOT), depth, rank]
+        self.reads = 0
+
+    def expand(self, logits, parents: List[int], depth: int) -> List[int]:
+        """``logits [len(parents), V]``: row r holds the drafter's logits after candidate
+        ``parents[r]`` (``ROOT``: the bonus); the new candidates sit at ``depth``."""
+        import mlx.core as mx
+
+        k = self.topk
+        cols = mx.argpartition(-logits, k - 1, axis=-1)[:, :k]
+        best = mx.take_along_axis(logits, cols, axis=-1)
+        order = mx.argsort(-best, axis=-1)
+        cols = mx.take_along_axis(cols, order, axis=-1)
+        best = mx.take_along_axis(best, order, axis=-1) - mx.logsumexp(logits, axis=-1,
+                                                                       keepdims=True)
+        tokens, best = self.to_target(cols).tolist(), best.tolist()
+        self.reads += 1
+        new = []
+        for r, p in enumerate(parents):
+            base = 0.0 if p == self.ROOT else self.cands[p][1]
+            for rank in range(k):
+                new.append(len(self.cands))
+                self.cands.append([tokens[r][rank], base + best[r][rank], p, depth, rank])
+        new.sort(key=lambda c: -self.cands[c][1])
+        return new[:k]
+
+    def token(self, c: int) -> int:
+        return self.cands[c][0]
+
+    def parent(self, c: int) -> int:
+        return self.cands[c][2]
+
+    def select(self, nodes: int) -> DraftTree:
+        """The ``nodes`` candidates of highest path score (a child never scores above its
+        parent, and ties go to the shallower, so they form a tree), numbered breadth first,
+        siblings best first."""
+        import mlx.core as mx
+
+        cands = self.cands
+        order = sorted(range(len(cands)), key=lambda c: (-cands[c][1], cands[c][3], c))[:nodes]
+        number = {self.ROOT: 0}
+        tokens, parents, ranks = [], [-1], [0]
+        for d in range(1, max(cands[c][3] for c in order) + 1):
+            level = sorted((c for c in order if cands[c][3] == d),
+                           key=lambda c: (number[cands[c][2]], -cands[c][1], c))
+            for c in level:
+                number[c] = len(parents)
+                tokens.append(cands[c][0])
+                parents.append(number[cands[c][2]])
+                ranks.append(cands[c][4])
+        return DraftTree(mx.array(tokens, dtype=mx.uint32), tokens, parents, ranks)
+
+
 def walk(tree: DraftTree, picks: Sequence[int]) -> List[int]:
     """The greedy walk: from the root, go to the child whose token is the target's pick at the
     current node, while there is one. Returns the path of kept nodes (root first)."""

@@ -17,6 +17,8 @@ import mlx.core as mx
 from mlx_lm.models import gemma4_text as _gemma4_text
 from mlx_lm.models.base import scaled_dot_product_attention
 
+from mlx_mtp.models import draft_tree
+
 
 class RowKV(list):
     """Per verify row, the (keys, values) its decode step attends to; what a producer layer
@@ -30,6 +32,7 @@ class Gemma4VerifyAttention(_gemma4_text.Attention):
             return super().__call__(x, mask, cache, shared_kv=shared_kv, offset=offset)
         # As gemma4_text.Attention.__call__ (mlx-lm 0.32.2), except the cache update and SDPA.
         B, L, _ = x.shape
+        tree = draft_tree.current()
         queries = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
         if isinstance(shared_kv, RowKV):
             rows = shared_kv
@@ -38,13 +41,25 @@ class Gemma4VerifyAttention(_gemma4_text.Attention):
             values = keys
             if not self.use_k_eq_v:
                 values = self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
-            offset = mx.array(cache.offset)
-            keys = self.rope(self.k_norm(keys).transpose(0, 2, 1, 3), offset=offset)
+            keys = self.k_norm(keys).transpose(0, 2, 1, 3)
             values = self.v_norm(values).transpose(0, 2, 1, 3)
-            rows = RowKV(cache.update_rows(keys, values))
-        queries = self.rope(queries.transpose(0, 2, 1, 3), offset=offset)
+            if tree is None:
+                offset = mx.array(cache.offset)
+                rows = RowKV(cache.update_rows(self.rope(keys, offset=offset), values))
+            else:  # a draft tree's nodes: each at its depth's position, appended along paths
+                rows = RowKV(cache.update_tree(self._rope_rows(keys, tree.positions), values,
+                                               tree.paths()))
+        queries = queries.transpose(0, 2, 1, 3)
+        queries = (self.rope(queries, offset=offset) if tree is None
+                   else self._rope_rows(queries, tree.positions))
         output = self.attend_rows(queries, rows).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output), rows, offset
+
+    def _rope_rows(self, x: mx.array, positions) -> mx.array:
+        """Row i of ``x [B, H, L, D]`` roped at ``positions[i]``, one row at a time, as decode
+        ropes its one row."""
+        return mx.concatenate([self.rope(x[:, :, i : i + 1], offset=mx.array(p))
+                               for i, p in enumerate(positions)], axis=2)
 
     def attend_rows(self, queries: mx.array, rows: RowKV) -> mx.array:
         """Query row i against row i's K/V alone, unmasked: the SDPA of its decode step."""

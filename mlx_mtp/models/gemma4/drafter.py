@@ -24,6 +24,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
 
 from mlx_mtp.errors import MTPError
+from mlx_mtp.models import draft_tree
 from mlx_mtp.models.protocols import DrafterDefaults
 
 QUERY_POSITIONS = ("last_kv", "bonus")
@@ -194,6 +195,31 @@ class Gemma4AssistantDrafter(DrafterDefaults):
 
     def draft(self, k: int) -> mx.array:
         return self._draft(k, self.assistant.argmax)
+
+    def draft_tree(self, topk: int, nodes: int, depth: int) -> draft_tree.DraftTree:
+        """A tree of at most ``nodes`` drafts and ``depth`` levels after the bonus
+        (``draft_tree.TreeSearch``): the ``topk`` best children of each expanded node by the
+        assistant's log-probabilities (over the centroid head's candidates where it has one);
+        at each depth the ``topk`` children of highest path probability are expanded, one
+        assistant step over all of them as a batch (every step attends to the same committed
+        K/V at the same position, so the nodes need no mask); the best ``nodes`` are kept."""
+        search = draft_tree.TreeSearch(topk)
+        hn, h = self.assistant(self.target.embed(self.bonus[None]), self.hidden, self.shared_kv,
+                               self.position)
+        state = {search.ROOT: h}
+        frontier = search.expand(self.assistant.logits(hn[:, -1]), [search.ROOT], 1)
+        for d in range(2, depth + 1):
+            n = len(frontier)
+            ids = mx.array([search.token(f) for f in frontier], dtype=mx.uint32)
+            hidden = mx.concatenate([state[search.parent(f)] for f in frontier], axis=0)
+            shared = {t: tuple(mx.broadcast_to(x, (n, *x.shape[1:])) for x in kv)
+                      for t, kv in self.shared_kv.items()}
+            hn, h = self.assistant(self.target.embed(ids[:, None]), hidden, shared, self.position)
+            for r, f in enumerate(frontier):
+                state[f] = h[r : r + 1]
+            frontier = search.expand(self.assistant.logits(hn[:, -1]), frontier, d)
+        self.syncs += search.reads
+        return search.select(nodes)
 
     def draft_sampled(self, k: int, sample) -> mx.array:
         """Like ``draft``, each id drawn by ``sample(logits [1, V])`` (the sampling drafter

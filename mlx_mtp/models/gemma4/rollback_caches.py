@@ -50,6 +50,36 @@ class _RowRollback:
         self._states = states
         return rows
 
+    def update_tree(self, keys: mx.array, values: mx.array, paths: List[List[int]]
+                    ) -> List[Tuple[mx.array, mx.array]]:
+        """A draft tree's rows (``keys``/``values [B, n_kv, L, hd]``, row 0 the root): each
+        root-to-leaf path of row indices is appended one row at a time from the cache's state,
+        as ``update_rows`` appends a chain. Returns, per row, the K/V its decode step would
+        attend to; ``keep_path`` then keeps one path."""
+        base = _snapshot(self.state)
+        rows: List[Optional[Tuple[mx.array, mx.array]]] = [None] * keys.shape[2]
+        self._tree = []
+        for path in paths:
+            self.state = _snapshot(base)  # fresh objects: the updates below write in place
+            states = [base]
+            for i in path:
+                kv = _snapshot(super().update_and_fetch(keys[..., i : i + 1, :],
+                                                        values[..., i : i + 1, :]))
+                if rows[i] is None:
+                    rows[i] = kv
+                states.append(_snapshot(self.state))
+            self._tree.append((path, states))
+        self._states = None
+        return rows
+
+    def keep_path(self, path: List[int]) -> None:
+        """After ``update_tree``: the state after the rows ``path`` (root first), which ``trim``
+        can then roll back like a chain's rows."""
+        states = next(s for p, s in self._tree if p[: len(path)] == path)
+        self._tree = None
+        self._states = states[: len(path) + 1]
+        self.state = self._states[-1]
+
     def is_trimmable(self) -> bool:
         return True
 

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
 
+from mlx_mtp.models import draft_tree
 from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from mlx_mtp.models.trunk import TrunkTarget
 from mlx_mtp.models.gemma4.attention import Gemma4VerifyAttention
@@ -69,6 +70,21 @@ class Gemma4Target(TrunkTarget):
         for (fed to the caches one by one, attending on its own); ``rollback`` can undo it."""
         return self.flagged_trunk(ids, cache, (RollbackKVCache, RollbackRotatingKVCache),
                                   "verifying")
+
+    def verify_tree(self, ids: mx.array, cache: List[Any], tree: draft_tree.DraftTree
+                    ) -> mx.array:
+        """``verify`` of a draft tree's nodes (``ids [1, n]``: the root, then ``tree``'s nodes
+        breadth first): each row at its depth's position, the caches fed along every
+        root-to-leaf path, so every row is the decode step of the chain through its ancestors;
+        ``keep_path`` commits one path."""
+        with draft_tree.laid_out(draft_tree.verify_rows(tree, self.offset(cache))):
+            return self.verify(ids, cache)
+
+    def keep_path(self, cache: List[Any], fed: int, path: List[int]) -> None:
+        """After ``verify_tree``: the caches as after the nodes ``path`` (root first) fed one by
+        one, which a later ``rewind`` can roll back as a chain's rows."""
+        for c in cache:
+            c.keep_path(path)
 
     def rollback(self, cache: List[Any], fed: int, keep: int) -> None:
         """Keep the first ``keep`` of the ``fed`` tokens of the last verify (the caches restore

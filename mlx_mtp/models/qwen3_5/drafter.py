@@ -167,65 +167,34 @@ class QwenMTPDrafter(DrafterDefaults):
 
     def draft_tree(self, topk: int, nodes: int, depth: int) -> DraftTree:
         """A tree of at most ``nodes`` drafts and ``depth`` levels after the bonus
-        (``mlx_mtp.models.draft_tree``): the ``topk`` best children of each expanded node by the
+        (``draft_tree.TreeSearch``): the ``topk`` best children of each expanded node by the
         head's log-probabilities; at each depth the ``topk`` children of highest path
-        probability are expanded, the head run once over them; the ``nodes`` of highest path
-        probability are kept. One host read per depth (the shape depends on the scores)."""
+        probability are expanded, the head run once over them, each row attending along its
+        path; the ``nodes`` of highest path probability are kept."""
         logits = self.first_draft_logits
         if logits is None:
             logits = self.lm.project(self.first_draft_hidden[:, -1])
         base = self.offset
-        # candidates: [token, score, parent candidate (-1: the root), depth, rank]
-        cands: List[list] = []
-        parent_g = {-1: self.first_draft_hidden}
+        search = draft_tree.TreeSearch(topk, self.lm.to_target)
+        parent_g = {search.ROOT: self.first_draft_hidden}
         entry = {}  # expanded candidate -> its in-round head cache entry
-        frontier = self._children(logits, [-1], [0.0], 1, topk, cands)
+        frontier = search.expand(logits, [search.ROOT], 1)
         for d in range(2, depth + 1):
-            hidden = mx.concatenate([parent_g[cands[f][2]] for f in frontier], axis=1)
-            ids = mx.array([cands[f][0] for f in frontier], dtype=mx.uint32)
+            hidden = mx.concatenate([parent_g[search.parent(f)] for f in frontier], axis=1)
+            ids = mx.array([search.token(f) for f in frontier], dtype=mx.uint32)
             first = len(entry)
             for r, f in enumerate(frontier):
                 entry[f] = first + r
             rows = draft_tree.Rows(base, [base + d - 2] * len(frontier),
-                                   [self._entries(f, cands, entry) for f in frontier])
+                                   [_entries(f, search, entry) for f in frontier])
             with draft_tree.laid_out(rows), _attending_by_rows(self.head):
                 g = self.head(self.target.embed(ids[None]), hidden, self.cache)
             for r, f in enumerate(frontier):
                 parent_g[f] = g[:, r : r + 1]
-            frontier = self._children(self.lm.project(g[0]), frontier,
-                                      [cands[f][1] for f in frontier], d, topk, cands)
+            frontier = search.expand(self.lm.project(g[0]), frontier, d)
         self.in_round = len(entry)
-        return _select(cands, nodes)
-
-    def _children(self, logits: mx.array, parents: List[int], scores: List[float], d: int,
-                  topk: int, cands: List[list]) -> List[int]:
-        """Add the ``topk`` best children of each parent row of ``logits`` to ``cands``; return
-        the ``topk`` new ones of highest path score (the next depth's expansions)."""
-        cols = mx.argpartition(-logits, topk - 1, axis=-1)[:, :topk]
-        best = mx.take_along_axis(logits, cols, axis=-1)
-        order = mx.argsort(-best, axis=-1)
-        cols = mx.take_along_axis(cols, order, axis=-1)
-        best = mx.take_along_axis(best, order, axis=-1) - mx.logsumexp(logits, axis=-1,
-                                                                       keepdims=True)
-        tokens, best = self.lm.to_target(cols).tolist(), best.tolist()
-        self.syncs += 1
-        new = []
-        for r, p in enumerate(parents):
-            for rank in range(topk):
-                new.append(len(cands))
-                cands.append([tokens[r][rank], scores[r] + best[r][rank], p, d, rank])
-        new.sort(key=lambda c: -cands[c][1])
-        return new[:topk]
-
-    @staticmethod
-    def _entries(f: int, cands: List[list], entry: dict) -> List[int]:
-        """The in-round head entries candidate ``f`` sees: its expanded ancestors' and its own."""
-        out = [entry[f]]
-        p = cands[f][2]
-        while p >= 0:
-            out.append(entry[p])
-            p = cands[p][2]
-        return out[::-1]
+        self.syncs += search.reads
+        return search.select(nodes)
 
     def _sample(self, logits: mx.array, sample) -> mx.array:
         self.profiler.stage("lm_head", logits)
@@ -302,21 +271,11 @@ def _attending_by_rows(head: MTPHead):
             attn.__class__ = _qwen3_next.Qwen3NextAttention
 
 
-def _select(cands: List[list], nodes: int) -> DraftTree:
-    """The ``nodes`` candidates of highest path score (a child never scores above its parent,
-    and ties go to the shallower, so they form a tree), numbered breadth first, siblings best
-    first."""
-    order = sorted(range(len(cands)), key=lambda c: (-cands[c][1], cands[c][3], c))[:nodes]
-    chosen = set(order)
-    number = {-1: 0}
-    tokens, parents, ranks = [], [-1], [0]
-    for d in range(1, max(cands[c][3] for c in order) + 1):
-        level = sorted((c for c in order if cands[c][3] == d),
-                       key=lambda c: (number[cands[c][2]], -cands[c][1], c))
-        for c in level:
-            assert cands[c][2] in number and (cands[c][2] < 0 or cands[c][2] in chosen)
-            number[c] = len(parents)
-            tokens.append(cands[c][0])
-            parents.append(number[cands[c][2]])
-            ranks.append(cands[c][4])
-    return DraftTree(mx.array(tokens, dtype=mx.uint32), tokens, parents, ranks)
+def _entries(f: int, search: draft_tree.TreeSearch, entry: dict) -> List[int]:
+    """The in-round head entries candidate ``f`` sees: its expanded ancestors' and its own."""
+    out = [entry[f]]
+    p = search.parent(f)
+    while p != search.ROOT:
+        out.append(entry[p])
+        p = search.parent(p)
+    return out[::-1]
