@@ -136,6 +136,11 @@ retake sampling-gate-demo-pair -- $PY -m benchmarks.sampling_gate --model mlx_mt
   --topic sampling-gate-demo-pair --pairs 3 --max-tokens 128 --repetition-penalty 1.3 \
   --repetition-context-size 48 "${UNITS[@]}"
 
+# Draft trees against chains on the demo pair's code prompts.
+retake trees-demo-pair-code -- $PY -m benchmarks.bench_trees --model mlx_mtp/demo_pair \
+  --arms 3,4,2t4x4,3t2x4,3t3x6,4t2x6 --pairs 3 --max-tokens 128 --prompts code \
+  --topic trees-demo-pair-code "${UNITS[@]}"
+
 # A realistic-size random pair (hidden 1024, 12 layers, 32k vocabulary, a head wired to agree
 # with the target part of the time; not built by this repository), when $BIG_PAIR names its folder.
 if [ -n "${BIG_PAIR:-}" ]; then
@@ -160,4 +165,7 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --synced-runs 0 "${UNITS[@]}"
   retake sampling-gate-realistic-pair -- $PY -m benchmarks.sampling_gate --model "$Q" \
     --topic sampling-gate-realistic-pair --pairs 2 --max-tokens 64 "${UNITS[@]}"
+  retake trees-realistic-pair -- $PY -m benchmarks.bench_trees --model "$Q" \
+    --arms 3,4,2t3x3,3t2x3,3t2x4 --pairs 2 --max-tokens 64 --topic trees-realistic-pair \
+    "${UNITS[@]}"
 fi

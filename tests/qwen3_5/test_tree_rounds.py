@@ -3,6 +3,7 @@ ancestors, the committed path leaves the caches a sequential decode leaves, and 
 mlx-lm's greedy output for every tree shape."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import CODE_PROMPT, reference_greedy
 from mlx_lm.models.cache import KVCache
@@ -13,9 +14,11 @@ from support.oracle import OracleDrafter, OracleTreeDrafter
 
 import mlx_mtp
 from mlx_mtp import MTPError
+from mlx_mtp import draft_vocab
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.models.draft_tree import DraftTree
 from mlx_mtp.models.model import MTPModel
+from mlx_mtp.models.options import DraftOptions
 
 N_TOKENS = 24
 SLOW_KINDS = [pytest.param(k, marks=pytest.mark.slow) for k in ("moe", "tied", "next", "wide")]
@@ -195,6 +198,39 @@ def test_trees_of_an_agreeing_head_accept_at_every_depth(agreeing_dir):
     assert stats.per_position_acceptance == [1.0, 1.0, 1.0]
     assert stats.tokens_per_round > 3.5
     assert stats.tree_nodes / stats.rounds > 5  # six nodes verified while the budget allows
+
+
+def test_trees_with_every_drafter_phase_on(agreeing_dir, tmp_path):
+    """A reduced draft vocabulary (built from the target's own output, where its drafts live),
+    the fused argmax and a 4-bit head: trees draft only vocabulary ids, are accepted, and the
+    output is mlx-lm's."""
+    prompt = [5, 17, 42, 99, 7, 250, 3, 64]
+    ref = reference_greedy(agreeing_dir, prompt, 40)
+    base = mlx_mtp.load_model(agreeing_dir)
+    vocab = base.target.vocab_size
+    counts = np.bincount(np.array(ref), minlength=vocab)
+    ids = np.sort(np.argsort(-counts, kind="stable")[: vocab // 2])
+    draft_vocab.write_sidecar(tmp_path / "v", ids, {
+        "size": vocab // 2, "vocab_size": vocab,
+        "tokenizer_sha256": draft_vocab.tokenizer_sha256(load_tokenizer(agreeing_dir)),
+        "head_sha256": draft_vocab.head_sha256(base.target)})
+    model = mlx_mtp.load_model(agreeing_dir, draft_options=DraftOptions(
+        fused_argmax=True, fused_chunk=16, vocab=tmp_path / "v", bits=4))
+    d = model.drafter.describe()
+    assert d["reduced_vocab"] and d["fused_argmax"] and d["bits"] == [4], d
+    drafted = []
+    draft = model.drafter.draft_tree
+
+    def spy(*args):
+        tree = draft(*args)
+        drafted.extend(tree.tokens)
+        return tree
+
+    model.drafter.draft_tree = spy
+    stats = RunStats()
+    assert run(model, prompt, 4, 2, 6, stats, n=40) == ref
+    assert drafted and set(drafted) <= set(ids.tolist())
+    assert stats.per_position_acceptance[0] > 0.5
 
 
 def test_tree_settings_are_checked(dense_dir):
