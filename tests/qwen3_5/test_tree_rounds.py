@@ -14,7 +14,7 @@ from support.oracle import OracleDrafter, OracleTreeDrafter
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp import draft_vocab
+from mlx_mtp.models.qwen3_5 import vocab_reduction
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.models.draft_tree import DraftTree
 from mlx_mtp.models.model import MTPModel
@@ -210,10 +210,10 @@ def test_trees_with_every_drafter_phase_on(agreeing_dir, tmp_path):
     vocab = base.target.vocab_size
     counts = np.bincount(np.array(ref), minlength=vocab)
     ids = np.sort(np.argsort(-counts, kind="stable")[: vocab // 2])
-    draft_vocab.write_sidecar(tmp_path / "v", ids, {
+    vocab_reduction.write_sidecar(tmp_path / "v", ids, {
         "size": vocab // 2, "vocab_size": vocab,
-        "tokenizer_sha256": draft_vocab.tokenizer_sha256(load_tokenizer(agreeing_dir)),
-        "head_sha256": draft_vocab.head_sha256(base.target)})
+        "tokenizer_sha256": vocab_reduction.tokenizer_sha256(load_tokenizer(agreeing_dir)),
+        "head_sha256": vocab_reduction.head_sha256(base.target)})
     model = mlx_mtp.load_model(agreeing_dir, draft_options=DraftOptions(
         fused_argmax=True, fused_chunk=16, vocab=tmp_path / "v", bits=4))
     d = model.drafter.describe()
