@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-topk", type=draft_topk, default=1,
                    help=f"children drafted per tree node (1..{MAX_TOPK}; default 1: a chain). "
                         "Above 1 each round drafts a tree, its depth --block-size less one, and "
-                        "verifies it in one forward (temperature 0, a fixed --block-size, the "
-                        "Qwen families' MTP head)")
+                        "verifies it in one forward; under --block-size auto (--temp 0) a round "
+                        "drafts a chain or a tree, whichever measured faster")
     p.add_argument("--draft-tokens", type=positive_int, default=None,
                    help="most draft nodes a tree verifies per round (default: --draft-topk per "
                         "depth)")
@@ -278,8 +278,11 @@ def run(args) -> dict:
         args.model, args.repetition_penalty, args.repetition_context_size)
     args.model = model_or_demo(args.model, args.drafter)
     widest = args.max_block_size if args.block_size == AUTO else args.block_size
-    tree_shape(args.draft_topk, args.draft_tokens, args.block_size, MAX_BLOCK_SIZE,
+    tree_shape(args.draft_topk, args.draft_tokens, widest, MAX_BLOCK_SIZE,
                names=CLI_NAMES)  # before loading: a bad shape fails at once
+    if args.draft_topk > 1 and args.block_size == AUTO and args.temp > 0:
+        raise MTPError("--draft-topk above 1 with --block-size auto runs at --temp 0 only; use "
+                       "a fixed --block-size to sample with trees")
     need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
@@ -374,12 +377,14 @@ def _rows_from_result(result: dict):
         if tree:
             rows += [("draft tree", f"top {result['draft_topk']} per node, at most "
                                     f"{result['draft_tokens']} nodes"),
-                     ("tree nodes verified per round", f"{result['tree_nodes_per_round']:.2f}"),
+                     ("tree rounds", f"{result['tree_rounds']} of {result['rounds']}"),
+                     ("tree nodes verified per tree round",
+                      f"{result['tree_nodes_per_round']:.2f}"),
                      ("accepted nodes by sibling rank (0: the head's first choice)",
                       ", ".join(map(str, result["accepted_by_sibling_rank"])) or "-")]
         for j, (rate, n) in enumerate(zip(result["per_position_acceptance"],
                                           result["per_position_rounds"]), 1):
-            rows.append((f"depth {j} reached (share of the {n} rounds whose tree reached it)"
+            rows.append((f"depth {j} reached (share of the {n} rounds that drafted that deep)"
                          if tree else f"draft {j} accepted (share of the {n} rounds that "
                          f"drafted it)", f"{rate:.3f}"))
         per_round = max(result["rounds"], 1)

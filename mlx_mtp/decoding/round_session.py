@@ -21,6 +21,7 @@ from mlx_mtp import config as env
 from mlx_mtp.decoding import keyed_sampling
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
+from mlx_mtp.decoding.shape_chooser import ShapeChooser
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
 from mlx_mtp.io.kv_settings import KVSettings
@@ -137,6 +138,7 @@ class Session:
     split: Optional[Any]  # mlx_mtp.models.distributed.Split of a split target
     crossings: Callable[[], None]  # brings the split's collective counts in stats up to date
     tree: Optional[TreeShape] = None  # draft trees instead of chains
+    shapes: Optional[ShapeChooser] = None  # ``auto`` with a tree: chain or tree, per round
     pin: bool = False  # a drafted round's verify pins the process to one core (cpu_pin)
     generation_start: float = 0.0  # perf_counter when the first token was ready
 
@@ -182,7 +184,10 @@ def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Opti
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     session = Session(model, cache, kv, turn, drafter, draws, stats, request.chooser,
                       request.max_tokens, request.block_size - 1, prompt_len, settle, split,
-                      crossings, tree=request.tree)
+                      crossings, tree=request.tree,
+                      shapes=(ShapeChooser(request.block_size - 1)
+                              if request.tree is not None and request.chooser is not None
+                              else None))
     mx.reset_peak_memory()
     return session
 

@@ -134,6 +134,7 @@ class RoundPlan:
     drafts: int  # k: the drafts to make (the verify block is k + 1 wide)
     started: float  # perf_counter at the round's start (RunStats.record_round)
     chosen_at: float  # perf_counter once chosen (the chooser's observed cost starts here)
+    tree: bool = False  # the drafts are a tree (``Session.tree``'s shape, ``drafts`` deep)
 
 
 @dataclass
@@ -154,21 +155,26 @@ def choose_ahead(session: Session, progress: Progress) -> EarlyChoice:
     return EarlyChoice(drafts, started, stretch)
 
 
-def plan_round(session: Session, progress: Progress, ahead: Optional[EarlyChoice]
-               ) -> RoundPlan:
+def plan_round(session: Session, progress: Progress, ahead: Optional[EarlyChoice],
+               tree_round: bool = False) -> RoundPlan:
     """The round's drafts: the widest block, never past the token budget nor (kv_bits) across
     the switch to a quantized cache; under ``auto`` the chooser's choice (``ahead`` when made
-    before the round). Catches the drafter up on deferred rounds before it drafts again."""
+    before the round), or for a round the shape chooser gave a tree (``tree_round``) its depth.
+    Catches the drafter up on deferred rounds before it drafts again."""
     drafts = min(session.max_drafts, session.max_tokens - progress.emitted - 1)
     drafts = session.kv.max_drafts(session.cache, drafts)
     started = time.perf_counter() if ahead is None else ahead.started
+    tree = session.tree is not None and (session.shapes is None or tree_round)
     if session.chooser is not None:
-        drafts = session.chooser.choose(drafts) if ahead is None else ahead.drafts
+        if tree_round:
+            drafts = min(drafts, session.shapes.depth)
+        else:
+            drafts = session.chooser.choose(drafts) if ahead is None else ahead.drafts
         if session.split is not None:  # timed choices differ per rank: all verify rank 0's width
             drafts = session.split.from_rank0(drafts)
         if drafts > 0 and progress.deferred:  # outside the round's measured cost
             _feed_deferred(session, progress)
-    return RoundPlan(drafts, started, time.perf_counter())
+    return RoundPlan(drafts, started, time.perf_counter(), tree and drafts > 0)
 
 
 def _feed_deferred(session: Session, progress: Progress) -> None:
@@ -209,7 +215,7 @@ def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
                 progress.history)
             drafter.draft_sampled(plan.drafts, sampler)
             proposal.ids, proposal.noise = sampler.drafts(), sampler.noise
-        elif session.tree is not None:
+        elif plan.tree:
             proposal.tree = drafter.draft_tree(session.tree.topk, session.tree.nodes, plan.drafts)
             proposal.ids = proposal.tree.ids
         elif draws.streams is None:
@@ -357,8 +363,11 @@ def record_round(session: Session, plan: RoundPlan, verified: Verified) -> None:
     """The round's wall time into the stats; the time since the choice to the chooser."""
     ended = time.perf_counter()
     session.stats.record_round(plan.drafts, verified.accepted, ended - plan.started)
-    if session.chooser is not None:
+    if session.chooser is not None and not plan.tree:  # its widths are chains'
         session.chooser.observe(plan.drafts, verified.accepted, ended - plan.chosen_at)
+    if session.shapes is not None and plan.drafts > 0:
+        session.shapes.observe(plan.tree, verified.accepted + 1, ended - plan.chosen_at,
+                               plan.drafts)
 
 
 # ------------------------------------------------------------------------------------ emit

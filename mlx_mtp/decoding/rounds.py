@@ -138,8 +138,10 @@ def speculative_generate_step(
     from mlx's global random state). ``draft_topk`` above 1 drafts a tree per round instead of a
     chain (``mlx_mtp.models.draft_tree``): ``draft_topk`` children considered per node, at most
     ``draft_tokens`` draft nodes verified (default ``draft_topk`` per depth), its depth the block
-    size less one, with a fixed ``block_size``; at temperature > 0 a tree is walked by the
-    point-mass rule over siblings (``acceptance`` ``auto`` or ``point-mass``). On a split target
+    size less one; at temperature > 0 a tree is walked by the point-mass rule over siblings
+    (``acceptance`` ``auto`` or ``point-mass``). Under ``block_size="auto"`` (temperature 0) each
+    round drafts a chain or a tree, whichever measured faster
+    (``mlx_mtp.decoding.shape_chooser``). On a split target
     (``mlx_mtp.models.distributed``) every step is bounded by the split's watchdog.
     """
     check_no_draft_model(draft_model, num_draft_tokens)
@@ -167,11 +169,15 @@ def speculative_generate_step(
 
 def check_tree(model: MTPModel, draft_topk, draft_tokens, block_size: int,
                chooser: Optional[BlockChooser], sampler) -> Optional[TreeShape]:
-    """The draft tree's shape (None: chains), or an error naming what a tree needs."""
-    tree = tree_shape(draft_topk, draft_tokens, AUTO if chooser is not None else block_size,
-                      MAX_BLOCK_SIZE)
+    """The draft tree's shape (None: chains), or an error naming what a tree needs.
+    ``block_size``: the widest chain (under ``auto``, ``max_block_size``)."""
+    tree = tree_shape(draft_topk, draft_tokens, block_size, MAX_BLOCK_SIZE)
     if tree is None:
         return None
+    if chooser is not None and not sampling.is_argmax(sampler):
+        raise MTPError("draft_topk above 1 with block_size 'auto' runs at temperature 0 only "
+                       "(auto's sampled draws are keyed per position); use a fixed block_size "
+                       "to sample with trees")
     if model.drafter is not None and not (hasattr(model.drafter, "draft_tree")
                                           and hasattr(model.target, "keep_path")):
         raise MTPError(f"draft_topk above 1: this drafter ({type(model.drafter).__name__}) "
@@ -300,12 +306,14 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
         yield from pipelined_steps(session, progress, session.max_tokens - 1, stretch=False)
         return
     while progress.emitted < session.max_tokens:
-        ahead = choose_ahead(session, progress) if session.stretches else None
+        tree_round = session.shapes.choose() if session.shapes is not None else False
+        ahead = (choose_ahead(session, progress) if session.stretches and not tree_round
+                 else None)
         if ahead is not None and ahead.stretch > 1:
             yield from pipelined_steps(session, progress, ahead.stretch, stretch=True)
             continue
         with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
-            plan = plan_round(session, progress, ahead)
+            plan = plan_round(session, progress, ahead, tree_round)
             proposal = draft(session, progress, plan)
             verified = verify_and_walk(session, progress, plan, proposal)
             commit(session, progress, plan, verified)

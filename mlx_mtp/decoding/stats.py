@@ -49,6 +49,7 @@ class RunStats:
     draft_topk: int = 1
     draft_tokens: Optional[int] = None
     tree_nodes: int = 0
+    tree_rounds: int = 0  # rounds that drafted a tree (all drafting rounds but under ``auto``)
     sibling_rank_hits: List[int] = field(default_factory=list)
     # greedy / point-mass / speculative-sampling (``mlx_mtp.decoding.sampling``); None when no
     # MTP loop ran.
@@ -125,6 +126,7 @@ class RunStats:
     def record_tree(self, tree, path: List[int]) -> None:
         """A verified draft tree and the walked path (root first)."""
         self.tree_nodes += len(tree.parents) - 1
+        self.tree_rounds += 1
         for node in path[1:]:
             rank = tree.ranks[node]
             while len(self.sibling_rank_hits) <= rank:
@@ -194,7 +196,9 @@ class RunStats:
             "peak_memory_gb": self.peak_memory_gb,
             "draft_topk": self.draft_topk,
             "draft_tokens": self.draft_tokens,
-            "tree_nodes_per_round": self.tree_nodes / self.rounds if self.rounds else 0.0,
+            "tree_rounds": self.tree_rounds,
+            "tree_nodes_per_round": (self.tree_nodes / self.tree_rounds if self.tree_rounds
+                                     else 0.0),
             "accepted_by_sibling_rank": list(self.sibling_rank_hits),
             "acceptance_rule": self.acceptance_rule,
             "mtp_enabled": self.mtp_enabled,

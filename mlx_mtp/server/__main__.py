@@ -11,6 +11,7 @@ import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core load
 from mlx_mtp import MTPError
 from mlx_mtp import cli
 from mlx_mtp.demo import DEMO_DECODE, DEMO_MODEL_ID, model_or_demo, repetition_settings
+from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.rounds import MAX_BLOCK_SIZE
 from mlx_mtp.models.distributed import SPLITS, init_split
 from mlx_mtp.models.draft_tree import CLI_NAMES, tree_shape
@@ -37,8 +38,9 @@ def build_parser() -> cli.Parser:
     p.add_argument("--max-block-size", type=cli.block_size, default=None,
                    help="the widest block --block-size auto may choose (default: the library's)")
     p.add_argument("--draft-topk", type=cli.draft_topk, default=1,
-                   help="children drafted per tree node (default 1: chains); above 1 every "
-                        "request drafts a tree, its depth --block-size less one")
+                   help="children drafted per tree node (default 1: chains); above 1 requests "
+                        "draft trees, their depth --block-size less one (under --block-size "
+                        "auto: a chain or a tree per round, chains at temperature > 0)")
     p.add_argument("--draft-tokens", type=cli.positive_int, default=None,
                    help="most draft nodes a tree verifies per round (default: --draft-topk per "
                         "depth)")
@@ -94,9 +96,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         model = model_or_demo(args.model, args.drafter)
-        tree_shape(args.draft_topk, args.draft_tokens,
-                   "auto" if args.block_size is None else args.block_size, MAX_BLOCK_SIZE,
-                   names=CLI_NAMES)
+        widest = (args.max_block_size or DEFAULT_MAX_BLOCK_SIZE
+                  if args.block_size in (None, AUTO) else args.block_size)
+        tree_shape(args.draft_topk, args.draft_tokens, widest, MAX_BLOCK_SIZE, names=CLI_NAMES)
         split = init_split(args.split, program="mlx_mtp.server") if args.split else None
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")

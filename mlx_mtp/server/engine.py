@@ -19,6 +19,7 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.server import convert_chat, process_message_content
 
 import mlx_mtp
+from mlx_mtp.decoding.block_chooser import AUTO
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.device import current_device_facts
@@ -71,8 +72,9 @@ def mtp_summary(stats: RunStats) -> dict:
         "tokens_per_round": stats.tokens_per_round if stats.rounds else None,
         "per_position_acceptance": stats.per_position_acceptance,
         "draft_topk": stats.draft_topk,
-        "tree_nodes_per_round": stats.tree_nodes / stats.rounds if stats.draft_topk > 1 and
-        stats.rounds else None,
+        "tree_rounds": stats.tree_rounds,
+        "tree_nodes_per_round": (stats.tree_nodes / stats.tree_rounds if stats.tree_rounds
+                                 else None),
         "accepted_by_sibling_rank": list(stats.sibling_rank_hits),
         "generation_tps": stats.generation_tps,
         **split,
@@ -181,10 +183,13 @@ class Engine:
             return plain_stream_generate(self.model, self.tokenizer, prompt,
                                          max_tokens=req.max_tokens, sampler=sampler,
                                          logits_processors=processors, stats=stats)
+        kwargs = self.block_kwargs
+        if req.temperature > 0 and kwargs.get("block_size", AUTO) == AUTO:
+            # auto's sampled draws are keyed per position; trees run there at temperature 0
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("draft_topk", "draft_tokens")}
         return mlx_mtp.stream_generate(self.model, self.tokenizer, prompt,
                                        max_tokens=req.max_tokens, sampler=sampler, stats=stats,
-                                       logits_processors=processors, seed=req.seed,
-                                       **self.block_kwargs)
+                                       logits_processors=processors, seed=req.seed, **kwargs)
 
     def generate(self, req: GenerationRequest, ids: List[int],
                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:

@@ -243,8 +243,8 @@ def test_tree_settings_are_checked(dense_dir):
          "15, got 1"),
         (dict(block_size=3, draft_topk=1, draft_tokens=4),
          r"draft_tokens with draft_topk 1 \(a chain\) is the block size less one, got 4"),
-        (dict(block_size="auto", draft_topk=2),
-         r"draft_topk above 1 needs a fixed block_size \(the tree's depth plus one\), got 'auto'"),
+        (dict(block_size="auto", draft_topk=2, sampler=mlx_mtp.make_sampler(temp=0.7)),
+         r"draft_topk above 1 with block_size 'auto' runs at temperature 0 only"),
         (dict(block_size=1, draft_topk=2), "it needs a block_size of at least 2"),
         (dict(block_size=3, draft_topk=2, sampler=mlx_mtp.make_sampler(temp=0.7),
               acceptance="speculative-sampling"),
@@ -263,3 +263,17 @@ def test_a_drafter_without_trees_says_so(dense_dir):
                                        "drafts chains only"):
         next(mlx_mtp.generate_step(mx.array([5, 17, 42]), chains, max_tokens=4, block_size=3,
                                    draft_topk=2))
+
+
+def test_auto_runs_chains_and_trees_and_gives_greedy_output(dense_dir, agreeing_dir):
+    """``block_size="auto"`` with a tree: rounds of both shapes, mlx-lm's output."""
+    for path, prompt in ((dense_dir, long_prompt(dense_dir)),
+                         (agreeing_dir, [5, 17, 42, 99, 7, 250, 3, 64])):
+        model = mlx_mtp.load_model(path)
+        ref = reference_greedy(path, prompt, 48)
+        stats = RunStats()
+        assert run(model, prompt, "auto", 2, None, stats, n=48) == ref
+        d = stats.to_dict()
+        assert d["block_size"] == "auto" and d["draft_topk"] == 2 and d["draft_tokens"] == 10
+        drafting = stats.rounds - stats.block_sizes.get(1, 0)
+        assert 3 <= d["tree_rounds"] < drafting  # explored, and chains ran too

@@ -433,9 +433,9 @@ def test_chat_goes_through_the_tokenizers_template_like_the_cli(templated):
     (["--block-size", "40"], 2,
      "error: argument --block-size: must be between 1 and 16, got 40"),
     (["--draft-topk", "9"], 2, "error: argument --draft-topk: must be between 1 and 8, got 9"),
-    (["--draft-topk", "2"], 1,
-     "error: --draft-topk above 1 needs a fixed --block-size (the tree's depth plus one), got "
-     "'auto'"),
+    (["--draft-topk", "2", "--draft-tokens", "3"], 1,
+     "error: --draft-tokens must be an integer from the tree's depth (--block-size less one: "
+     "5) to 15, got 3"),
     (["--block-size", "3", "--draft-topk", "2", "--draft-tokens", "20"], 1,
      "error: --draft-tokens must be an integer from the tree's depth (--block-size less one: "
      "2) to 15, got 20"),

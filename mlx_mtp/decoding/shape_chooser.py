@@ -1,0 +1,49 @@
+"""Under ``block_size="auto"`` with ``draft_topk`` above 1: whether a round drafts a chain (its
+width chosen by ``BlockChooser``) or a tree, from the tokens per second each shape measured.
+
+Each shape's rate is the median of its last ``window`` rounds' tokens per second (a median, so
+the first rounds of a new width, which compile graphs, do not decide). Chains and trees take
+turns until each has ``explore`` rounds; then the faster shape runs, and the slower one runs once
+whenever it has not run for ``reprobe`` rounds, so a change in text or cost is noticed. The
+tree's depth is the chooser's last drafting choice (``depth``). Deterministic: the same
+observations give the same choices.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Deque, Dict
+
+
+class ShapeChooser:
+    def __init__(self, depth: int, explore: int = 3, reprobe: int = 16, window: int = 8):
+        self.depth = depth  # drafts of the last chain round that drafted: a tree round's depth
+        self.explore, self.reprobe = explore, reprobe
+        self.rates: Dict[bool, Deque[float]] = {False: deque(maxlen=window),
+                                                True: deque(maxlen=window)}
+        self.since: Dict[bool, int] = {False: 0, True: 0}  # rounds since each shape last ran
+        self.rounds = {False: 0, True: 0}  # rounds per shape (stats)
+
+    def rate(self, tree: bool) -> float:
+        """Tokens per second of the shape's recent rounds (median); 0 before any."""
+        return statistics.median(self.rates[tree]) if self.rates[tree] else 0.0
+
+    def choose(self) -> bool:
+        """True: this round drafts a tree."""
+        seen = {s: len(self.rates[s]) for s in (False, True)}
+        if min(seen.values()) < self.explore:
+            return seen[True] < seen[False]  # take turns, a chain first
+        best = self.rate(True) > self.rate(False)
+        return (not best) if self.since[not best] >= self.reprobe else best
+
+    def observe(self, tree: bool, tokens: int, seconds: float, drafts: int = 0) -> None:
+        """A drafting round of the shape emitted ``tokens`` in ``seconds``; a chain round's
+        ``drafts`` become the next tree's depth."""
+        if seconds > 0:
+            self.rates[tree].append(tokens / seconds)
+        self.since[tree] = 0
+        self.since[not tree] += 1
+        self.rounds[tree] += 1
+        if not tree and drafts > 0:
+            self.depth = drafts
