@@ -11,8 +11,9 @@ benchmark_results/<topic>-<host>-<date>.md and .json and the record's pictures.
     python -m benchmarks.bench_trees --model PATH --arms 3,4,3t2x4,4t2x6 --pairs 3
     python -m benchmarks.bench_trees --render RECORD.json    # redraw a record's pictures
 
-An arm is a chain block size (``3``) or a tree ``BtKxN``: block size B (the depth plus one),
-``--draft-topk`` K and ``--draft-tokens`` N.
+An arm is a chain block size (``3``), a tree ``BtKxN`` (block size B, the depth plus one,
+``--draft-topk`` K and ``--draft-tokens`` N), ``auto`` (chain widths chosen per round, up to 6),
+or ``autotK`` (``auto`` with ``--draft-topk`` K: a chain or a tree per round).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 
@@ -32,30 +33,39 @@ from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.generate import encode_prompt
 
 PLAIN = "plain"
+AUTO = "auto"
+MAX_WIDTH = 6  # the widest block of an auto arm (its --max-block-size)
 
 
 @dataclass(frozen=True)
 class Arm:
-    block_size: int
+    block_size: Union[int, str]  # or "auto"
     topk: int = 1
     nodes: Optional[int] = None
 
     @property
     def name(self) -> str:
-        return str(self.block_size) if self.topk == 1 else \
-            f"{self.block_size}t{self.topk}x{self.nodes}"
+        if self.topk == 1:
+            return str(self.block_size)
+        return f"{self.block_size}t{self.topk}" + ("" if self.nodes is None else f"x{self.nodes}")
+
+    @property
+    def depth(self) -> int:
+        return (MAX_WIDTH if self.block_size == AUTO else self.block_size) - 1
 
     @classmethod
     def parse(cls, text: str) -> "Arm":
-        m = re.fullmatch(r"(\d+)(?:t(\d+)x(\d+))?", text.strip())
-        if not m:
-            raise ValueError(f"expected a block size (3) or a tree BtKxN (4t2x6), got {text!r}")
+        m = re.fullmatch(r"(\d+|auto)(?:t(\d+)(?:x(\d+))?)?", text.strip())
+        if not m or (m.group(1) != AUTO and m.group(2) and not m.group(3)):
+            raise ValueError(f"expected a block size (3), a tree BtKxN (4t2x6), auto or autotK "
+                             f"(autot2), got {text!r}")
         b, k, n = m.groups()
-        return cls(int(b)) if k is None else cls(int(b), int(k), int(n))
+        b = b if b == AUTO else int(b)
+        return cls(b) if k is None else cls(b, int(k), None if n is None else int(n))
 
     def decode(self, model, prompt, n: int):
         return mtp_decode(model, prompt, n, self.block_size, draft_topk=self.topk,
-                          draft_tokens=self.nodes)
+                          draft_tokens=self.nodes, max_block_size=MAX_WIDTH)
 
 
 def run(args, watch=None) -> dict:
@@ -141,7 +151,9 @@ def summarize(args, raw: dict, exact: dict, synced: list) -> dict:
             "per_depth_acceptance": [
                 _median([st["per_position_acceptance"][j] for st in stats
                          if len(st["per_position_acceptance"]) > j])
-                for j in range(arm.block_size - 1)],
+                for j in range(arm.depth)],
+            "tree_rounds": _median([st["tree_rounds"] / st["rounds"] if st["rounds"] else 0.0
+                                    for st in stats]),
             "verify_ms_synced": verify_ms,
             "verify_ms_per_node": verify_ms / (nodes + 1) if nodes else 0.0,
             "identical": exact[arm.name],
@@ -165,23 +177,26 @@ def render(r: dict) -> str:
               + ", ".join(f"{k} {v:.2f}" for k, v in r["distinct_4gram_share"].items()),
               "", "## Results", "",
               f"Plain decode: {r['plain_tps']:.1f} tok/s (median over pairs and prompts).", "",
-              "| arm | tok/s | vs plain (min-max) | tokens/round | nodes/round | per-depth "
-              "acceptance | accepted by sibling rank | verify ms (synced) | ms per node | "
-              "identical |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| arm | tok/s | vs plain (min-max) | tokens/round | nodes/round | tree rounds | "
+              "per-depth acceptance | accepted by sibling rank | verify ms (synced) | ms per node "
+              "| identical |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
         lo, hi = row["ratio_range"]
         lines.append(
             f"| {row['arm']} | {row['tps']:.1f} | {row['ratio_vs_plain']:.2f}x ({lo:.2f}-{hi:.2f}) "
             f"| {row['tokens_per_round']:.2f} | {row['nodes_per_round']:.2f} | "
+            f"{row.get('tree_rounds', 0.0):.2f} | "
             + " / ".join(f"{a:.2f}" for a in row["per_depth_acceptance"])
             + f" | {', '.join(map(str, row['accepted_by_sibling_rank'])) or '-'} | "
             f"{row['verify_ms_synced']:.1f} | {row['verify_ms_per_node']:.1f} | "
             f"{'yes' if row['identical'] else 'NO'} |")
     lines += ["", "An arm `BtKxN` drafts trees of depth B - 1 with K children per expanded node "
-              "and at most N nodes; an arm `B` drafts chains of B - 1. Nodes per round: drafted "
-              "nodes verified with the bonus. ms per node: the synced verify over its nodes and "
-              "root."]
+              "and at most N nodes; an arm `B` drafts chains of B - 1; `auto` chooses chain "
+              f"widths up to {MAX_WIDTH}, and `autotK` each round a chain or a tree with K "
+              "children (tree rounds: the median share of its rounds that drafted a tree). Nodes "
+              "per round: drafted nodes verified with the bonus (a tree arm's: per tree round). "
+              "ms per node: the synced verify over its nodes and root."]
     return "\n".join(lines + common.what_it_says(r))
 
 
@@ -191,7 +206,7 @@ def main(argv=None):
     p.add_argument("--drafter")
     p.add_argument("--topic", default="trees")
     p.add_argument("--arms", default="3,4,3t2x4,4t2x6",
-                   help="comma-separated: chain block sizes and trees BtKxN")
+                   help="comma-separated: chain block sizes, trees BtKxN, auto, autotK")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--synced-runs", type=int, default=1)

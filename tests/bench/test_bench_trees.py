@@ -41,5 +41,8 @@ def test_a_malformed_arm_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         bench_trees.main(["--model", "x", "--arms", "3,3tree"])
     assert e.value.code == 2
-    assert "--arms: expected a block size (3) or a tree BtKxN (4t2x6), got '3tree'" in \
-        capsys.readouterr().err
+    assert ("--arms: expected a block size (3), a tree BtKxN (4t2x6), auto or autotK (autot2), "
+            "got '3tree'") in capsys.readouterr().err
+    assert [bench_trees.Arm.parse(a).name for a in ("3", "4t2x6", "auto", "autot2")] == \
+        ["3", "4t2x6", "auto", "autot2"]
+    assert bench_trees.Arm.parse("autot3") == bench_trees.Arm("auto", 3, None)
