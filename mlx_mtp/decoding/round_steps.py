@@ -216,7 +216,10 @@ def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
             drafter.draft_sampled(plan.drafts, sampler)
             proposal.ids, proposal.noise = sampler.drafts(), sampler.noise
         elif plan.tree:
-            proposal.tree = drafter.draft_tree(session.tree.topk, session.tree.nodes, plan.drafts)
+            nodes = session.tree.nodes
+            if session.shapes is not None:  # auto: the budget scales with the round's depth
+                nodes = min(nodes, session.tree.topk * plan.drafts)
+            proposal.tree = drafter.draft_tree(session.tree.topk, nodes, plan.drafts)
             proposal.ids = proposal.tree.ids
         elif draws.streams is None:
             proposal.ids = drafter.draft(plan.drafts)

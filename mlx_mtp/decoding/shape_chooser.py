@@ -4,26 +4,32 @@ width chosen by ``BlockChooser``) or a tree, from the tokens per second each sha
 Each shape's rate is the median of its last ``window`` rounds' tokens per second (a median, so
 the first rounds of a new width, which compile graphs, do not decide). Chains and trees take
 turns until each has ``explore`` rounds; then the faster shape runs, and the slower one runs once
-whenever it has not run for ``reprobe`` rounds, so a change in text or cost is noticed. The
-tree's depth is the chooser's last drafting choice (``depth``). Deterministic: the same
-observations give the same choices.
+when it has not run for ``gap`` rounds, so a change in text or cost is noticed. The gap starts
+at ``reprobe``, doubles after each re-measure that leaves the faster shape as it was, up to
+``max_gap``, and starts again when the faster shape changes: a shape that keeps losing costs
+ever fewer rounds. The tree's depth is the chooser's last drafting choice (``depth``).
+Deterministic: the same observations give the same choices.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Deque, Dict
+from typing import Deque, Dict, Optional
 
 
 class ShapeChooser:
-    def __init__(self, depth: int, explore: int = 3, reprobe: int = 16, window: int = 8):
+    def __init__(self, depth: int, explore: int = 2, reprobe: int = 8, max_gap: int = 128,
+                 window: int = 8):
         self.depth = depth  # drafts of the last chain round that drafted: a tree round's depth
-        self.explore, self.reprobe = explore, reprobe
+        self.explore, self.reprobe, self.max_gap = explore, reprobe, max_gap
+        self.gap = reprobe
         self.rates: Dict[bool, Deque[float]] = {False: deque(maxlen=window),
                                                 True: deque(maxlen=window)}
         self.since: Dict[bool, int] = {False: 0, True: 0}  # rounds since each shape last ran
         self.rounds = {False: 0, True: 0}  # rounds per shape (stats)
+        self.leader: Optional[bool] = None  # the faster shape when the last round was chosen
+        self.probing = False  # the last choice re-measured the slower shape
 
     def rate(self, tree: bool) -> float:
         """Tokens per second of the shape's recent rounds (median); 0 before any."""
@@ -35,7 +41,12 @@ class ShapeChooser:
         if min(seen.values()) < self.explore:
             return seen[True] < seen[False]  # take turns, a chain first
         best = self.rate(True) > self.rate(False)
-        return (not best) if self.since[not best] >= self.reprobe else best
+        if self.leader is not None and best != self.leader:
+            self.gap = self.reprobe  # the faster shape changed: watch closely again
+        elif self.probing:
+            self.gap = min(2 * self.gap, self.max_gap)  # re-measured, still behind: back off
+        self.leader, self.probing = best, self.since[not best] >= self.gap
+        return (not best) if self.probing else best
 
     def observe(self, tree: bool, tokens: int, seconds: float, drafts: int = 0) -> None:
         """A drafting round of the shape emitted ``tokens`` in ``seconds``; a chain round's

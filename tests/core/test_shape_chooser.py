@@ -1,11 +1,15 @@
 """The chain-or-tree choice under ``auto`` (``ShapeChooser``): turns while exploring, then the
-faster shape by its recent median rate, the slower one re-measured every ``reprobe`` rounds."""
+faster shape by its recent median rate, the slower one re-measured at gaps that double while it
+stays behind and start again when the faster shape changes."""
 
 from mlx_mtp.decoding.shape_chooser import ShapeChooser
 
+CHAIN, TREE = False, True
+
 
 def run(chooser, rounds, rate):
-    """``rounds`` choices, each observed at ``rate[shape]`` tokens per second (3 tokens)."""
+    """``rounds`` choices, each observed at ``rate[shape]`` tokens per second (3 tokens, a chain
+    round of 2 drafts)."""
     shapes = []
     for _ in range(rounds):
         tree = chooser.choose()
@@ -14,30 +18,40 @@ def run(chooser, rounds, rate):
     return shapes
 
 
-def test_takes_turns_then_keeps_the_faster_shape_and_reprobes_the_other():
-    c = ShapeChooser(depth=5, explore=3, reprobe=4)
-    shapes = run(c, 6, {False: 10.0, True: 20.0})
-    assert shapes == [False, True, False, True, False, True]  # a chain first, then turns
+def probes(shapes, shape):
+    return [i for i, s in enumerate(shapes) if s == shape]
+
+
+def test_takes_turns_then_keeps_the_faster_shape_and_backs_off_the_other():
+    c = ShapeChooser(depth=5, explore=2, reprobe=4, max_gap=16)
+    assert run(c, 4, {CHAIN: 10.0, TREE: 20.0}) == [CHAIN, TREE, CHAIN, TREE]
     assert c.depth == 2  # the chain rounds' drafts
-    shapes = run(c, 10, {False: 10.0, True: 20.0})
-    # trees are faster: trees, and the chain once whenever it has not run for 4 rounds
-    assert shapes == [True, True, True, False, True, True, True, True, False, True]
-    assert c.rounds == {False: 5, True: 11}
+    shapes = run(c, 40, {CHAIN: 10.0, TREE: 20.0})
+    # trees are faster; the chain is re-measured after 4, 8, then 16 rounds without it
+    assert probes(shapes, CHAIN) == [3, 12, 29]
+    assert c.rounds == {CHAIN: 5, TREE: 39}
 
 
-def test_follows_a_change_of_the_faster_shape():
-    c = ShapeChooser(depth=2, explore=2, reprobe=3, window=3)
-    run(c, 4, {False: 10.0, True: 20.0})
-    assert run(c, 3, {False: 10.0, True: 20.0}) == [True, True, False]  # the chain re-measured
-    # trees turn slow: once the tree's median is a slow round (its second), chains take over,
-    # and a tree is re-measured whenever none ran for 3 rounds
-    shapes = run(c, 12, {False: 10.0, True: 5.0})
-    assert shapes == [True, True, False, False, False, True, False, False, False, True, False,
-                      False]
-    assert c.rate(True) == 5.0
+def test_a_losing_tree_costs_ever_fewer_rounds():
+    c = ShapeChooser(depth=3, explore=2, reprobe=4, max_gap=16)
+    run(c, 4, {CHAIN: 20.0, TREE: 10.0})
+    shapes = run(c, 60, {CHAIN: 20.0, TREE: 10.0})
+    assert probes(shapes, TREE) == [4, 13, 30, 47]  # gaps 4, 8, 16, 16 (the cap)
+
+
+def test_follows_a_change_of_the_faster_shape_and_watches_closely_again():
+    c = ShapeChooser(depth=3, explore=2, reprobe=4, max_gap=16)
+    run(c, 4, {CHAIN: 20.0, TREE: 10.0})
+    run(c, 60, {CHAIN: 20.0, TREE: 10.0})  # the gap has grown to the cap
+    shapes = run(c, 12, {CHAIN: 5.0, TREE: 10.0})
+    # chains turn slow: the next tree probe (the cap: 12 rounds on) sees trees faster once
+    # the chain's window median is a slow round; then trees lead, the chain probed at gap 4
+    assert shapes == [CHAIN, CHAIN, CHAIN, CHAIN, TREE, CHAIN, TREE, TREE, TREE, TREE, CHAIN,
+                      TREE]
+    assert c.gap == 8  # back to 4 at the change, doubled after the chain probe that lost
 
 
 def test_a_round_without_time_counts_but_gives_no_rate():
     c = ShapeChooser(depth=2)
-    c.observe(True, 3, 0.0)
-    assert c.rate(True) == 0.0 and c.rounds[True] == 1 and c.since[False] == 1
+    c.observe(TREE, 3, 0.0)
+    assert c.rate(TREE) == 0.0 and c.rounds[TREE] == 1 and c.since[CHAIN] == 1

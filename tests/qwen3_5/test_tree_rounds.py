@@ -276,4 +276,4 @@ def test_auto_runs_chains_and_trees_and_gives_greedy_output(dense_dir, agreeing_
         d = stats.to_dict()
         assert d["block_size"] == "auto" and d["draft_topk"] == 2 and d["draft_tokens"] == 10
         drafting = stats.rounds - stats.block_sizes.get(1, 0)
-        assert 3 <= d["tree_rounds"] < drafting  # explored, and chains ran too
+        assert 2 <= d["tree_rounds"] < drafting  # explored, and chains ran too
