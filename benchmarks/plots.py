@@ -47,9 +47,11 @@ def check(record: dict, kind: str) -> str | None:
             "drafter": ("arm", "step_ms", "step_floor_ms", "accept_ms", "round_ms"),
             "server": ("prompt", "plain_decode_tps", "mtp_decode_tps", "plain_ttft_ms",
                        "mtp_ttft_ms"),
-            "trees": ("arm", "topk", "tps", "tokens_per_round", "nodes_per_round")}[kind]
+            "trees": ("arm", "topk", "tps", "tokens_per_round", "nodes_per_round"),
+            "verify_ops": ("width", "whole_ms", "split_ms")}[kind]
     script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
-              "server": "bench_server.py", "trees": "bench_trees.py"}[kind]
+              "server": "bench_server.py", "trees": "bench_trees.py",
+              "verify_ops": "verify_ops.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
         return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
@@ -326,6 +328,26 @@ def _tree_rounds(ax, r: dict) -> None:
     _title(ax, r, "tokens verified and emitted per round")
 
 
+def _verify_ops(ax, r: dict) -> None:
+    """The verify's split per width (bench verify_ops), each category stacked."""
+    rows = r["rows"]
+    xs = [row["width"] for row in rows]
+    colors = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+    bottom = [0.0] * len(rows)
+    for name, color in zip(rows[0]["split_ms"], colors):
+        vals = [row["split_ms"][name] for row in rows]
+        ax.bar(xs, vals, bottom=bottom, color=color, label=name)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(xs, [row["whole_ms"] for row in rows], color="black", marker="o",
+            label="whole verify (no barriers)")
+    ax.set_xlabel("verify width (1: the decode step)")
+    ax.set_ylabel("ms (median)")
+    ax.set_ylim(0, max(bottom) * 1.35)
+    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    _title(ax, r, "verify split by op per width")
+
+
 FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "mtp": [("tps", "tok/s per block size", _mtp_tps),
             ("acceptance", "per-position acceptance per block size", _mtp_acceptance),
@@ -333,6 +355,7 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "drafter": [("step", "drafter step and accept hook vs their read floor, per arm",
                  _drafter_step),
                 ("rounds", "round split per arm", _drafter_rounds)],
+    "verify_ops": [("split", "the verify split by op, per width", _verify_ops)],
     "trees": [("tps", "tok/s per arm: chains and trees", _tree_tps),
               ("rounds", "tokens verified and emitted per round, per arm", _tree_rounds)],
     "server": [("tps", "streamed decode tok/s per prompt, MTP vs --no-mtp", _server_tps),
