@@ -165,6 +165,8 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --synced-runs 0 "${UNITS[@]}"
   retake sampling-gate-realistic-pair -- $PY -m benchmarks.sampling_gate --model "$Q" \
     --topic sampling-gate-realistic-pair --pairs 2 --max-tokens 64 "${UNITS[@]}"
+  retake verify-ops-realistic-pair -- $PY -m benchmarks.verify_ops --model "$Q" \
+    --max-width 6 --reps 6 --topic verify-ops-realistic-pair "${UNITS[@]}"
   retake trees-realistic-pair -- $PY -m benchmarks.bench_trees --model "$Q" \
     --arms 3,4,2t3x3,3t2x3,3t2x4 --pairs 2 --max-tokens 64 --topic trees-realistic-pair \
     "${UNITS[@]}"
