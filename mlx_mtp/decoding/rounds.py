@@ -293,7 +293,8 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
         return
     if (request.tree is not None and draws.rule == sampling.GREEDY
             and not gate.apply_tree(model, request.tree.topk, request.tree.nodes,
-                                    request.block_size - 1, stats)):
+                                    request.block_size - 1, stats,
+                                    kv=kv if kv.enabled else None)):
         request.tree = None  # the tree probe declined: chains, as the stats say
         stats.draft_topk, stats.draft_tokens = 1, None
     stats.draft_profiler = profiler

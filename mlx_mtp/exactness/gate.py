@@ -182,14 +182,17 @@ def apply(model, block_size: int, stats, kv=None, sampling: bool = False) -> Gat
     return decision
 
 
-def apply_tree(model, topk: int, nodes: int, depth: int, stats) -> bool:
+def apply_tree(model, topk: int, nodes: int, depth: int, stats, kv=None) -> bool:
     """At T=0 with a draft tree (after ``apply`` let MTP run): whether the session drafts trees.
     The tree probe (``tree_vs_chain``) must find every node's row equal to the chain through its
-    path; else the session drafts chains, and the stats say why. Under the override
-    (``MLX_MTP_ALLOW_INEXACT=1``) trees run unprobed, as blocks do."""
+    path, also on the quantized KV cache of a session with ``kv``; else the session drafts
+    chains, and the stats say why. Under the override (``MLX_MTP_ALLOW_INEXACT=1``) trees run
+    unprobed, as blocks do."""
     if allow_inexact_from_env():
         return True
     result = probe_tree_exactness(model.target, topk, nodes, depth)
+    if result.verdict == EQUAL and kv is not None:
+        result = probe_tree_exactness(model.target, topk, nodes, depth, kv=kv)
     stats.exactness["tree"] = result.to_dict()
     if result.verdict == EQUAL:
         return True

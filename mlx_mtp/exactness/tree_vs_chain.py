@@ -45,9 +45,10 @@ def probe_parents(topk: int, nodes: int, depth: int) -> List[int]:
     return parents
 
 
-def tree_rows(target, tree: DraftTree, root: int, prompt, prefilled) -> List[mx.array]:
+def tree_rows(target, tree: DraftTree, root: int, prompt, prefilled, kv=None
+              ) -> List[mx.array]:
     """Logits rows of one ``verify_tree`` over ``root`` and the tree's nodes."""
-    cache = _start(target, prompt, None, prefilled)
+    cache = _start(target, prompt, kv, prefilled)
     with cpu_blas.verify_threads():  # as the round loop verifies
         h = target.verify_tree(mx.array([[root] + tree.tokens]), cache, tree)
         logits = target.logits(h[0])
@@ -63,15 +64,17 @@ def shape_text(topk: int, nodes: int, depth: int) -> str:
 
 
 def probe_tree_exactness(target, topk: int, nodes: int, depth: int, *,
-                         draws: int = PROBE_DRAWS) -> ProbeResult:
+                         draws: int = PROBE_DRAWS, kv=None) -> ProbeResult:
     """The tree verify of the session's shape against the chains through its paths. The result's
     ``width`` is the verify's (nodes + 1), ``position`` the first differing node, ``config`` the
-    shape."""
+    shape (and the quantized KV cache probed, with ``kv``, a ``KVSettings``)."""
     parents = probe_parents(topk, nodes, depth)
     width = len(parents)
     config = shape_text(topk, width - 1, depth)
+    if kv is not None:
+        config += f"; {kv.describe_cache()}"
     target.prepare(width)  # as a session does; the key sees the layers it swaps
-    key = (model_signature(target), str(mx.default_device()), draws, tuple(parents))
+    key = (model_signature(target), str(mx.default_device()), draws, tuple(parents), config)
     try:
         memo = _MEMO.setdefault(target, {})
     except TypeError:
@@ -79,14 +82,14 @@ def probe_tree_exactness(target, topk: int, nodes: int, depth: int, *,
     if memo is not None and key in memo:
         return ProbeResult(**{**memo[key].to_dict(), "cached": True})
     t0 = time.perf_counter()
-    result = _run(target, parents, draws, config)
+    result = _run(target, parents, draws, config, kv)
     result = ProbeResult(**{**result.to_dict(), "seconds": time.perf_counter() - t0})
     if memo is not None:
         memo[key] = result
     return result
 
 
-def _run(target, parents: List[int], draws: int, config: str) -> ProbeResult:
+def _run(target, parents: List[int], draws: int, config: str, kv) -> ProbeResult:
     width = len(parents)
     total = 0
     for draw in range(draws):
@@ -94,11 +97,11 @@ def _run(target, parents: List[int], draws: int, config: str) -> ProbeResult:
         tree = DraftTree(mx.array(block[1:], dtype=mx.uint32), block[1:], parents,
                          [0] * (width - 1))
         try:
-            prefilled = _prefill(target, prompt)
-            rows = tree_rows(target, tree, block[0], prompt, prefilled)
+            prefilled = _prefill(target, prompt, kv)
+            rows = tree_rows(target, tree, block[0], prompt, prefilled, kv)
             for leaf in tree.leaves():
                 path = tree.path(leaf)
-                chain = chain_rows(target, prompt, [block[n] for n in path], None, prefilled)
+                chain = chain_rows(target, prompt, [block[n] for n in path], kv, prefilled)
                 diff = first_difference(chain, [rows[n] for n in path])
                 if diff is not None:
                     j, n, row_bytes = diff

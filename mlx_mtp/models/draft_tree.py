@@ -37,11 +37,12 @@ API_NAMES = {"topk": "draft_topk", "tokens": "draft_tokens", "block": "block_siz
 CLI_NAMES = {"topk": "--draft-topk", "tokens": "--draft-tokens", "block": "--block-size"}
 
 
-def tree_shape(draft_topk: int, draft_tokens: Optional[int], block_size, max_width: int,
+def tree_shape(draft_topk: int, draft_tokens: Optional[int], block_size: int, max_width: int,
                names: dict = API_NAMES) -> Optional[TreeShape]:
-    """The checked shape for ``draft_topk`` / ``draft_tokens`` (None: the chain). ``draft_tokens``
-    defaults to ``draft_topk`` per depth; a tree needs a fixed block size, which bounds its depth.
-    ``names``: the settings' names in the errors (the API's or the CLI's)."""
+    """The checked shape for ``draft_topk`` / ``draft_tokens`` (None: the chain). ``block_size``:
+    the widest chain (a fixed block size, or under ``auto`` the max block size), whose drafts
+    bound the tree's depth; ``draft_tokens`` defaults to ``draft_topk`` per depth. ``names``: the
+    settings' names in the errors (the API's or the CLI's)."""
     topk, tokens, block = names["topk"], names["tokens"], names["block"]
     if not isinstance(draft_topk, int) or isinstance(draft_topk, bool) or \
             not 1 <= draft_topk <= MAX_TOPK:
@@ -51,9 +52,6 @@ def tree_shape(draft_topk: int, draft_tokens: Optional[int], block_size, max_wid
             raise MTPError(f"{tokens} with {topk} 1 (a chain) is the block size less one, got "
                            f"{draft_tokens!r}")
         return None
-    if not isinstance(block_size, int):
-        raise MTPError(f"{topk} above 1 needs a fixed {block} (the tree's depth plus one), got "
-                       f"{block_size!r}")
     if block_size < 2:
         raise MTPError(f"{topk} above 1 drafts a tree: it needs a {block} of at least 2 (the "
                        f"tree's depth is the block size less one)")

@@ -219,9 +219,10 @@ def test_input_embeddings_as_mlx_lm(dense_dir):
 
 
 def _turns(model, ref, tok, stops, *, ours_cache=None, ref_cache=None, block_size=3, stats=None,
-           **kw):
+           ours_kw=None, **kw):
     """Three chat turns: each passes only its new tokens and reads ``stops[i]`` tokens. Returns
-    (ours, mlx-lm's, tokens fed to the target before each turn's first token)."""
+    (ours, mlx-lm's, tokens fed to the target before each turn's first token). ``ours_kw``: more
+    arguments for mlx_mtp's side only."""
     ours_cache = ours_cache if ours_cache is not None else mlx_mtp.make_prompt_cache(model)
     ref_cache = ref_cache if ref_cache is not None else mlx_cache.make_prompt_cache(ref)
     fed = []
@@ -239,7 +240,8 @@ def _turns(model, ref, tok, stops, *, ours_cache=None, ref_cache=None, block_siz
             prompt = mx.array(tok.encode(text))
             counter["n"] = 0
             gen = mlx_mtp.generate_step(prompt, model, max_tokens=64, prompt_cache=ours_cache,
-                                        block_size=block_size, stats=stats, **kw)
+                                        block_size=block_size, stats=stats, **kw,
+                                        **(ours_kw or {}))
             first = next(gen)
             fed.append((prompt.size, counter["n"]))
             got.append([first[0]] + take(gen, n - 1))
@@ -264,6 +266,19 @@ def test_prompt_cache_over_three_turns(agree_dir, stops):
     # the second and third turn feed only their new tokens (the first also ran the probe)
     assert all(n == new for new, n in fed[1:]), fed
     assert stats.mtp_enabled and stats.accepted > 0  # rounds kept drafts (mid-round stops)
+
+
+@pytest.mark.parametrize("stops", [(13, 8, 20), (12, 9, 11)])
+def test_prompt_cache_over_three_turns_with_draft_trees(agree_dir, stops):
+    """The same with draft trees: a turn that stops inside a round rolls the walked path back
+    as a chain's rows, and the cache stays bitwise mlx-lm's."""
+    (model, tok), (ref, _) = pair(agree_dir)
+    stats = RunStats()
+    got, want, fed = _turns(model, ref, tok, stops, block_size=4, stats=stats,
+                            ours_kw=dict(draft_topk=2, draft_tokens=5))
+    assert got == want
+    assert all(n == new for new, n in fed[1:]), fed
+    assert stats.tree_rounds > 0 and stats.accepted > 0
 
 
 def test_prompt_cache_drafter_context_continues(agree_dir):
@@ -328,6 +343,23 @@ def test_kv_bits_8_as_mlx_lm(agree_dir, start):
     assert stats.mtp_enabled and stats.accepted > 0
     configs = {w["config"] for w in stats.exactness["widths"]}
     assert configs == {"", "kv 8-bit, group 32"}  # the probe covered the quantized cache too
+
+
+@pytest.mark.parametrize("start", [0, 30])
+def test_kv_bits_8_with_draft_trees_as_mlx_lm(agree_dir, start):
+    """Draft trees on a quantized KV cache: the accepted path's packed entries, scales and
+    biases move to consecutive positions; the cache stays bitwise mlx-lm's."""
+    (model, tok), (ref, _) = pair(agree_dir)
+    kw = dict(kv_bits=8, kv_group_size=32, quantized_kv_start=start)
+    stats = RunStats()
+    cache = mlx_mtp.make_prompt_cache(model)
+    got, want, _ = _turns(model, ref, tok, (12, 9, 11), ours_cache=cache, stats=stats,
+                          block_size=4, ours_kw=dict(draft_topk=2, draft_tokens=5), **kw)
+    assert got == want
+    assert isinstance(cache[1], mlx_cache.QuantizedKVCache)
+    assert stats.tree_rounds > 0 and stats.accepted > 0
+    tree = stats.exactness["tree"]  # the tree probe covered the quantized cache too
+    assert tree["verdict"] == "equal" and tree["config"].endswith("; kv 8-bit, group 32")
 
 
 def test_kv_cache_argument_errors(dense_dir):
