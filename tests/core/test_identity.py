@@ -7,6 +7,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 from support.native_support import one_row_products_in_kernel_order
+from support.commits import committed
 from support.oracle import ForcedHeadDrafter, OracleDrafter
 
 import mlx_mtp
@@ -138,17 +139,8 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
         forced = ForcedHeadDrafter(model.drafter, full, schedule=[K, 0, 1, K - 1, 2],
                                    vocab_size=model.target.vocab_size)
         fm = MTPModel(model.mlx_model, model.target, forced)
-        captured = {}
-
-        # Wrap rollback to see the target cache at the end of every round.
-        orig_rollback = model.target.rollback
-
-        def spy(cache, fed, keep):
-            orig_rollback(cache, fed, keep)
-            captured["cache"] = cache
-
-        model.target.rollback = spy
-        try:
+        # The target cache at the end of every round.
+        with committed(model.target) as captured:
             gen = mlx_mtp.generate_step(mx.array(prompt), fm, max_tokens=n_tokens, block_size=bs)
             out = []
             checked = 0
@@ -172,8 +164,6 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
                 check = _assert_bitwise if head_exact else _assert_close
                 check(got, mtp_states[offset], (kind, bs, "mtp", offset))
                 checked += 1
-        finally:
-            model.target.rollback = orig_rollback
         assert out == ref
         assert checked >= n_tokens // 2
         assert set(forced.planned) >= {0, 1, K}

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support.chisquare import goodness_of_fit, two_sample
-from support.plain_sampling import plain_samples, plain_tree
+from support.plain_sampling import reference
 from conftest import CODE_PROMPT
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.sample_utils import make_logits_processors
@@ -40,9 +40,7 @@ N_MTP = 300
 
 @pytest.fixture(scope="module")
 def plain_reference(soft_dir):
-    index, logprobs, exact = plain_tree(soft_dir, PROMPT, mlx_mtp.make_sampler(**SAMPLING),
-                                        N_TOKENS)
-    return exact, plain_samples(index, logprobs, N_PLAIN, N_TOKENS, SAMPLING, seed=0)
+    return reference(soft_dir, PROMPT, SAMPLING, N_TOKENS, N_PLAIN)[:2]
 
 
 def mtp_draws(model, n, acceptance="auto", stats=None):
@@ -108,9 +106,7 @@ def test_gemma4_sampling_has_plain_samplings_joint_distribution(tmp_path_factory
     ckpts = Checkpoints(tmp_path_factory)
     target = ckpts.target("31b")
     model = mlx_mtp.load_model(target, drafter=ckpts.assistant("31b"))
-    index, logprobs, exact = plain_tree(target, PROMPT, mlx_mtp.make_sampler(**SAMPLING),
-                                        N_TOKENS)
-    plain = plain_samples(index, logprobs, N_PLAIN, N_TOKENS, SAMPLING, seed=0)
+    exact, plain, _, _ = reference(target, PROMPT, SAMPLING, N_TOKENS, N_PLAIN)
     assert goodness_of_fit(plain, exact)[2] > ALPHA
     stats = RunStats()
     draws = mtp_draws(model, N_MTP, "auto", stats)

@@ -6,6 +6,7 @@ import pytest
 from conftest import reference_greedy
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
+from support.commits import committed
 from support.oracle import ForcedHeadDrafter, OracleDrafter
 from support.tiny_gemma4 import WINDOW, Checkpoints
 
@@ -126,16 +127,8 @@ def test_caches_and_drafter_state_after_every_round_equal_sequential_decode(kind
         K = bs - 1
         forced = ForcedAssistant(drafter, full, schedule=[K, 0, 1, K - 1, 2],
                                  vocab_size=target.vocab_size)
-        seen = {}
-        orig = target.rollback
-
-        def spy(cache, fed, keep):
-            orig(cache, fed, keep)
-            seen["cache"] = cache
-
-        target.rollback = spy
         checked = 0
-        try:
+        with committed(target) as seen:
             out = []
             for tok, _ in mlx_mtp.generate_step(mx.array(prompt), MTPModel(
                     model.mlx_model, target, forced), max_tokens=n, block_size=bs):
@@ -153,8 +146,6 @@ def test_caches_and_drafter_state_after_every_round_equal_sequential_decode(kind
                 k_f, _ = drafter.shared_kv["full_attention"]
                 assert k_s.shape[2] == min(p, WINDOW) and k_f.shape[2] == p
                 checked += 1
-        finally:
-            target.rollback = orig
         assert out == ref
         assert checked >= n // 3
         assert {0, 1, K} <= set(forced.planned)

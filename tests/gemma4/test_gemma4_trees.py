@@ -7,6 +7,7 @@ import mlx.core as mx
 import pytest
 from conftest import reference_greedy
 from mlx_lm.utils import load_model as mlx_load_model
+from support.commits import committed
 from support.oracle import OracleTreeDrafter
 from support.tiny_gemma4 import WINDOW, Checkpoints
 
@@ -100,16 +101,8 @@ def test_planted_trees_keep_gemma_caches_as_plain_decode(kind, ckpts):
         oracle = OracleTreeDrafter(full, [depth, 0, 1, depth - 1], target.vocab_size,
                                    inner=model.drafter)
         oracle.bind_cache = model.drafter.bind_cache
-        seen = {}
-        keep_path = target.keep_path
-
-        def spy(cache, fed, kept):
-            keep_path(cache, fed, kept)
-            seen["cache"] = cache
-
-        target.keep_path = spy
         stats = RunStats()
-        try:
+        with committed(target, "keep_path") as seen:
             out, checked = [], 0
             for tok, _ in mlx_mtp.generate_step(
                     mx.array(prompt), MTPModel(model.mlx_model, target, oracle), max_tokens=n,
@@ -123,8 +116,6 @@ def test_planted_trees_keep_gemma_caches_as_plain_decode(kind, ckpts):
                     assert len(got) == len(states[p])
                     assert all(bitwise(g, w) for g, w in zip(got, states[p])), (kind, depth, p)
                     checked += 1
-        finally:
-            target.keep_path = keep_path
         assert out == ref, (kind, depth)
         assert checked >= 5 and stats.accepted == sum(oracle.planned)
         assert len(stats.sibling_rank_hits) == 2 and min(stats.sibling_rank_hits) > 0

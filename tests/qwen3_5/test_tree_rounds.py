@@ -10,6 +10,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 from support import tiny_checkpoints as tc
+from support.commits import committed
 from support.oracle import OracleDrafter, OracleTreeDrafter
 
 import mlx_mtp
@@ -114,16 +115,8 @@ def test_planted_trees_are_exact_and_caches_match_sequential_decode(kind, reques
         oracle = OracleTreeDrafter(full, schedule=[depth, 0, 1, depth - 1, 2],
                                    vocab_size=model.target.vocab_size, inner=model.drafter)
         forced = MTPModel(model.mlx_model, model.target, oracle)
-        captured = {}
-        keep_path = model.target.keep_path
-
-        def spy(cache, fed, kept):
-            keep_path(cache, fed, kept)
-            captured["cache"] = cache
-
-        model.target.keep_path = spy
         stats = RunStats()
-        try:
+        with committed(model.target, "keep_path") as captured:
             out, checked = [], 0
             for tok, _ in mlx_mtp.generate_step(mx.array(prompt), forced, max_tokens=30,
                                                 block_size=depth + 1, draft_topk=2,
@@ -138,8 +131,6 @@ def test_planted_trees_are_exact_and_caches_match_sequential_decode(kind, reques
                 assert len(got) == len(states[offset])
                 assert model.drafter.offset == offset
                 checked += 1
-        finally:
-            model.target.keep_path = keep_path
         assert out == ref, depth
         assert checked >= 5
         assert stats.accepted == sum(oracle.planned)

@@ -5,7 +5,7 @@ chi-square test says so, and rejects a walk biased towards the head's first choi
 import mlx.core as mx
 import pytest
 from support.chisquare import goodness_of_fit, two_sample
-from support.plain_sampling import plain_samples, plain_tree
+from support.plain_sampling import reference
 
 import mlx_mtp
 from mlx_mtp.decoding import round_steps
@@ -24,10 +24,8 @@ N_MTP = 300
 
 @pytest.fixture(scope="module")
 def plain_reference(soft_dir):
-    index, logprobs, exact = plain_tree(soft_dir, PROMPT, mlx_mtp.make_sampler(**SAMPLING),
-                                        N_TOKENS)
-    return exact, plain_samples(index, logprobs, N_PLAIN, N_TOKENS, SAMPLING, seed=0), \
-        (index, logprobs)
+    exact, samples, index, logprobs = reference(soft_dir, PROMPT, SAMPLING, N_TOKENS, N_PLAIN)
+    return exact, samples, (index, logprobs)
 
 
 def tree_draws(model, n, stats):

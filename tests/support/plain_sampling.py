@@ -1,6 +1,7 @@
 """Plain sampling's exact distribution over short continuations, and mlx-lm's own samples of
 it: the reference the sampling tests compare MTP's draws with."""
 
+from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
@@ -40,3 +41,23 @@ def plain_samples(index, logprobs, n, n_tokens, settings, seed):
         lp = logprobs[mx.array([index[s] for s in seqs])]
         seqs = [s + (t,) for s, t in zip(seqs, mlx_sampler(lp).tolist())]
     return seqs
+
+
+@lru_cache(maxsize=None)
+def _reference(path: str, prompt: tuple, settings: tuple, n_tokens: int, n_samples: int,
+               seed: int):
+    import mlx_mtp
+
+    index, logprobs, exact = plain_tree(path, prompt, mlx_mtp.make_sampler(**dict(settings)),
+                                        n_tokens)
+    samples = plain_samples(index, logprobs, n_samples, n_tokens, dict(settings), seed)
+    return exact, samples, index, logprobs
+
+
+def reference(path, prompt, settings: dict, n_tokens: int, n_samples: int, seed: int = 0):
+    """``(exact, samples, index, logprobs)``: ``plain_tree`` of ``prompt`` under mlx_mtp's sampler
+    of ``settings`` and ``n_samples`` of mlx-lm's own draws from it; computed once per session
+    for the same arguments (the chain and tree sampling tests share it)."""
+    return _reference(str(path), tuple(prompt), tuple(sorted(settings.items())), n_tokens,
+                      n_samples, seed)
+
