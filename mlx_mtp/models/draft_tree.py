@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+import mlx.core as mx
+
 from mlx_mtp.errors import MTPError
 
 MAX_TOPK = 8
@@ -70,7 +72,7 @@ class DraftTree:
     """A drafted tree: ``ids`` [nodes] on the device (draft nodes 1..n), the host's copy, and
     the structure. ``ranks[i]``: node i's rank among its siblings (0: the drafter's best)."""
 
-    ids: object  # mx.array [n] uint32
+    ids: mx.array  # [n] uint32
     tokens: List[int]
     parents: List[int]  # over nodes 0..n, root first (-1)
     ranks: List[int]
@@ -112,8 +114,6 @@ class TreeSearch:
     def expand(self, logits, parents: List[int], depth: int) -> List[int]:
         """``logits [len(parents), V]``: row r holds the drafter's logits after candidate
         ``parents[r]`` (``ROOT``: the bonus); the new candidates sit at ``depth``."""
-        import mlx.core as mx
-
         k = self.topk
         cols = mx.argpartition(-logits, k - 1, axis=-1)[:, :k]
         best = mx.take_along_axis(logits, cols, axis=-1)
@@ -142,8 +142,6 @@ class TreeSearch:
         """The ``nodes`` candidates of highest path score (a child never scores above its
         parent, and ties go to the shallower, so they form a tree), numbered breadth first,
         siblings best first."""
-        import mlx.core as mx
-
         cands = self.cands
         order = sorted(range(len(cands)), key=lambda c: (-cands[c][1], cands[c][3], c))[:nodes]
         number = {self.ROOT: 0}
