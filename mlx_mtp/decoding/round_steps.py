@@ -255,9 +255,80 @@ def verify_and_walk(session: Session, progress: Progress, plan: RoundPlan, propo
                     ) -> Verified:
     """One target forward over [bonus, drafts], a draw at every row, the round's one host
     read, and the walk: the longest run of drafts the acceptance rule keeps."""
-    drafts = plan.drafts
     verify_start = time.perf_counter()
-    hidden, logprobs, target_ids, host = _verify(session, progress, plan, proposal)
+    target, stats = session.target, session.stats
+    with stats.phase("verify"), _pinned(session, plan):
+        block = round_block(progress, proposal)
+        # One token (no drafts) needs no rollback: a plain step.
+        if proposal.tree is not None:
+            hidden = target.verify_tree(block[None], session.cache, proposal.tree)
+        elif plan.drafts > 0:
+            hidden = target.verify(block[None], session.cache)
+        else:
+            hidden = target.decode(block[None], session.cache)
+        drawn = draw_rows(session, progress, proposal, block, target.logits(hidden[0]))
+        host = host_read([drawn])[0]
+        stats.host_syncs += 1
+    return walk(session, plan, proposal, hidden, drawn, host, verify_start)
+
+
+def round_block(progress: Progress, proposal: Draft) -> mx.array:
+    """The ids a round verifies: ``[bonus, drafts]``."""
+    bonus = progress.bonus
+    return bonus if proposal.ids is None else mx.concatenate([bonus, proposal.ids])
+
+
+@dataclass
+class Drawn:
+    """A verified block's rows drawn from, on the device (nothing read yet)."""
+
+    logprobs: mx.array  # [w, V]: processed, as yielded
+    target_ids: mx.array  # [w]: the target's draw at every row
+    host: mx.array  # what the walk reads: the target's picks, the drafts, any verdicts
+
+
+def draw_rows(session: Session, progress: Progress, proposal: Draft, block: mx.array,
+              logits: mx.array) -> Drawn:
+    """The target's draw at every row of a verified block from its ``logits [w, V]``, and what
+    the walk will read of it."""
+    draws = session.draws
+    if draws.processors:
+        paths = (None if proposal.tree is None
+                 else [proposal.tree.path(i) for i in range(len(proposal.tree.parents))])
+        logits = sampling.process_rows(logits, progress.history, block, draws.processors,
+                                       paths)
+    logprobs = logprobs_of(logits)
+    parts = [] if proposal.ids is None else [proposal.ids]
+    if draws.keys is not None:
+        target_ids = keyed_sampling.draw(draws.sampler, logprobs, draws.keys,
+                                         progress.emitted, logits=logits,
+                                         noise=proposal.noise)
+    elif draws.streams is None:
+        target_ids = draws.sampler(logprobs)
+    else:  # p from the logits: the logprobs stay lazy (computed if read)
+        verdicts, target_ids = sampling.rejection_sample(
+            draws.sampler.probs(logits), proposal.probs, block[1:], draws.streams.target(),
+            proposal.prob_ids)
+        parts.append(verdicts.astype(mx.uint32))
+    return Drawn(logprobs, target_ids, mx.concatenate([target_ids, *parts]))
+
+
+def host_read(drawn: List[Drawn]) -> List[list]:
+    """What the walks of one or more verified blocks read, in one read."""
+    sizes = [d.host.shape[0] for d in drawn]
+    flat = mx.concatenate([d.host.astype(mx.uint32) for d in drawn]).tolist()
+    out, first = [], 0
+    for n in sizes:
+        out.append(flat[first : first + n])
+        first += n
+    return out
+
+
+def walk(session: Session, plan: RoundPlan, proposal: Draft, hidden: mx.array, drawn: Drawn,
+         host: list, verify_start: float) -> Verified:
+    """The walk over a verified block (its verify timed from ``verify_start``)."""
+    drafts = plan.drafts
+    logprobs, target_ids = drawn.logprobs, drawn.target_ids
     width = 1 if proposal.ids is None else proposal.ids.shape[0] + 1
     session.stats.record_verify(width, time.perf_counter() - verify_start)
     if proposal.tree is not None:
@@ -284,45 +355,6 @@ def _walk_tree(session: Session, tree: DraftTree, hidden: mx.array, logprobs: mx
                     mx.array(out_ids, dtype=target_ids.dtype), path, len(tree.parents))
 
 
-def _verify(session: Session, progress: Progress, plan: RoundPlan, proposal: Draft
-            ) -> Tuple[mx.array, mx.array, mx.array, list]:
-    """``(hidden, logprobs, target ids, host)``: host is the target's picks, the drafts and any
-    speculative-sampling verdicts, read back in one go."""
-    target, draws, stats = session.target, session.draws, session.stats
-    with stats.phase("verify"), _pinned(session, plan):
-        bonus = progress.bonus
-        block = bonus if proposal.ids is None else mx.concatenate([bonus, proposal.ids])
-        # One token (no drafts) needs no rollback: a plain step.
-        if proposal.tree is not None:
-            hidden = target.verify_tree(block[None], session.cache, proposal.tree)
-        elif plan.drafts > 0:
-            hidden = target.verify(block[None], session.cache)
-        else:
-            hidden = target.decode(block[None], session.cache)
-        logits = target.logits(hidden[0])
-        if draws.processors:
-            paths = (None if proposal.tree is None
-                     else [proposal.tree.path(i) for i in range(len(proposal.tree.parents))])
-            logits = sampling.process_rows(logits, progress.history, block, draws.processors,
-                                           paths)
-        logprobs = logprobs_of(logits)
-        parts = [] if proposal.ids is None else [proposal.ids]
-        if draws.keys is not None:
-            target_ids = keyed_sampling.draw(draws.sampler, logprobs, draws.keys,
-                                             progress.emitted, logits=logits,
-                                             noise=proposal.noise)
-        elif draws.streams is None:
-            target_ids = draws.sampler(logprobs)
-        else:  # p from the logits: the logprobs stay lazy (computed if read)
-            verdicts, target_ids = sampling.rejection_sample(
-                draws.sampler.probs(logits), proposal.probs, block[1:], draws.streams.target(),
-                proposal.prob_ids)
-            parts.append(verdicts.astype(mx.uint32))
-        host = mx.concatenate([target_ids, *parts]).tolist()
-        stats.host_syncs += 1
-    return hidden, logprobs, target_ids, host
-
-
 def _pinned(session: Session, plan: RoundPlan):
     """A drafted round's verify pinned to one core from its first eager kernel call (cpu_pin)."""
     return cpu_pin.on_first_sync() if session.pin and plan.drafts > 0 \
@@ -332,9 +364,12 @@ def _pinned(session: Session, plan: RoundPlan):
 # ------------------------------------------------------------------------------------ commit
 
 
-def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Verified) -> None:
+def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Verified,
+           feed: Optional[list] = None) -> None:
     """Keep the ``accepted + 1`` verified rows: roll the target's caches back, quantize, feed
-    the drafter (or defer it), and report the round to a prompt cache's turn."""
+    the drafter (or defer it), and report the round to a prompt cache's turn. With ``feed`` (a
+    batched round, whose drafters accept together) the drafter's pairs are appended to it
+    instead of fed."""
     target, drafter, cache, stats = session.target, session.drafter, session.cache, session.stats
     accepted, hidden = verified.accepted, verified.hidden
     if plan.drafts > 0:  # selecting the kept states is graph work: evaluated with the next round
@@ -353,6 +388,8 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
             and session.turn is None):
         # (a prompt cache's turn needs the drafter current at every round: no deferral)
         progress.deferred.append((hidden[:, :1], verified.new_ids))  # fed if it drafts again
+    elif drafter is not None and feed is not None:
+        feed.append((hidden[:, : accepted + 1], verified.new_ids))
     elif drafter is not None:
         with stats.phase("accept"):
             drafter.accept(hidden[:, : accepted + 1], verified.new_ids)

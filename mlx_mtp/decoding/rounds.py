@@ -145,12 +145,12 @@ def speculative_generate_step(
     (``mlx_mtp.models.distributed``) every step is bounded by the split's watchdog.
     """
     check_no_draft_model(draft_model, num_draft_tokens)
-    max_tokens = _checked_max_tokens(max_tokens)
+    max_tokens = checked_max_tokens(max_tokens)
     block_size, chooser = resolve_block_size(block_size, max_block_size)  # widest width
     tree = check_tree(model, draft_topk, draft_tokens, block_size, chooser, sampler)
     cpu_blas.verify_thread_count()  # a bad MLX_MTP_VERIFY_THREADS fails before any work
     env.flag(SYNC_PHASES_ENV)  # as a bad MLX_MTP_SYNC_PHASES does
-    prompt = _checked_prompt(prompt, input_embeddings)
+    prompt = checked_prompt(prompt, input_embeddings)
     kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start).check(model.target)
     cache = _session_cache(model, prompt_cache, max_kv_size)
     drafter = _drafter(model, block_size)
@@ -187,7 +187,7 @@ def check_tree(model: MTPModel, draft_topk, draft_tokens, block_size: int,
     return tree
 
 
-def _checked_max_tokens(max_tokens) -> int:
+def checked_max_tokens(max_tokens) -> int:
     """A positive integer, or -1 for no limit (returned as ``sys.maxsize``)."""
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or \
             not (max_tokens >= 1 or max_tokens == -1):
@@ -196,7 +196,7 @@ def _checked_max_tokens(max_tokens) -> int:
     return sys.maxsize if max_tokens == -1 else max_tokens
 
 
-def _checked_prompt(prompt, input_embeddings: Optional[mx.array]) -> mx.array:
+def checked_prompt(prompt, input_embeddings: Optional[mx.array]) -> mx.array:
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise MTPError("the prompt must be a non-empty 1-D array of token ids (with "
@@ -301,7 +301,7 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     session = open_session(model, cache, kv, turn, drafter, draws, stats, request, prompt.size)
     progress, first = prefill(session, prompt, request, exact=decision.exact_verify)
     gate.report_verify(model, stats)
-    _start_generation(session, first[0])
+    start_generation(session, first[0])
     yield first
     if session.plain_decode:  # block size 1: no verify block: decode as mlx-lm does
         yield from pipelined_steps(session, progress, session.max_tokens - 1, stretch=False)
@@ -323,7 +323,7 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
     session.note_generation_time()
 
 
-def _start_generation(session: Session, first_token: int) -> None:
+def start_generation(session: Session, first_token: int) -> None:
     """After the prefill: the split's counts, the generation clock, the chooser's first id
     (the ids a round starts from key its acceptance: block_chooser)."""
     if session.split is not None:

@@ -17,6 +17,7 @@ from mlx_mtp.models.distributed import SPLITS, init_split
 from mlx_mtp.models.draft_tree import CLI_NAMES, tree_shape
 
 DEFAULT_MAX_QUEUE = 16
+DEFAULT_MAX_BATCH = 8
 # On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
 GRACEFUL_SHUTDOWN_S = 3
 
@@ -47,6 +48,9 @@ def build_parser() -> cli.Parser:
     p.add_argument("--max-queue", type=cli.positive_int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait while one decodes; more get 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--max-batch", type=cli.positive_int, default=DEFAULT_MAX_BATCH,
+                   help="most requests decoded together in one batched round; 1 serves one "
+                        f"request at a time (default: {DEFAULT_MAX_BATCH})")
     p.add_argument("--no-mtp", action="store_true",
                    help="serve mlx-lm's plain decode of the same target, for comparison")
     p.add_argument("--split", choices=SPLITS, default=None,
@@ -117,9 +121,9 @@ def main(argv=None) -> int:
     if split is not None:
         from mlx_mtp.server.split import SplitWorker
 
-        worker = SplitWorker(load, args.max_queue)
+        worker = SplitWorker(load, args.max_queue, args.max_batch)
     else:
-        worker = Worker(load, args.max_queue)
+        worker = Worker(load, args.max_queue, args.max_batch)
     try:
         worker.start()
     except MTPError as e:
@@ -129,7 +133,7 @@ def main(argv=None) -> int:
     model_id = args.model or DEMO_MODEL_ID
     print(f"mlx_mtp.server: {model_id} on http://{args.host}:{args.port} "
           f"(MTP {'on' if mtp['mtp_enabled'] else 'off'}: {mtp['gate_reason']}; "
-          f"queue {args.max_queue}; no authentication)"
+          f"queue {args.max_queue}; {worker.engine.batch_reason}; no authentication)"
           + (f" [rank 0 of {split.size}, {split.kind} split, pid {os.getpid()}]" if split else ""),
           flush=True)
     defaults = Defaults(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p,

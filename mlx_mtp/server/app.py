@@ -198,7 +198,8 @@ class _Routes:
             "gate_reason": warm.mtp["gate_reason"] if warm else None,
             "draft_topk": warm.mtp["draft_topk"] if warm else None,
             "sampling": worker.engine.sampling_gate() if warm else None,
-            "running": worker.running is not None, "queued": worker.queued,
+            "batch": worker.engine.batch_summary() if warm else None,
+            "running": worker.busy, "queued": worker.queued,
             "max_queue": worker.max_queue}, status_code=200 if ok else 503)
 
 

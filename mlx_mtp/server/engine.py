@@ -19,11 +19,13 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.server import convert_chat, process_message_content
 
 import mlx_mtp
-from mlx_mtp.decoding.block_chooser import AUTO
+from mlx_mtp.decoding.batch_rounds import BatchRounds
+from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.device import current_device_facts
-from mlx_mtp.generate import plain_stream_generate
+from mlx_mtp.errors import MTPError
+from mlx_mtp.generate import _responses, _start, plain_stream_generate
 
 from mlx_mtp.server.schema import GenerationRequest, RequestError
 
@@ -102,6 +104,40 @@ class Engine:
         if draft_topk != 1:
             self.block_kwargs["draft_topk"] = draft_topk
         self.context_length = context_length(model.config)
+        self.batch: Optional[BatchRounds] = None  # requests decode together (``start_batch``)
+        self.max_batch = 1
+        self.batch_reason = "--max-batch 1: one request at a time"
+
+    def start_batch(self, max_batch: int) -> None:
+        """Decode up to ``max_batch`` requests together in batched rounds, where this model
+        and device allow it (the batch-vs-alone probe passes); else one at a time, and
+        ``batch_reason`` says why."""
+        self.max_batch = max_batch
+        if max_batch == 1:
+            return
+        why = None
+        if self.no_mtp:
+            why = "--no-mtp: mlx-lm plain decode"
+        elif self.block_kwargs.get("draft_topk", 1) != 1:
+            why = "draft trees (--draft-topk above 1) decode one request at a time"
+        elif self.block_kwargs.get("block_size") == 1:
+            why = "--block-size 1 drafts nothing"
+        if why is None:
+            try:
+                self.batch = BatchRounds(
+                    self.model, max_batch, block_size=self.block_kwargs.get("block_size", AUTO),
+                    max_block_size=self.block_kwargs.get("max_block_size",
+                                                         DEFAULT_MAX_BLOCK_SIZE))
+            except MTPError as e:
+                why = str(e)
+        self.batch_reason = (f"up to {max_batch} requests per round" if why is None
+                             else f"one request at a time: {why}")
+
+    def batch_summary(self) -> dict:
+        """The ``batch`` object of ``/health``."""
+        return {"max_batch": self.max_batch, "batched": self.batch is not None,
+                "reason": self.batch_reason,
+                "active": len(self.batch.active) if self.batch is not None else 0}
 
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
@@ -171,11 +207,31 @@ class Engine:
 
     # ------------------------------------------------------------------------------ decode
 
-    def _responses(self, req: GenerationRequest, ids: List[int], stats: RunStats):
+    @staticmethod
+    def _draws(req: GenerationRequest):
         sampler = mlx_mtp.make_sampler(temp=req.temperature, top_p=req.top_p, min_p=req.min_p,
                                        top_k=req.top_k)
         processors = make_logits_processors(repetition_penalty=req.repetition_penalty,
                                             repetition_context_size=req.repetition_context_size)
+        return sampler, processors
+
+    def _batched_responses(self, req: GenerationRequest, ids: List[int], stats: RunStats,
+                           on_sequence: Callable):
+        """The request's responses from the batch (``BatchRounds``); it joins the batch when
+        first read, and ``on_sequence`` gets its ``BatchedSequence``."""
+        sampler, processors = self._draws(req)
+
+        def tokens():
+            seq = self.batch.start(mx.array(ids), max_tokens=req.max_tokens, sampler=sampler,
+                                   logits_processors=processors, seed=req.seed, stats=stats)
+            on_sequence(seq)
+            yield from self.batch.tokens(seq)
+
+        tokenizer, prompt, _ = _start(self.tokenizer, ids, stats)
+        return _responses(tokens(), tokenizer, prompt, req.max_tokens, stats)
+
+    def _responses(self, req: GenerationRequest, ids: List[int], stats: RunStats):
+        sampler, processors = self._draws(req)
         if req.seed is not None:
             mx.random.seed(req.seed)
         prompt = mx.array(ids)
@@ -192,15 +248,19 @@ class Engine:
                                        logits_processors=processors, seed=req.seed, **kwargs)
 
     def generate(self, req: GenerationRequest, ids: List[int],
-                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Event]:
+                 cancelled: Callable[[], bool] = lambda: False,
+                 on_sequence: Optional[Callable] = None) -> Iterator[Event]:
         """``Started``, ``Delta``s, then one ``Finished``. Checks ``cancelled`` after every token,
-        so a cancelled request stops before the next round and its generator is closed."""
+        so a cancelled request stops before the next round and its generator is closed. With
+        ``on_sequence`` the request decodes in the batch (``start_batch``), and
+        ``on_sequence`` gets its ``BatchedSequence`` once it joined."""
         tok = self.tokenizer
         stats = RunStats(block_size=1, mtp_enabled=False, gate_reason=NO_MTP_REASON) \
             if self.no_mtp else RunStats()
         matcher = make_stop_sequences(tok, req.stop).matcher()
         state = make_text_state_machine(tok, req.stop).make_state(self._initial_state(req, ids))
-        responses = self._responses(req, ids, stats)
+        responses = (self._responses(req, ids, stats) if on_sequence is None
+                     else self._batched_responses(req, ids, stats, on_sequence))
         n, finish = 0, "length"
         try:
             for gen in responses:

@@ -76,8 +76,9 @@ class SplitWorker(Worker):
 
     fatal = (SplitFailed,)
 
-    def __init__(self, make_engine: Callable[[], Engine], max_queue: int):
-        super().__init__(self._make_engine_watched, max_queue)
+    def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1):
+        # a split target decodes one request at a time (``Engine.start_batch`` says so)
+        super().__init__(self._make_engine_watched, max_queue, max_batch)
         self._make_split_engine = make_engine
         self._sent = time.monotonic()
         self.failed: Optional[str] = None

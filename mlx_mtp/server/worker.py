@@ -1,6 +1,9 @@
 """The one decode thread and its bounded FIFO queue.
 
-A speculative round is not batched, so the model serves one request at a time. The thread
+With ``max_batch`` above 1, where the engine could start batched rounds (``Engine.start_batch``),
+up to that many requests decode together: a queued request joins between rounds, and one that
+finishes or whose client went away leaves at the next round. Otherwise the model serves one
+request at a time. The thread
 loads the model too: on mlx 0.32 streams belong to a thread, and an array made lazily on one
 thread cannot be evaluated on another ("There is no Stream(cpu, 0) in current thread"). It never
 returns, it parks: a thread that has used mlx-lm and exits while the process exits makes it abort
@@ -17,7 +20,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from mlx_mtp import MTPError
 
@@ -61,10 +64,14 @@ class Worker:
     # instead of failing one request; the subclass that lists them answers every client.
     fatal: tuple = ()
 
-    def __init__(self, make_engine: Callable[[], Engine], max_queue: int):
+    def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1):
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.batched: List["_Member"] = []  # the requests decoding together
         self.engine: Optional[Engine] = None
         self.warm_up: Optional[Finished] = None
         self.running: Optional[Job] = None
@@ -128,11 +135,16 @@ class Worker:
         try:
             self.engine = self._make_engine()
             self.warm_up = self._warm_up(self.engine)
+            self.engine.start_batch(self.max_batch)
+            logger.info("batch: %s", self.engine.batch_reason)
         except BaseException as e:  # handed to start(), which re-raises it on the main thread
             self._error = e
             return
         finally:
             self._ready.set()
+        if self.engine.batch is not None:
+            self._serve_batched()
+            return
         while True:
             job = self._next_job()
             if job is None:  # stop()
@@ -176,3 +188,109 @@ class Worker:
         except Exception as e:
             logger.exception("request failed")
             job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+
+    # ------------------------------------------------------------------------- batched rounds
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None or bool(self.batched)
+
+    def _serve_batched(self) -> None:
+        """Admit queued jobs while the batch has room, hand every member the tokens its
+        sequence emitted, then run one round for all of them; until stopped."""
+        batch = self.engine.batch
+        while True:
+            while len(self.batched) < batch.max_batch:
+                if self.batched:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                else:
+                    job = self._next_job()
+                if job is None:  # stop()
+                    for member in self.batched:
+                        member.close()
+                    self.batched = []
+                    return
+                if job.cancelled or self._stopping.is_set():
+                    continue
+                member = self._join(job)
+                if member is not None and member.advance():
+                    self.batched.append(member)
+            self.batched = [m for m in self.batched if m.advance()]
+            if self.batched:
+                try:
+                    batch.round()
+                except Exception as e:  # every member's round failed: answer them all
+                    logger.exception("batched round failed")
+                    for member in self.batched:
+                        member.fail(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+                    self.batched = []
+
+    def _join(self, job: Job) -> Optional["_Member"]:
+        try:
+            ids = self.engine.prompt_ids(job.request)
+        except RequestError as e:
+            job.emit(e)
+            return None
+        member = _Member(job, self)
+        stop = lambda: job.cancelled or self._stopping.is_set()  # noqa: E731
+        member.events = self.engine.generate(job.request, ids, stop, on_sequence=member.joined)
+        return member
+
+
+class _Member:
+    """A job decoding in the batch: its events, and its sequence once it joined."""
+
+    def __init__(self, job: Job, worker: Worker):
+        self.job = job
+        self.worker = worker
+        self.events = None
+        self.seq = None
+        self.started = False
+
+    def joined(self, seq) -> None:
+        self.seq = seq
+
+    def _pending(self) -> bool:
+        """Whether reading its events now needs no round: it has not joined yet (reading
+        prefills it), its sequence has tokens to read, or nothing more to emit."""
+        seq = self.seq
+        return seq is None or bool(seq.out) or seq.done
+
+    def advance(self) -> bool:
+        """Emit what the job can emit without a round; False once it is over."""
+        try:
+            while self._pending():
+                event = next(self.events)
+                self.started = True
+                self.job.emit(event)
+                if isinstance(event, Finished):
+                    self.close()
+                    return False
+        except StopIteration:
+            self.close()
+            return False
+        except RequestError as e:
+            self.fail(e)
+            return False
+        except MTPError as e:  # the library refused the request's settings (e.g. top_k)
+            self.fail(RequestError(str(e)) if not self.started else ServerError(str(e)))
+            return False
+        except Exception as e:
+            logger.exception("request failed")
+            self.fail(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+            return False
+        return True
+
+    def fail(self, error: Exception) -> None:
+        self.job.emit(error)
+        self.close()
+
+    def close(self) -> None:
+        """Leave the batch: the events closed (the sequence with them)."""
+        if self.events is not None:
+            self.events.close()
+        if self.seq is not None:
+            self.worker.engine.batch.remove(self.seq)

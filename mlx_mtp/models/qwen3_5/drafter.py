@@ -19,6 +19,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.draft_profile import DraftProfiler
+from mlx_mtp.models.packed_rows import packed_caches
 from mlx_mtp.models.draft_tree import DraftTree
 from mlx_mtp.models.protocols import DrafterDefaults
 from mlx_mtp.models.qwen3_5 import row_products
@@ -220,6 +221,46 @@ class QwenMTPDrafter(DrafterDefaults):
             self.in_round = 0
             self.prefill(hidden, next_ids)
 
+    # -- several sequences at once (mlx_mtp.decoding.batch_rounds) -------------------------------
+
+    @staticmethod
+    def draft_batch(drafters: List["QwenMTPDrafter"], drafts: List[int]) -> List[mx.array]:
+        """``draft`` for several sequences' drafters (one head and LM head, each its own
+        cache): ``drafts[s]`` ids each, every head step one forward over the sequences still
+        drafting, their rows packed (``mlx_mtp.models.packed_rows``)."""
+        ids = [[d.first_draft] for d in drafters]
+        g = [d.first_draft_hidden for d in drafters]
+        for step in range(1, max(drafts)):
+            live = [s for s, k in enumerate(drafts) if k > step]
+            rows, toks = _packed_step(drafters, live, mx.concatenate([ids[s][-1] for s in live]),
+                                      mx.concatenate([g[s] for s in live], axis=1), [1] * len(live))
+            for r, s in enumerate(live):
+                ids[s].append(toks[r : r + 1])
+                g[s] = rows[:, r : r + 1]
+        for d, k in zip(drafters, drafts):
+            d.in_round = k - 1
+        return [mx.concatenate(x) for x in ids]
+
+    @staticmethod
+    def accept_batch(drafters: List["QwenMTPDrafter"], hidden: List[mx.array],
+                     next_ids: List[mx.array]) -> None:
+        """``accept`` for several sequences' drafters, their accepted pairs as one packed
+        head forward."""
+        for d in drafters:
+            for c in d.cache:
+                c.trim(d.in_round)
+            d.in_round = 0
+        widths = [ids.shape[0] for ids in next_ids]
+        rows, toks = _packed_step(drafters, list(range(len(drafters))),
+                                  mx.concatenate(next_ids), mx.concatenate(hidden, axis=1),
+                                  widths)
+        last = 0
+        for s, (d, w) in enumerate(zip(drafters, widths)):
+            last += w
+            d.first_draft = toks[s : s + 1]
+            d.first_draft_hidden = rows[:, last - 1 : last]
+            d.first_draft_logits = None  # projected again where a tree or a sampler needs it
+
     # -- prompt caches across turns (mlx_mtp.io.prompt_cache) ------------------------------------
 
     def carry(self) -> list:
@@ -269,6 +310,19 @@ def _attending_by_rows(head: MTPHead):
     finally:
         for attn in swapped:
             attn.__class__ = _qwen3_next.Qwen3NextAttention
+
+
+def _packed_step(drafters: List[QwenMTPDrafter], members: List[int], ids: mx.array,
+                 hidden: mx.array, widths: List[int]):
+    """The head over the packed rows of ``drafters[members]`` (``widths`` rows each): its
+    output rows ``[1, sum(widths), H]`` and each sequence's argmax id after its last row."""
+    d = drafters[0]
+    caches = packed_caches([drafters[s].cache for s in members], widths)
+    with _attending_by_rows(d.head):
+        rows = d.head(d.target.embed(ids[None]), hidden, caches)
+    last = mx.array([sum(widths[: i + 1]) - 1 for i in range(len(widths))], dtype=mx.uint32)
+    toks, _ = d.lm.argmax(rows[0][last], d.profiler)
+    return rows, toks
 
 
 def _entries(f: int, search: draft_tree.TreeSearch, entry: dict) -> List[int]:

@@ -27,6 +27,7 @@ from mlx_lm.models.gated_delta import gated_delta_update
 
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.models import draft_tree
+from mlx_mtp.models.packed_rows import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.trunk import TrunkTarget
 from mlx_mtp.models.qwen3_5 import layer_block
 from mlx_mtp.models.qwen3_5.gdn_block import capture_mixer, conv_qkv
@@ -61,6 +62,8 @@ class _CapturingGDN:
         raise NotImplementedError
 
     def __call__(self, inputs: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
+        if isinstance(cache, PackedCache):
+            return self._mix_packed(inputs, cache)
         if not getattr(cache, "capture", False):
             return super().__call__(inputs, mask, cache)
         if cache.lengths is not None:
@@ -122,6 +125,34 @@ class _CapturingGDN:
         cache.stash = ("tree", paths, stash)
         return picked[None]
 
+    def _mix_packed(self, inputs: mx.array, cache: PackedCache) -> mx.array:
+        """Several sequences' blocks (``packed_rows``): the mixer over each from its own
+        cache's states, the sequences as one batch (narrower blocks padded with their last row,
+        whose outputs are not read). Each sequence's cache then holds its states after its own
+        block and the stash its rollback selects from, as after a verify of that block alone."""
+        if getattr(self, "sharding_group", None) is not None:
+            raise NotImplementedError("a packed batch does not run on a tensor-split target")
+        qkv, z, b, a = self._project(inputs)
+        widths = cache.widths
+        longest = max(widths)
+        rows = [list(range(f, f + w)) + [f + w - 1] * (longest - w)
+                for f, w, _ in cache.segments]
+        idx = mx.array(rows, dtype=mx.uint32)
+        if any(part[1] is None for part in cache.parts):
+            raise ValueError("a packed batch's sequences must be prefilled first")
+        conv_state = mx.concatenate([part[0] for part in cache.parts], axis=0)
+        state_in = mx.concatenate([part[1] for part in cache.parts], axis=0)
+        out, _, _, (kind, *stash) = self._mix(qkv[0][idx], z[0][idx], b[0][idx], a[0][idx],
+                                              conv_state, state_in, None)
+        for s, (_, w, part) in enumerate(cache.segments):
+            part.stash = (kind, *(_row(x, s) for x in stash))
+            self.rewind(part, w)  # the states after its own block (selected, or replayed)
+            part.advance(w)
+        keep = mx.array([s * longest + j for s, w in enumerate(widths) for j in range(w)],
+                        dtype=mx.uint32)
+        picked = out.reshape(len(widths) * longest, *out.shape[2:])[keep]
+        return self.out_proj(picked.reshape(1, sum(widths), -1))
+
     def keep_path(self, cache: SpecArraysCache, path: List[int]) -> None:
         """After a tree verify, the states after the nodes ``path`` (root first); the stash
         becomes that path's, so a later ``rewind`` works as after a chain."""
@@ -173,6 +204,8 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
         B, L, D = x.shape
+        if isinstance(cache, PackedCache):
+            return self._packed_rows(x, cache)
         rows = draft_tree.current()
         if rows is not None and cache is not None:
             return self._tree_rows(x, cache, rows)
@@ -202,6 +235,23 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
             return layer_block.reference_post(self, rows, gate)
         return layer_block.compiled_post(self, rows, gate, post)
 
+
+    def _packed_rows(self, x: mx.array, cache: PackedCache) -> mx.array:
+        """Several sequences' blocks (``packed_rows``): each sequence's rows at its own
+        positions, each query against the keys a decode step of its own sequence at that
+        position would see."""
+        positions = [part.offset + j for _, w, part in cache.segments for j in range(w)]
+        queries, gate, keys, values = layer_block.tree_pre(self, x, positions)
+        out = []
+        for first, w, part in cache.segments:
+            start = part.offset
+            k, v = part.update_and_fetch(keys[:, :, first : first + w],
+                                         values[:, :, first : first + w])
+            out += [scaled_dot_product_attention(
+                        queries[:, :, first + i : first + i + 1], _first(k, start + i + 1),
+                        _first(v, start + i + 1), cache=part, scale=self.scale, mask=None)
+                    for i in range(w)]
+        return layer_block.reference_post(self, out, gate)
 
     def _tree_rows(self, x: mx.array, cache, rows: draft_tree.Rows) -> mx.array:
         """Draft-tree rows (``draft_tree.Rows``): each query at its node's position, against the
@@ -312,6 +362,17 @@ class Qwen3_5Target(TrunkTarget):
         start = next((c.offset for c in cache if not isinstance(c, SpecArraysCache)), 0)
         with draft_tree.laid_out(draft_tree.verify_rows(tree, start)):
             return self.verify(ids, cache)
+
+    def verify_batch(self, blocks: List[mx.array], caches: List[List[Any]]) -> List[mx.array]:
+        """``verify`` of several sequences' blocks (``blocks[s]``: ids ``[w_s]``, ``caches[s]``
+        its cache) in one forward, their rows packed (``mlx_mtp.models.packed_rows``): each
+        sequence's hidden states ``[1, w_s, H]`` and cache are what ``verify`` of its block alone
+        gives, and ``rollback`` works on each cache as after that verify."""
+        widths = [b.shape[0] for b in blocks]
+        packed = packed_caches(caches, widths)
+        with layer_block.compiling(), self._verifying():
+            hidden = self.trunk(mx.concatenate(blocks)[None], packed)
+        return split_rows(hidden, widths)
 
     def keep_path(self, cache: List[Any], fed: int, path: List[int]) -> None:
         """After ``verify_tree`` of ``fed`` nodes: keep the nodes ``path`` (root first) as

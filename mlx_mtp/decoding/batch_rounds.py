@@ -1,0 +1,240 @@
+"""Rounds for several sequences at once: every round drafts for each sequence, verifies all
+their blocks in one target forward, then walks, rolls back and emits per sequence.
+
+Each sequence is a generation of its own (``round_session``: its request, draws, stats, caches,
+drafter and chooser); only the target forward and its LM head are shared, their rows packed
+(``mlx_mtp.models.packed_rows``), and the drafter's head steps where the family batches them
+(``Drafter.draft_batch``). A sequence joins between rounds (its prompt prefilled alone) and leaves
+when its consumer stops reading. At temperature 0 each sequence's tokens are what it decodes
+alone, byte for byte, where the batch-vs-alone probe (``mlx_mtp.exactness.batch_vs_alone``)
+passes on this device; ``BatchRounds`` refuses to start where it does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Iterator, List, Optional
+
+import mlx.core as mx
+
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.decoding import keyed_sampling, sampling
+from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
+from mlx_mtp.decoding.round_session import (Progress, Request, Session, choose_draws,
+                                            open_session, start_stats)
+from mlx_mtp.decoding.round_steps import (Draft, Emitted, commit, draft, draw_rows, emit,
+                                          host_read, plan_round, prefill, record_round,
+                                          round_block, walk)
+from mlx_mtp.decoding.rounds import (checked_max_tokens, checked_prompt, resolve_block_size,
+                                     start_generation)
+from mlx_mtp.decoding.stats import RunStats
+from mlx_mtp.errors import MTPError
+from mlx_mtp.exactness import gate
+from mlx_mtp.exactness.batch_vs_alone import probe_batch
+from mlx_mtp.io.kv_settings import KVSettings
+from mlx_mtp.io.prompt_cache import make_prompt_cache
+from mlx_mtp.models.packed_rows import split_rows
+
+
+@dataclass
+class BatchedSequence:
+    """One generation in the batch: its session, where its output stands, and the tokens it
+    emitted that its consumer has not read yet."""
+
+    session: Session
+    progress: Progress
+    out: Deque[Emitted] = field(default_factory=deque)
+
+    @property
+    def done(self) -> bool:
+        """Every token of its budget emitted (its consumer may still be reading them)."""
+        return self.progress.emitted >= self.session.max_tokens
+
+    @property
+    def stats(self) -> RunStats:
+        return self.session.stats
+
+
+def batch_problem(model) -> Optional[str]:
+    """Why ``model`` cannot decode sequences in batched rounds here, or None."""
+    if getattr(model, "split", None) is not None:
+        return "a split target decodes one sequence at a time"
+    if not hasattr(model.target, "verify_batch"):
+        return f"the {model.target.family} family has no batched verify"
+    if model.drafter is None:
+        return "the model has no MTP head"
+    return None
+
+
+class BatchRounds:
+    """Up to ``max_batch`` sequences decoded together in rounds (``round``). ``block_size`` and
+    ``max_block_size`` as ``generate_step``'s, for every sequence (each under ``auto`` has its
+    own chooser). Checks on creation that a packed verify equals each sequence's verify alone
+    on this device (unless MLX_MTP_ALLOW_INEXACT=1), else raises ``MTPError``."""
+
+    def __init__(self, model, max_batch: int, *, block_size=AUTO,
+                 max_block_size: int = DEFAULT_MAX_BLOCK_SIZE):
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise MTPError(f"max_batch must be a positive integer, got {max_batch!r}")
+        problem = batch_problem(model)
+        if problem is not None:
+            raise MTPError(f"batched rounds: {problem}")
+        self.model = model
+        self.max_batch = max_batch
+        self.block_size, self.max_block_size = block_size, max_block_size
+        self.widest, _ = resolve_block_size(block_size, max_block_size)
+        if self.widest < 2:
+            raise MTPError("batched rounds draft: block_size must be above 1")
+        # Packed verifies are as wide as every sequence's widest block together: their products
+        # must be row-exact at those widths too.
+        model.target.prepare(max_batch * self.widest)
+        self.exact = gate.allow_inexact_from_env() or None
+        if not self.exact:
+            reason = probe_batch(model.target, max_batch, self.widest)
+            if reason is not None:
+                raise MTPError(f"batched rounds declined: batch-vs-alone probe: {reason}")
+            self.exact = True
+        self.active: List[BatchedSequence] = []
+
+    # ------------------------------------------------------------------------ joining, leaving
+
+    def start(self, prompt, *, max_tokens: int = 256, sampler=None, logits_processors=None,
+              seed: Optional[int] = None, acceptance: str = "auto",
+              stats: Optional[RunStats] = None, prefill_step_size: int = 2048,
+              progress: Optional[Callable[[int, int], None]] = None) -> BatchedSequence:
+        """Join a sequence: its prompt prefilled (alone) and its first token emitted. The
+        arguments are ``generate_step``'s."""
+        if len(self.active) >= self.max_batch:
+            raise MTPError(f"the batch is full ({self.max_batch} sequences)")
+        model = self.model
+        max_tokens = checked_max_tokens(max_tokens)
+        prompt = checked_prompt(prompt, None)
+        block_size, chooser = resolve_block_size(self.block_size, self.max_block_size)
+        request = Request(max_tokens, sampler, logits_processors, prefill_step_size, progress,
+                          None, block_size, chooser, seed, acceptance, stats)
+        drafter = copy.copy(model.drafter)  # its own head cache and drafts; the weights shared
+        draws = choose_draws(model.target, drafter, request)
+        stats = start_stats(request, draws.rule)
+        decision = gate.apply(model, request.widest, stats,
+                              sampling=draws.rule != sampling.GREEDY)
+        if not decision.mtp_enabled:
+            raise MTPError(f"batched rounds: the exactness gate declined MTP: "
+                           f"{decision.reason}")
+        stats.batch = {"max_batch": self.max_batch, "packed": True}
+        session = open_session(model, make_prompt_cache(model), KVSettings(), None, drafter, draws,
+                               stats, request, prompt.size)
+        progress_, first = prefill(session, prompt, request, exact=True)
+        session.pin = False  # the batch's verify is shared
+        gate.report_verify(model, stats)
+        start_generation(session, first[0])
+        seq = BatchedSequence(session, progress_)
+        seq.out.append(first)
+        self.active.append(seq)
+        return seq
+
+    def remove(self, seq: BatchedSequence) -> None:
+        """The sequence leaves the batch (its caches are freed with it)."""
+        if seq in self.active:
+            self.active.remove(seq)
+            seq.session.note_generation_time()
+
+    def tokens(self, seq: BatchedSequence) -> Iterator[Emitted]:
+        """The sequence's ``(token, logprobs, from_draft)``, as ``generate_step`` yields them;
+        runs a round for the whole batch whenever this sequence has none left to read. Closing
+        it removes the sequence."""
+        try:
+            while True:
+                while not seq.out:
+                    if seq.done:
+                        return
+                    self.round()
+                yield seq.out.popleft()
+        finally:
+            self.remove(seq)
+
+    # ------------------------------------------------------------------------------ a round
+
+    def round(self) -> None:
+        """One round for every sequence that still has tokens to emit."""
+        seqs = [s for s in self.active if not s.done]
+        if not seqs:
+            return
+        target = self.model.target
+        with cpu_blas.verify_threads():
+            plans = [plan_round(s.session, s.progress, None) for s in seqs]
+            proposals = self._draft(seqs, plans)
+            verify_start = time.perf_counter()
+            with _phases(seqs, "verify"):
+                blocks = [round_block(s.progress, p) for s, p in zip(seqs, proposals)]
+                hidden = target.verify_batch(blocks, [s.session.cache for s in seqs])
+                widths = [b.shape[0] for b in blocks]
+                logits = split_rows(target.logits(mx.concatenate(hidden, axis=1)[0]), widths,
+                                    axis=0)
+                drawn = [draw_rows(s.session, s.progress, p, b, l)
+                         for s, p, b, l in zip(seqs, proposals, blocks, logits)]
+                hosts = host_read(drawn)
+            done = []
+            feeds = []  # (sequence, hidden rows, ids) its drafter accepts
+            for s, plan, proposal, h, d, host in zip(seqs, plans, proposals, hidden, drawn,
+                                                      hosts):
+                s.stats.host_syncs += 1
+                verified = walk(s.session, plan, proposal, h, d, host, verify_start)
+                fed = []
+                commit(s.session, s.progress, plan, verified, feed=fed)
+                feeds += [(s, *pair) for pair in fed]
+                if plan.drafts == 0:  # nothing to roll back: drop what a rollback keeps
+                    target.rollback(s.session.cache, fed=1, keep=1)
+                done.append((s, plan, verified))
+            self._accept(feeds)
+            for s, plan, verified in done:
+                record_round(s.session, plan, verified)
+                s.out.extend(emit(s.session, s.progress, verified))
+
+    def _draft(self, seqs: List[BatchedSequence], plans) -> List[Draft]:
+        """Every sequence's drafts: the greedy drafters' head steps batched, where the family
+        batches them (``draft_batch``); a sampling drafter drafts on its own."""
+        proposals = [Draft() for _ in seqs]
+        together = [i for i, (s, p) in enumerate(zip(seqs, plans))
+                    if p.drafts > 0 and s.session.draws.rule != keyed_sampling.COUPLED
+                    and s.session.draws.streams is None]
+        batched = hasattr(self.model.drafter, "draft_batch") and len(together) > 1
+        for i, (s, plan) in enumerate(zip(seqs, plans)):
+            if not (batched and i in together):
+                proposals[i] = draft(s.session, s.progress, plan)
+        if batched:
+            with _phases([seqs[i] for i in together], "draft"):
+                ids = self.model.drafter.draft_batch([seqs[i].session.drafter for i in together],
+                                                     [plans[i].drafts for i in together])
+            for i, x in zip(together, ids):
+                proposals[i].ids = x
+                seqs[i].stats.draft_syncs += 1
+        return proposals
+
+    def _accept(self, feeds) -> None:
+        """The drafters' accept hooks for this round's kept pairs, batched where the family
+        batches them (``accept_batch``)."""
+        if not feeds:
+            return
+        seqs = [s for s, _, _ in feeds]
+        with _phases(seqs, "accept"):
+            if hasattr(self.model.drafter, "accept_batch") and len(feeds) > 1:
+                self.model.drafter.accept_batch([s.session.drafter for s in seqs],
+                                                [h for _, h, _ in feeds],
+                                                [ids for _, _, ids in feeds])
+            else:
+                for s, h, ids in feeds:
+                    s.session.drafter.accept(h, ids)
+            mx.async_eval([a for s in seqs for a in s.session.drafter.state_arrays()])
+
+
+@contextlib.contextmanager
+def _phases(seqs: List[BatchedSequence], name: str):
+    """A phase of a batched step, timed into every sequence's stats."""
+    with contextlib.ExitStack() as stack:
+        for s in seqs:
+            stack.enter_context(s.stats.phase(name))
+        yield
