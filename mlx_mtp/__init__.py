@@ -24,19 +24,12 @@ from mlx_mtp.io.prompt_cache import load_prompt_cache, make_prompt_cache, save_p
 from mlx_mtp.decoding.sampling import make_sampler  # noqa: E402
 from mlx_mtp.decoding.rounds import generate_step, speculative_generate_step  # noqa: E402
 from mlx_mtp.generate import generate, stream_generate  # noqa: E402
+from mlx_mtp.batch_generate import batch_generate  # noqa: E402
 
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name):
-    # mlx-lm's one top-level function with no MTP counterpart: say so instead of a bare miss.
-    if name == "batch_generate":
-        raise AttributeError("mlx_mtp has no batch_generate: a speculative round decodes one "
-                             "sequence at a time; use mlx_lm.batch_generate (no MTP)")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["BlockChooser", "MTPError", "load", "load_model", "generate", "generate_step",
+__all__ = ["BlockChooser", "MTPError", "load", "load_model", "generate", "generate_step", "batch_generate",
            "speculative_generate_step", "stream_generate", "make_sampler", "make_prompt_cache",
            "save_prompt_cache", "load_prompt_cache",
            "__version__"]

@@ -65,18 +65,19 @@ def _run(target, widths: List[int]) -> Optional[str]:
         hidden = target.verify_batch([mx.array(block) for _, block in seqs], caches)
         logits = target.logits(mx.concatenate(hidden, axis=1)[0])
         mx.eval(logits)
+    shape = f"{len(widths)} (widths {', '.join(map(str, widths))})"
     first = 0
     for s, ((_, block), (ref, ref_state), cache) in enumerate(zip(seqs, alone, caches)):
         w = len(block)
         for i in range(w):
             if not bitwise_equal(logits[first + i], ref[i]):
-                return (f"sequence {s + 1} of {len(widths)} (widths {widths}): logits row "
+                return (f"sequence {s + 1} of {shape}: logits row "
                         f"{i} of a packed verify differs from its verify alone")
         first += w
         target.rollback(cache, fed=w, keep=1)
         state = target.cache_state(cache)
         if len(state) != len(ref_state) or not all(
                 bitwise_equal(a, b) for a, b in zip(state, ref_state)):
-            return (f"sequence {s + 1} of {len(widths)} (widths {widths}): its caches after a "
+            return (f"sequence {s + 1} of {shape}: its caches after a "
                     f"packed verify and rollback differ from those after its verify alone")
     return None

@@ -106,7 +106,7 @@ class Engine:
         self.context_length = context_length(model.config)
         self.batch: Optional[BatchRounds] = None  # requests decode together (``start_batch``)
         self.max_batch = 1
-        self.batch_reason = "--max-batch 1: one request at a time"
+        self.batch_reason = "one request at a time: --max-batch 1"
 
     def start_batch(self, max_batch: int) -> None:
         """Decode up to ``max_batch`` requests together in batched rounds, where this model

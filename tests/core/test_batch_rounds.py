@@ -1,0 +1,195 @@
+"""Batched rounds: several sequences' blocks in one packed target forward. Each sequence's rows
+and caches equal its verify alone, byte for byte; at T=0 every sequence's tokens are mlx-lm's
+greedy tokens for its prompt, whatever else is in the batch, as sequences join and leave."""
+
+import inspect
+
+import mlx.core as mx
+import pytest
+from conftest import reference_greedy
+from mlx_lm.generate import batch_generate as mlx_batch_generate
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from support import tiny_checkpoints as tc
+from support.perturbed import one_ulp
+
+import mlx_mtp
+from mlx_mtp import MTPError
+from mlx_mtp.decoding.batch_rounds import BatchRounds
+from mlx_mtp.exactness import batch_vs_alone
+from mlx_mtp.exactness.row_exact import bitwise_equal
+
+SLOW_KINDS = [pytest.param(k, marks=pytest.mark.slow) for k in ("moe", "tied", "next", "wide")]
+
+
+@pytest.fixture(scope="module")
+def agreeing_dir(ckpt_root):
+    """A head wired to agree with its target: drafts are accepted, so rounds keep several rows."""
+    return tc.write_agreeing_checkpoint(ckpt_root / "agreeing-batch", seed=3)
+
+
+def prompts_for(vocab_size, lengths=(9, 14, 5, 20)):
+    return [[(7 * i + 3 * s + 1) % vocab_size for i in range(n)] for s, n in enumerate(lengths)]
+
+
+def drain(rounds, seqs, budget=None):
+    """Every sequence's tokens, read in turn as a server reads them (``budget``: stop reading
+    sequence s after ``budget[s]`` tokens: its consumer went away)."""
+    gens = [rounds.tokens(s) for s in seqs]
+    outs = [[] for _ in seqs]
+    live = list(range(len(seqs)))
+    while live:
+        for i in list(live):
+            item = next(gens[i], None)
+            if item is None or (budget is not None and len(outs[i]) == budget[i]):
+                gens[i].close()
+                live.remove(i)
+            else:
+                outs[i].append(item[0])
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["dense"] + SLOW_KINDS)
+def test_a_packed_verify_equals_each_sequence_alone(kind, request):
+    """Three sequences of different lengths, blocks of widths 3, 1 and 4 in one forward: each
+    sequence's logits rows equal its verify alone, and its caches after a partial rollback
+    equal those after its own verify and rollback, bitwise."""
+    path = request.getfixturevalue(f"{kind}_dir")
+    target = mlx_mtp.load_model(path, require_head=False).target
+    target.prepare(8)
+    V = target.vocab_size
+    prompts = prompts_for(V, (9, 14, 5))
+    blocks = [[(11 * i + s) % V for i in range(w)] for s, w in enumerate((3, 1, 4))]
+
+    def prefilled(prompt):
+        cache = target.make_cache()
+        target.hidden(mx.array(prompt)[None], cache)
+        return cache
+
+    alone = []
+    for prompt, block in zip(prompts, blocks):
+        cache = prefilled(prompt)
+        logits = target.logits(target.verify(mx.array(block)[None], cache)[0])
+        target.rollback(cache, len(block), 1)
+        alone.append((logits, target.cache_state(cache)))
+    caches = [prefilled(p) for p in prompts]
+    hidden = target.verify_batch([mx.array(b) for b in blocks], caches)
+    assert [h.shape[1] for h in hidden] == [3, 1, 4]
+    logits = target.logits(mx.concatenate(hidden, axis=1)[0])
+    first = 0
+    for s, (block, (ref, ref_state), cache) in enumerate(zip(blocks, alone, caches)):
+        w = len(block)
+        assert bitwise_equal(logits[first : first + w], ref), (kind, s)
+        first += w
+        target.rollback(cache, w, 1)
+        state = target.cache_state(cache)
+        assert len(state) == len(ref_state)
+        assert all(bitwise_equal(a, b) for a, b in zip(state, ref_state)), (kind, s)
+
+
+def test_the_probe_passes_here_and_names_a_skewed_row(dense_dir, monkeypatch):
+    target = mlx_mtp.load_model(dense_dir, require_head=False).target
+    target.prepare(12)
+    assert batch_vs_alone.probe_batch(target, 3, 4) is None
+    real = type(target).verify_batch
+
+    def skewed(self, blocks, caches):
+        hidden = real(self, blocks, caches)
+        return hidden[:1] + [one_ulp(hidden[1], 0)] + hidden[2:]
+
+    monkeypatch.setattr(type(target), "verify_batch", skewed)
+    batch_vs_alone._MEMO.clear()
+    assert batch_vs_alone.probe_batch(target, 3, 4) == (
+        "sequence 2 of 3 (widths 4, 1, 3): logits row 0 of a packed verify differs from its "
+        "verify alone")
+    model = mlx_mtp.load_model(dense_dir)
+    model.target.__class__ = type(target)
+    with pytest.raises(MTPError, match=r"^batched rounds declined: batch-vs-alone probe: "
+                                       r"sequence 2 of 3"):
+        BatchRounds(model, 3, block_size=4)
+    batch_vs_alone._MEMO.clear()
+
+
+@pytest.mark.parametrize("block_size", [3, "auto"])
+def test_batched_tokens_are_each_prompts_greedy_tokens(agreeing_dir, block_size):
+    """Four prompts of different lengths and token budgets decoded together equal mlx-lm's
+    greedy decode of each alone; the agreeing head's drafts are accepted."""
+    model = mlx_mtp.load_model(agreeing_dir)
+    prompts = prompts_for(model.target.vocab_size)
+    budgets = [20, 7, 16, 1]
+    rounds = BatchRounds(model, 4, block_size=block_size)
+    seqs = [rounds.start(mx.array(p), max_tokens=n) for p, n in zip(prompts, budgets)]
+    outs = drain(rounds, seqs)
+    for p, n, out in zip(prompts, budgets, outs):
+        assert out == reference_greedy(agreeing_dir, p, n)
+    assert seqs[0].stats.accepted > 0 and seqs[0].stats.rounds < 20
+    assert rounds.active == []  # each left once read to its end
+
+
+def test_sequences_join_and_leave_between_rounds(dense_dir):
+    """Two sequences decode, two more join after a few rounds, one consumer stops reading early
+    (it leaves at once): the others' tokens are still their greedy tokens."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompts = prompts_for(model.target.vocab_size)
+    rounds = BatchRounds(model, 3, block_size=3)
+    first = [rounds.start(mx.array(p), max_tokens=18) for p in prompts[:2]]
+    for _ in range(3):
+        rounds.round()
+    with pytest.raises(MTPError, match=r"^the batch is full \(3 sequences\)$"):
+        rounds.start(mx.array(prompts[2]), max_tokens=18)
+        rounds.start(mx.array(prompts[3]), max_tokens=18)
+    late = rounds.active[2]
+    outs = drain(rounds, first + [late], budget=[18, 5, 18])
+    assert outs[1] == reference_greedy(dense_dir, prompts[1], 18)[:5]
+    assert outs[0] == reference_greedy(dense_dir, prompts[0], 18)
+    assert outs[2] == reference_greedy(dense_dir, prompts[2], 18)
+    assert rounds.active == []
+
+
+def test_a_sampled_sequence_beside_a_greedy_one(agreeing_dir):
+    """A T=0.8 sequence in the batch leaves the T=0 one's tokens as they are alone."""
+    model = mlx_mtp.load_model(agreeing_dir)
+    prompts = prompts_for(model.target.vocab_size)
+    rounds = BatchRounds(model, 2, block_size=3)
+    greedy = rounds.start(mx.array(prompts[0]), max_tokens=16)
+    hot = rounds.start(mx.array(prompts[1]), max_tokens=16,
+                       sampler=mlx_mtp.make_sampler(temp=0.8), seed=5)
+    outs = drain(rounds, [greedy, hot])
+    assert outs[0] == reference_greedy(agreeing_dir, prompts[0], 16)
+    assert len(outs[1]) == 16 and hot.stats.acceptance_rule == "speculative-sampling"
+
+
+def test_what_batched_rounds_refuse(dense_dir, tmp_path):
+    model = mlx_mtp.load_model(dense_dir)
+    with pytest.raises(MTPError, match=r"^max_batch must be a positive integer, got 0$"):
+        BatchRounds(model, 0)
+    with pytest.raises(MTPError, match=r"^batched rounds draft: block_size must be above 1$"):
+        BatchRounds(model, 2, block_size=1)
+    headless = mlx_mtp.load_model(dense_dir, require_head=False)
+    headless.drafter = None
+    with pytest.raises(MTPError, match=r"^batched rounds: the model has no MTP head$"):
+        BatchRounds(headless, 2)
+
+
+def test_batch_generate_takes_mlx_lms_arguments_and_gives_each_prompts_text(agreeing_dir):
+    assert list(inspect.signature(mlx_mtp.batch_generate).parameters) == \
+        list(inspect.signature(mlx_batch_generate).parameters)
+    model, tok = mlx_mtp.load(agreeing_dir)
+    prompts = prompts_for(model.target.vocab_size, (9, 14, 5))
+    r = mlx_mtp.batch_generate(model, tok, prompts, max_tokens=[12, 5, 9], max_batch=2,
+                               block_size=3, return_token_ids=True, return_logprobs=True)
+    refs = [reference_greedy(agreeing_dir, p, n) for p, n in zip(prompts, (12, 5, 9))]
+    eos = set(load_tokenizer(agreeing_dir).eos_token_ids)
+    for ids, ref in zip(r.token_ids, refs):
+        cut = next((i for i, t in enumerate(ref) if t in eos), len(ref))
+        assert ids == ref[:cut]
+    assert r.texts == [tok.decode(ids) for ids in r.token_ids]
+    assert [len(x) for x in r.logprobs] == [len(x) for x in r.token_ids]
+    assert all(v <= 0 for x in r.logprobs for v in x)
+    assert r.stats.generation_tokens == sum(len(x) for x in r.token_ids)
+    assert r.stats.prompt_tokens == 28
+    with pytest.raises(MTPError, match=r"^batch_generate takes no prompt caches"):
+        mlx_mtp.batch_generate(model, tok, prompts, return_prompt_caches=True)
+    with pytest.raises(MTPError, match=r"^batch_generate got unexpected arguments: kv_bits "):
+        mlx_mtp.batch_generate(model, tok, prompts, kv_bits=4)
+    with pytest.raises(MTPError, match=r"^max_tokens has 2 entries for 3 prompts$"):
+        mlx_mtp.batch_generate(model, tok, prompts, max_tokens=[3, 4])
