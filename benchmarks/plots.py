@@ -48,10 +48,11 @@ def check(record: dict, kind: str) -> str | None:
             "server": ("prompt", "plain_decode_tps", "mtp_decode_tps", "plain_ttft_ms",
                        "mtp_ttft_ms"),
             "trees": ("arm", "topk", "tps", "tokens_per_round", "nodes_per_round"),
-            "verify_ops": ("width", "whole_ms", "split_ms")}[kind]
+            "verify_ops": ("width", "whole_ms", "split_ms"),
+            "concurrency": ("clients", "arm", "aggregate_tps", "per_request_tps")}[kind]
     script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
               "server": "bench_server.py", "trees": "bench_trees.py",
-              "verify_ops": "verify_ops.py"}[kind]
+              "verify_ops": "verify_ops.py", "concurrency": "bench_concurrency.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
         return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
@@ -348,6 +349,33 @@ def _verify_ops(ax, r: dict) -> None:
     _title(ax, r, "verify split by op per width")
 
 
+def _concurrency(ax, r: dict, key: str, unit: str, what: str) -> None:
+    """One line per server over the concurrent clients (bench_concurrency.py)."""
+    styles = {"batched": ("mlx_mtp.server (batched)", COLORS["verify"]),
+              "serial": ("mlx_mtp.server --max-batch 1", COLORS["draft"]),
+              "mlx_lm": ("mlx_lm.server", "#8c8c8c")}
+    for arm, (label, color) in styles.items():
+        rows = [row for row in r["rows"] if row["arm"] == arm]
+        ax.plot([row["clients"] for row in rows], [row[key] for row in rows], marker="o",
+                color=color, label=label)
+    ax.set_xticks(r["levels"])
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    _title(ax, r, what)
+
+
+def _concurrency_aggregate(ax, r: dict) -> None:
+    _concurrency(ax, r, "aggregate_tps", "tok/s, all requests", "aggregate tok/s")
+
+
+def _concurrency_per_request(ax, r: dict) -> None:
+    _concurrency(ax, r, "per_request_tps", "tok/s per request (queueing included)",
+                 "per-request tok/s (median)")
+
+
 FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "mtp": [("tps", "tok/s per block size", _mtp_tps),
             ("acceptance", "per-position acceptance per block size", _mtp_acceptance),
@@ -358,6 +386,10 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "verify_ops": [("split", "the verify split by op, per width", _verify_ops)],
     "trees": [("tps", "tok/s per arm: chains and trees", _tree_tps),
               ("rounds", "tokens verified and emitted per round, per arm", _tree_rounds)],
+    "concurrency": [("aggregate", "aggregate tok/s per server over concurrent clients",
+                     _concurrency_aggregate),
+                    ("per-request", "per-request tok/s per server over concurrent clients",
+                     _concurrency_per_request)],
     "server": [("tps", "streamed decode tok/s per prompt, MTP vs --no-mtp", _server_tps),
                ("ttft", "time to first token per prompt, MTP vs --no-mtp", _server_ttft)],
 }

@@ -48,6 +48,7 @@ class BatchedSequence:
     session: Session
     progress: Progress
     out: Deque[Emitted] = field(default_factory=deque)
+    left: bool = False  # removed from the batch: no round emits for it any more
 
     @property
     def done(self) -> bool:
@@ -138,6 +139,7 @@ class BatchRounds:
 
     def remove(self, seq: BatchedSequence) -> None:
         """The sequence leaves the batch (its caches are freed with it)."""
+        seq.left = True
         if seq in self.active:
             self.active.remove(seq)
             seq.session.note_generation_time()

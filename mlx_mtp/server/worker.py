@@ -255,9 +255,10 @@ class _Member:
 
     def _pending(self) -> bool:
         """Whether reading its events now needs no round: it has not joined yet (reading
-        prefills it), its sequence has tokens to read, or nothing more to emit."""
+        prefills it), its sequence has tokens to read, or nothing more to emit (its budget is
+        out, or its reader stopped at an EOS and it left the batch)."""
         seq = self.seq
-        return seq is None or bool(seq.out) or seq.done
+        return seq is None or bool(seq.out) or seq.done or seq.left
 
     def advance(self) -> bool:
         """Emit what the job can emit without a round; False once it is over."""

@@ -142,3 +142,28 @@ def test_a_device_where_the_batch_probe_fails_serves_one_at_a_time(monkeypatch):
         "max_batch": 4, "batched": False, "active": 0,
         "reason": "one request at a time: batched rounds declined: batch-vs-alone probe: "
                   "sequence 2 of 2: skewed"}
+
+
+def test_a_request_that_ends_at_its_eos_leaves_the_batch(ckpt_root):
+    """A reader that stops at an EOS leaves the batch at once: its answer ends ("stop"), the
+    other request in the batch finishes too, and the server is idle again."""
+    from support import tiny_checkpoints as tc
+
+    from benchmarks.bench_concurrency import prompts_for
+
+    model = tc.write_agreeing_checkpoint(ckpt_root / "agreeing-eos", seed=3)
+    s = Server("--model", str(model), "--max-batch", "2")
+    try:
+        ends, other = prompts_for(2)  # the first ends at an EOS within 6 tokens here
+
+        def one(prompt):
+            return s.client.completions.create(model="m", prompt=prompt, max_tokens=6,
+                                               temperature=0).choices[0]
+
+        with ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(one, (ends, other))
+        assert first.finish_reason == "stop" and second.finish_reason == "length"
+        h = s.get("/health")
+        assert h["batch"]["active"] == 0 and h["running"] is False
+    finally:
+        s.stop()
