@@ -30,15 +30,22 @@ LABELS = {"batched": "mlx_mtp.server (batched)", "serial": "mlx_mtp.server --max
           "mlx_lm": "mlx_lm.server"}
 
 
+# mlx_lm.server with the system BLAS mlx_mtp binds (importing mlx_mtp first does it): on Linux
+# its own process would run MLX's bundled reference BLAS, many times slower.
+MLX_LM_SERVER = ("import mlx_mtp, runpy, sys; sys.argv[0] = 'mlx_lm.server'; "
+                 "runpy.run_module('mlx_lm.server', run_name='__main__')")
+
+
 class MlxLmServer:
-    """``python -m mlx_lm.server`` on a free port, up once its /v1/models answers."""
+    """``python -m mlx_lm.server`` (``MLX_LM_SERVER``) on a free port, up once its
+    /v1/models answers."""
 
     def __init__(self, model: str, startup_timeout: float = 600.0):
         import urllib.request
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", model,
+        self.proc = subprocess.Popen([sys.executable, "-c", MLX_LM_SERVER, "--model", model,
                                       "--port", str(self.port), "--log-level", "WARNING"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + startup_timeout
@@ -169,7 +176,8 @@ def main(argv=None) -> dict:
                     "--max-batch", str(args.max_batch), "--max-queue", str(most)],
         "serial": ["--model", args.model, "--block-size", args.block_size,
                    "--max-batch", "1", "--max-queue", str(most)],
-        "mlx_lm": ["python -m mlx_lm.server", "--model", args.model],
+        "mlx_lm": ["python -m mlx_lm.server (system BLAS bound as mlx_mtp binds it)", "--model",
+                   args.model],
     }
     servers = {}
     watch = common.watch(args)

@@ -27,7 +27,7 @@ from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.round_session import (Progress, Request, Session, choose_draws,
                                             open_session, start_stats)
 from mlx_mtp.decoding.round_steps import (Draft, Emitted, commit, draft, draw_rows, emit,
-                                          host_read, plan_round, prefill, record_round,
+                                          host_read, plan_round, prefill_steps, record_round,
                                           round_block, walk)
 from mlx_mtp.decoding.rounds import (checked_max_tokens, checked_prompt, resolve_block_size,
                                      start_generation)
@@ -46,14 +46,26 @@ class BatchedSequence:
     emitted that its consumer has not read yet."""
 
     session: Session
-    progress: Progress
+    joining: Optional[Iterator[None]]  # its prompt's prefill steps, until its first token
+    progress: Optional[Progress] = None  # once joined
     out: Deque[Emitted] = field(default_factory=deque)
     left: bool = False  # removed from the batch: no round emits for it any more
 
     @property
     def done(self) -> bool:
         """Every token of its budget emitted (its consumer may still be reading them)."""
-        return self.progress.emitted >= self.session.max_tokens
+        return self.progress is not None and self.progress.emitted >= self.session.max_tokens
+
+    def join_step(self) -> None:
+        """One prefill chunk; the last one also draws the first token, and it has joined."""
+        try:
+            next(self.joining)
+        except StopIteration as finished:
+            self.joining = None
+            self.progress, first = finished.value
+            gate.report_verify(self.session.model, self.stats)
+            start_generation(self.session, first[0])
+            self.out.append(first)
 
     @property
     def stats(self) -> RunStats:
@@ -107,8 +119,10 @@ class BatchRounds:
               seed: Optional[int] = None, acceptance: str = "auto",
               stats: Optional[RunStats] = None, prefill_step_size: int = 2048,
               progress: Optional[Callable[[int, int], None]] = None) -> BatchedSequence:
-        """Join a sequence: its prompt prefilled (alone) and its first token emitted. The
-        arguments are ``generate_step``'s."""
+        """A sequence joins: its prompt's first prefill chunk now (alone, as ``generate_step``
+        chunks it), each further chunk before a round, so a long prompt does not stall the
+        others; its first token is emitted with its last chunk. The arguments are
+        ``generate_step``'s."""
         if len(self.active) >= self.max_batch:
             raise MTPError(f"the batch is full ({self.max_batch} sequences)")
         model = self.model
@@ -128,12 +142,9 @@ class BatchRounds:
         stats.batch = {"max_batch": self.max_batch, "packed": True}
         session = open_session(model, make_prompt_cache(model), KVSettings(), None, drafter, draws,
                                stats, request, prompt.size)
-        progress_, first = prefill(session, prompt, request, exact=True)
+        seq = BatchedSequence(session, prefill_steps(session, prompt, request, exact=True))
+        seq.join_step()
         session.pin = False  # the batch's verify is shared
-        gate.report_verify(model, stats)
-        start_generation(session, first[0])
-        seq = BatchedSequence(session, progress_)
-        seq.out.append(first)
         self.active.append(seq)
         return seq
 
@@ -161,8 +172,11 @@ class BatchRounds:
     # ------------------------------------------------------------------------------ a round
 
     def round(self) -> None:
-        """One round for every sequence that still has tokens to emit."""
-        seqs = [s for s in self.active if not s.done]
+        """One round for every sequence that still has tokens to emit; before it, one more
+        prefill chunk of each sequence still joining."""
+        for s in [s for s in self.active if s.joining is not None]:
+            s.join_step()
+        seqs = [s for s in self.active if s.joining is None and not s.done]
         if not seqs:
             return
         target = self.model.target

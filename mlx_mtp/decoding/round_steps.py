@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Generator, Iterator, List, Optional, Tuple
 
 import mlx.core as mx
 
@@ -38,17 +38,34 @@ def prefill(session: Session, prompt: mx.array, request: Request, exact: bool
     token; KV quantization (kv_bits) after each model call, as there. ``exact`` False (byte
     identity is not kept, e.g. an overridden gate): the exactness-only fallbacks buy nothing,
     so they are skipped."""
+    steps = prefill_steps(session, prompt, request, exact)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def prefill_steps(session: Session, prompt: mx.array, request: Request, exact: bool
+                  ) -> Generator[None, None, Tuple[Progress, Emitted]]:
+    """``prefill`` a chunk at a time: yields between chunks (the prompt's last chunk and its
+    first token are one step), returns ``(progress, first output)``. ``stats.prompt_s`` counts
+    the steps' own time, not the pauses between them."""
     stats = session.stats
     report = request.progress or (lambda *_: None)
     started = time.perf_counter()
     _prepare(session, prompt, exact)
     report(0, session.prompt_len)
-    _prefill_chunks(session, prompt, request, report)
+    spent = 0.0
+    for _ in _prefill_chunks(session, prompt, request, report):
+        spent += time.perf_counter() - started
+        yield
+        started = time.perf_counter()
     hidden, token, logprobs, history, replaced = _first_token(session, prompt, request)
     report(session.prompt_len, session.prompt_len)
     token_id = token.item()
     stats.prompt_tokens = session.prompt_len
-    stats.prompt_s = time.perf_counter() - started
+    stats.prompt_s = spent + time.perf_counter() - started
     if session.turn is not None:  # the first token: like a round's bonus, yielded before it is fed
         session.turn.round_done(0, hidden[:, -1:], 0, token, replaced)
     return Progress(token, history), (token_id, logprobs[0], False)
@@ -81,8 +98,9 @@ def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
 
 
 def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
-                    report: Callable[[int, int], None]) -> None:
-    """Every prompt token but the last, ``prefill_step_size`` at a time."""
+                    report: Callable[[int, int], None]) -> Iterator[None]:
+    """Every prompt token but the last, ``prefill_step_size`` at a time; yields between
+    chunks (not after the last)."""
     target, drafter, cache = session.target, session.drafter, session.cache
     prompt_len = session.prompt_len
     start = 0
@@ -95,6 +113,8 @@ def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
         mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
         start = stop
         report(start, prompt_len)
+        if prompt_len - start > 1:
+            yield
 
 
 def _first_token(session: Session, prompt: mx.array, request: Request

@@ -193,3 +193,32 @@ def test_batch_generate_takes_mlx_lms_arguments_and_gives_each_prompts_text(agre
         mlx_mtp.batch_generate(model, tok, prompts, kv_bits=4)
     with pytest.raises(MTPError, match=r"^max_tokens has 2 entries for 3 prompts$"):
         mlx_mtp.batch_generate(model, tok, prompts, max_tokens=[3, 4])
+
+
+def test_a_long_prompt_joins_a_chunk_per_round(dense_dir):
+    """A prompt of four prefill chunks joins over the rounds of the sequence already decoding:
+    its first chunk at ``start``, one more before each round, its first token with the last;
+    the other sequence emits in every one of those rounds. Both get their greedy tokens (the
+    long one as mlx-lm decodes it with the same prefill chunks)."""
+    from mlx_lm.generate import generate_step as mlx_generate_step
+    from mlx_lm.utils import load_model as mlx_load_model
+
+    model = mlx_mtp.load_model(dense_dir)
+    V = model.target.vocab_size
+    short_prompt = prompts_for(V)[0]
+    long_prompt = [(5 * i + 2) % V for i in range(30)]  # 29 tokens before the last: 8+8+8+5
+    rounds = BatchRounds(model, 2, block_size=3)
+    short = rounds.start(mx.array(short_prompt), max_tokens=12)
+    long = rounds.start(mx.array(long_prompt), max_tokens=12, prefill_step_size=8)
+    emitted = []
+    for _ in range(3):
+        assert long.joining is not None and not long.out
+        rounds.round()
+        emitted.append(short.progress.emitted)
+    assert long.joining is None and len(long.out) >= 1
+    assert emitted[0] > 1 and emitted[1] > emitted[0] and emitted[2] > emitted[1]
+    outs = drain(rounds, [short, long])
+    assert outs[0] == reference_greedy(dense_dir, short_prompt, 12)
+    plain, _ = mlx_load_model(dense_dir)
+    assert outs[1] == [t for t, _ in mlx_generate_step(mx.array(long_prompt), plain,
+                                                       max_tokens=12, prefill_step_size=8)]
