@@ -11,6 +11,7 @@ aggregate tok/s (completion tokens over the wall time), the median per-request t
 the serial server's text for the same prompt (it decodes each request alone). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
 
     python -m benchmarks.bench_concurrency --model PATH --block-size 3
+    python -m benchmarks.bench_concurrency --render RECORD.json --summary "..."   # no run
 """
 
 from __future__ import annotations
@@ -156,15 +157,19 @@ def render(r: dict) -> str:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description="aggregate tok/s under C concurrent clients")
-    p.add_argument("--model", required=True, help="target folder (with its MTP head)")
+    p.add_argument("--model", help="target folder with its MTP head (required unless --render)")
     p.add_argument("--block-size", default="3")
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--levels", default="1,4,8,16", help="concurrent clients, comma separated")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--requests", type=int, default=1, help="requests per client")
     p.add_argument("--topic", default="concurrency-realistic-pair")
+    common.add_render_arg(p)
     common.add_record_args(p)
     args = p.parse_args(argv)
+    rendered = common.render_instead(args, p, render, "concurrency")
+    if rendered is not None:
+        return rendered
     import openai
 
     levels = [int(x) for x in args.levels.split(",")]

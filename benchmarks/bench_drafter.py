@@ -465,9 +465,7 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=32)
     common.add_prompt_args(p)
-    p.add_argument("--render", type=Path, metavar="RECORD.json",
-                   help="no run: redraw this record's pictures and link them from its .md "
-                        "(with --summary: also store it and rewrite the .md from the JSON)")
+    common.add_render_arg(p)
     common.add_record_args(p)
     args = p.parse_args(argv)
     if args.render:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from pathlib import Path
 
 import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 import mlx.core as mx
@@ -637,15 +636,12 @@ def main(argv=None):
                         "(the round split's own costs; 0: none)")
     p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
                    help="acceptance rule at temperature > 0")
-    p.add_argument("--render", type=Path, metavar="RECORD.json",
-                   help="no run: redraw this record's pictures and link them from its .md "
-                        "(with --summary: also store it and rewrite the .md from the JSON)")
+    common.add_render_arg(p)
     common.add_record_args(p, units=True)
     args = p.parse_args(argv)
-    if args.render:
-        return common.rerender_record(args.render, render, "mtp", args.summary)
-    if not args.model:
-        p.error("--model is required (or --render RECORD.json)")
+    rendered = common.render_instead(args, p, render, "mtp")
+    if rendered is not None:
+        return rendered
     try:
         args.block_sizes = [b if b == AUTO else int(b) for b in args.block_sizes.split(",")]
     except ValueError:

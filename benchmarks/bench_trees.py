@@ -22,7 +22,6 @@ import argparse
 import re
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Union
 
 import mlx_mtp  # first: binds the system BLAS before mlx.core loads
@@ -211,14 +210,12 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--synced-runs", type=int, default=1)
     common.add_prompt_args(p)
-    p.add_argument("--render", type=Path, metavar="RECORD.json",
-                   help="no run: redraw this record's pictures (with --summary: store it too)")
+    common.add_render_arg(p)
     common.add_record_args(p, units=True)
     args = p.parse_args(argv)
-    if args.render:
-        return common.rerender_record(args.render, render, "trees", args.summary)
-    if not args.model:
-        p.error("--model is required (or --render RECORD.json)")
+    rendered = common.render_instead(args, p, render, "trees")
+    if rendered is not None:
+        return rendered
     try:
         args.arms = [Arm.parse(a) for a in args.arms.split(",")]
     except ValueError as e:

@@ -259,6 +259,24 @@ def add_record_args(p: argparse.ArgumentParser, summary: bool = True, units: boo
                    help=idle.WAIT_HELP)
 
 
+def add_render_arg(p: argparse.ArgumentParser) -> None:
+    """``--render RECORD.json``: no run, the record's .md and pictures again from its JSON."""
+    p.add_argument("--render", type=Path, metavar="RECORD.json",
+                   help="no run: redraw this record's pictures and link them from its .md "
+                        "(with --summary: also store it and rewrite the .md from the JSON)")
+
+
+def render_instead(args, p: argparse.ArgumentParser, render_fn, kind: Optional[str]
+                   ) -> Optional[dict]:
+    """With ``--render``: the record rendered again (``rerender_record``), for the script to
+    return instead of running; else None, once ``--model`` is checked to be given."""
+    if args.render is not None:
+        return rerender_record(args.render, render_fn, kind, args.summary)
+    if not getattr(args, "model", None):
+        p.error("--model is required (or --render RECORD.json)")
+    return None
+
+
 def watch(args) -> idle.Watch:
     """Start the idle check before the run (refused on a busy machine, at once or after
     ``--wait-idle`` seconds, unless ``--allow-busy``)."""

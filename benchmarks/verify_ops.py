@@ -24,7 +24,6 @@ import argparse
 import statistics
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 import mlx.core as mx
@@ -190,14 +189,12 @@ def main(argv=None):
     p.add_argument("--max-width", type=int, default=6)
     p.add_argument("--reps", type=int, default=8)
     p.add_argument("--prompt", default="The river rose in the night and the people of the valley")
-    p.add_argument("--render", type=Path, metavar="RECORD.json",
-                   help="no run: redraw this record's picture (with --summary: store it too)")
+    common.add_render_arg(p)
     common.add_record_args(p, units=True)
     args = p.parse_args(argv)
-    if args.render:
-        return common.rerender_record(args.render, render, "verify_ops", args.summary)
-    if not args.model:
-        p.error("--model is required (or --render RECORD.json)")
+    rendered = common.render_instead(args, p, render, "verify_ops")
+    if rendered is not None:
+        return rendered
     if args.max_width < 1 or args.reps < 1:
         p.error("--max-width >= 1 and --reps >= 1 are required")
     watch = common.watch(args)
