@@ -170,4 +170,7 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
   retake trees-realistic-pair -- $PY -m benchmarks.bench_trees --model "$Q" \
     --arms 3,4,2t3x3,3t2x3,3t2x4 --pairs 2 --max-tokens 64 --topic trees-realistic-pair \
     "${UNITS[@]}"
+  retake concurrency-realistic-pair -- $PY -m benchmarks.bench_concurrency --model "$Q" \
+    --block-size 3 --levels 1,4,8,16 --max-tokens 64 --topic concurrency-realistic-pair \
+    --wait-idle 600
 fi

@@ -139,7 +139,6 @@ class BatchRounds:
         if not decision.mtp_enabled:
             raise MTPError(f"batched rounds: the exactness gate declined MTP: "
                            f"{decision.reason}")
-        stats.batch = {"max_batch": self.max_batch, "packed": True}
         session = open_session(model, make_prompt_cache(model), KVSettings(), None, drafter, draws,
                                stats, request, prompt.size)
         seq = BatchedSequence(session, prefill_steps(session, prompt, request, exact=True))

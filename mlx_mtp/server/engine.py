@@ -289,7 +289,11 @@ class Engine:
                     break
         finally:
             responses.close()
-        yield Finished(finish, len(ids), n, mtp_summary(stats))
+        mtp = mtp_summary(stats)
+        # whether this request decoded in the batch, and how the server batches (``/health``)
+        mtp["batched"] = on_sequence is not None
+        mtp["batch_reason"] = self.batch_reason
+        yield Finished(finish, len(ids), n, mtp)
 
 
 def _delta(segments) -> Delta:

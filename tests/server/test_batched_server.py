@@ -105,7 +105,9 @@ def test_requests_of_every_setting_share_a_batch(batched, solo, solo_texts):
     for i, r in enumerate(got):
         if i % 4 == 0:
             assert r.usage.completion_tokens == N and r.choices[0].finish_reason == "length"
-            assert r.model_extra["mtp"]["acceptance_rule"] == "speculative-sampling"
+            mtp = r.model_extra["mtp"]
+            assert mtp["acceptance_rule"] == "speculative-sampling"
+            assert mtp["batched"] is True and mtp["batch_reason"] == "up to 8 requests per round"
         elif i % 4 == 1:
             assert r == (stop_text, "stop")
         elif i % 4 == 2:
