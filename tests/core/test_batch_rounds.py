@@ -222,3 +222,38 @@ def test_a_long_prompt_joins_a_chunk_per_round(dense_dir):
     plain, _ = mlx_load_model(dense_dir)
     assert outs[1] == [t for t, _ in mlx_generate_step(mx.array(long_prompt), plain,
                                                        max_tokens=12, prefill_step_size=8)]
+
+
+SAMPLING = dict(temp=1.0, top_k=3)
+
+
+def batched_draws(model, n, settings, max_batch=8, n_tokens=4):
+    """``n`` sampled continuations of one prompt, decoded ``max_batch`` at a time in batched
+    rounds (speculative sampling, block 3), each sequence with its own seed."""
+    rounds = BatchRounds(model, max_batch, block_size=3)
+    out, rules, accepted = [], set(), 0
+    while len(out) < n:
+        seqs = [rounds.start(mx.array([5]), max_tokens=n_tokens, seed=len(out) + i,
+                             sampler=mlx_mtp.make_sampler(**settings))
+                for i in range(max_batch)]
+        out += [tuple(ids) for ids in drain(rounds, seqs)]
+        rules |= {s.stats.acceptance_rule for s in seqs}
+        accepted += sum(s.stats.accepted for s in seqs)
+    return out[:n], rules, accepted
+
+
+@pytest.mark.slow
+def test_sampled_sequences_in_a_batch_keep_plain_samplings_distribution(soft_dir, soft_model):
+    """Each sequence's continuations, sampled in batches of eight, follow plain sampling's joint
+    distribution (chi-square against the exact distribution and against mlx-lm's own draws);
+    the same test rejects draws at another temperature (its power at this sample size)."""
+    from support.chisquare import goodness_of_fit, two_sample
+    from support.plain_sampling import reference
+
+    exact, plain, _, _ = reference(soft_dir, [5], SAMPLING, 4, 20000)
+    draws, rules, accepted = batched_draws(soft_model, 304, SAMPLING)
+    assert rules == {"speculative-sampling"} and accepted > 100
+    assert two_sample(draws, plain)[2] > 1e-3
+    assert goodness_of_fit(draws, exact)[2] > 1e-3
+    colder, _, _ = batched_draws(soft_model, 304, dict(temp=0.5, top_k=3))
+    assert two_sample(colder, plain)[2] < 1e-3
