@@ -18,17 +18,22 @@ from mlx_lm.models import gemma4_text as _gemma4_text
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from mlx_mtp.models import draft_tree
+from mlx_mtp.models.packed_rows import PackedCache
 
 
 class RowKV(list):
     """Per verify row, the (keys, values) its decode step attends to; what a producer layer
-    hands its KV-shared layers inside a verify."""
+    hands its KV-shared layers inside a verify. ``positions``: each row's position, where the
+    rows are not one block from one offset (several sequences' packed rows)."""
+
+    positions = None
 
 
 class Gemma4VerifyAttention(_gemma4_text.Attention):
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None,
                  shared_kv: Optional[tuple] = None, offset: Optional[Any] = None):
-        if not (isinstance(shared_kv, RowKV) or getattr(cache, "verifying", False)):
+        if not (isinstance(shared_kv, RowKV) or getattr(cache, "verifying", False)
+                or isinstance(cache, PackedCache)):
             return super().__call__(x, mask, cache, shared_kv=shared_kv, offset=offset)
         # As gemma4_text.Attention.__call__ (mlx-lm 0.32.2), except the cache update and SDPA.
         B, L, _ = x.shape
@@ -43,15 +48,27 @@ class Gemma4VerifyAttention(_gemma4_text.Attention):
                 values = self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
             keys = self.k_norm(keys).transpose(0, 2, 1, 3)
             values = self.v_norm(values).transpose(0, 2, 1, 3)
-            if tree is None:
+            if isinstance(cache, PackedCache):  # several sequences, each at its own positions
+                positions = [part.offset + j for _, w, part in cache.segments for j in range(w)]
+                keys = self._rope_rows(keys, positions)
+                rows = RowKV()
+                for first, w, part in cache.segments:
+                    rows += part.update_rows(keys[:, :, first : first + w],
+                                             values[:, :, first : first + w])
+                rows.positions = positions
+            elif tree is None:
                 offset = mx.array(cache.offset)
                 rows = RowKV(cache.update_rows(self.rope(keys, offset=offset), values))
             else:  # a draft tree's nodes: each at its depth's position, appended along paths
                 rows = RowKV(cache.update_tree(self._rope_rows(keys, tree.positions), values,
                                                tree.paths()))
         queries = queries.transpose(0, 2, 1, 3)
-        queries = (self.rope(queries, offset=offset) if tree is None
-                   else self._rope_rows(queries, tree.positions))
+        if rows.positions is not None:
+            queries = self._rope_rows(queries, rows.positions)
+        elif tree is None:
+            queries = self.rope(queries, offset=offset)
+        else:
+            queries = self._rope_rows(queries, tree.positions)
         output = self.attend_rows(queries, rows).transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output), rows, offset
 
