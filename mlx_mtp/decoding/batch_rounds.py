@@ -205,11 +205,8 @@ class BatchRounds:
                     target.rollback(s.session.cache, fed=1, keep=1)
                 done.append((s, plan, verified))
             self._accept(feeds)
-            # Under auto each sequence's chooser is charged its share of the round (its rows
-            # over all rows): the whole round's time barely moves with one sequence's width,
-            # and a batch that is compute-bound pays for every row.
-            for (s, plan, verified), w in zip(done, widths):
-                record_round(s.session, plan, verified, share=w / sum(widths))
+            for s, plan, verified in done:
+                record_round(s.session, plan, verified)
                 s.out.extend(emit(s.session, s.progress, verified))
 
     def _draft(self, seqs: List[BatchedSequence], plans) -> List[Draft]:

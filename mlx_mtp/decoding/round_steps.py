@@ -419,16 +419,12 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
                                 progress.bonus, replaced)
 
 
-def record_round(session: Session, plan: RoundPlan, verified: Verified,
-                 share: float = 1.0) -> None:
-    """The round's wall time into the stats; the time since the choice to the chooser, times
-    ``share``: in a batched round, the sequence's share of the rows verified, the part of the
-    round it pays for."""
+def record_round(session: Session, plan: RoundPlan, verified: Verified) -> None:
+    """The round's wall time into the stats; the time since the choice to the chooser."""
     ended = time.perf_counter()
     session.stats.record_round(plan.drafts, verified.accepted, ended - plan.started)
     if session.chooser is not None and not plan.tree:  # its widths are chains'
-        session.chooser.observe(plan.drafts, verified.accepted,
-                                (ended - plan.chosen_at) * share)
+        session.chooser.observe(plan.drafts, verified.accepted, ended - plan.chosen_at)
     if session.shapes is not None and plan.drafts > 0:
         session.shapes.observe(plan.tree, verified.accepted + 1, ended - plan.chosen_at,
                                plan.drafts)

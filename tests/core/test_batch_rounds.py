@@ -257,37 +257,3 @@ def test_sampled_sequences_in_a_batch_keep_plain_samplings_distribution(soft_dir
     assert goodness_of_fit(draws, exact)[2] > 1e-3
     colder, _, _ = batched_draws(soft_model, 304, dict(temp=0.5, top_k=3))
     assert two_sample(colder, plain)[2] < 1e-3
-
-
-def test_each_chooser_is_charged_its_share_of_a_batched_round(agreeing_dir, monkeypatch):
-    """Under auto, every sequence's chooser sees the round's time times its rows over all rows
-    (``record_round``'s share), the part of the round its width adds."""
-    from types import SimpleNamespace
-
-    from mlx_mtp.decoding import batch_rounds, round_steps
-
-    shares = []
-    real = batch_rounds.record_round
-
-    def spy(session, plan, verified, share=1.0):
-        shares.append((plan.drafts + 1, share))
-        return real(session, plan, verified, share)
-
-    monkeypatch.setattr(batch_rounds, "record_round", spy)
-    model = mlx_mtp.load_model(agreeing_dir)
-    rounds = BatchRounds(model, 2)  # auto
-    prompts = prompts_for(model.target.vocab_size)[:2]
-    seqs = [rounds.start(mx.array(p), max_tokens=10) for p in prompts]
-    rounds.round()
-    (w0, s0), (w1, s1) = shares
-    assert (s0, s1) == (w0 / (w0 + w1), w1 / (w0 + w1))
-    drain(rounds, seqs)
-
-    observed = []
-    chooser = SimpleNamespace(observe=lambda d, a, t: observed.append(t))
-    session = SimpleNamespace(stats=SimpleNamespace(record_round=lambda *a: None),
-                              chooser=chooser, shapes=None)
-    plan = round_steps.RoundPlan(drafts=2, started=1.0, chosen_at=2.0)
-    monkeypatch.setattr(round_steps, "time", SimpleNamespace(perf_counter=lambda: 10.0))
-    round_steps.record_round(session, plan, SimpleNamespace(accepted=1), share=0.25)
-    assert observed == [2.0]  # (10 - 2) * 0.25
