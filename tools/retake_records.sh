@@ -173,4 +173,7 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
   retake concurrency-realistic-pair -- $PY -m benchmarks.bench_concurrency --model "$Q" \
     --block-size 3 --levels 1,4,8,16 --max-tokens 64 --topic concurrency-realistic-pair \
     --wait-idle 600
+  retake concurrency-realistic-pair-auto -- $PY -m benchmarks.bench_concurrency --model "$Q" \
+    --block-size auto --levels 1,4,8,16 --max-tokens 64 \
+    --topic concurrency-realistic-pair-auto --wait-idle 600
 fi
