@@ -105,12 +105,10 @@ class BatchRounds:
         # Packed verifies are as wide as every sequence's widest block together: their products
         # must be row-exact at those widths too.
         model.target.prepare(max_batch * self.widest)
-        self.exact = gate.allow_inexact_from_env() or None
-        if not self.exact:
+        if not gate.allow_inexact_from_env():
             reason = probe_batch(model.target, max_batch, self.widest)
             if reason is not None:
                 raise MTPError(f"batched rounds declined: batch-vs-alone probe: {reason}")
-            self.exact = True
         self.active: List[BatchedSequence] = []
 
     # ------------------------------------------------------------------------ joining, leaving
