@@ -108,22 +108,31 @@ class _CapturingGDN:
         are not read), so each row is what the chain through its ancestors gives. The stash
         keeps every path's states (``keep_path`` selects the accepted one)."""
         paths = rows.paths()
-        longest = max(len(p) for p in paths)
-        idx = mx.array([p + p[-1:] * (longest - len(p)) for p in paths], dtype=mx.uint32)
         P = len(paths)
         state_in = cache[1]
-        out, conv_end, state_end, stash = self._mix(
-            qkv[0][idx], z[0][idx], b[0][idx], a[0][idx], _repeat(conv_state, P),
-            None if state_in is None else _repeat(state_in, P), None)
-        first = {}
-        for i, p in enumerate(paths):
-            for j, node in enumerate(p):
-                first.setdefault(node, i * longest + j)
-        flat = out.reshape(P * longest, *out.shape[2:])
-        picked = flat[mx.array([first[n] for n in range(qkv.shape[1])], dtype=mx.uint32)]
+        out, conv_end, state_end, stash = self._mix_runs(
+            qkv, z, b, a, paths, _repeat(conv_state, P),
+            None if state_in is None else _repeat(state_in, P))
         cache[0], cache[1] = conv_end[:1], state_end[:1]  # a path's ends until ``keep_path``
         cache.stash = ("tree", paths, stash)
-        return picked[None]
+        return out
+
+    def _mix_runs(self, qkv, z, b, a, runs: List[List[int]], conv_state, state_in):
+        """The mixer over ``runs`` of rows (each a list of row indices, one chain from its own
+        states in ``conv_state`` / ``state_in``) as one batch, shorter runs padded with their
+        last row, whose outputs are not read: every row's output (``[1, rows, ...]``, from the
+        first run holding it), and the batch's conv and recurrent ends and stash."""
+        longest = max(len(r) for r in runs)
+        idx = mx.array([r + r[-1:] * (longest - len(r)) for r in runs], dtype=mx.uint32)
+        out, conv_end, state_end, stash = self._mix(qkv[0][idx], z[0][idx], b[0][idx],
+                                                    a[0][idx], conv_state, state_in, None)
+        first = {}
+        for i, r in enumerate(runs):
+            for j, row in enumerate(r):
+                first.setdefault(row, i * longest + j)
+        flat = out.reshape(len(runs) * longest, *out.shape[2:])
+        picked = flat[mx.array([first[n] for n in range(qkv.shape[1])], dtype=mx.uint32)]
+        return picked[None], conv_end, state_end, stash
 
     def _mix_packed(self, inputs: mx.array, cache: PackedCache) -> mx.array:
         """Several sequences' blocks (``packed_rows``): the mixer over each from its own
@@ -132,26 +141,18 @@ class _CapturingGDN:
         block and the stash its rollback selects from, as after a verify of that block alone."""
         if getattr(self, "sharding_group", None) is not None:
             raise NotImplementedError("a packed batch does not run on a tensor-split target")
-        qkv, z, b, a = self._project(inputs)
-        widths = cache.widths
-        longest = max(widths)
-        rows = [list(range(f, f + w)) + [f + w - 1] * (longest - w)
-                for f, w, _ in cache.segments]
-        idx = mx.array(rows, dtype=mx.uint32)
         if any(part[1] is None for part in cache.parts):
             raise ValueError("a packed batch's sequences must be prefilled first")
-        conv_state = mx.concatenate([part[0] for part in cache.parts], axis=0)
-        state_in = mx.concatenate([part[1] for part in cache.parts], axis=0)
-        out, _, _, (kind, *stash) = self._mix(qkv[0][idx], z[0][idx], b[0][idx], a[0][idx],
-                                              conv_state, state_in, None)
+        qkv, z, b, a = self._project(inputs)
+        out, _, _, (kind, *stash) = self._mix_runs(
+            qkv, z, b, a, [list(range(f, f + w)) for f, w, _ in cache.segments],
+            mx.concatenate([part[0] for part in cache.parts], axis=0),
+            mx.concatenate([part[1] for part in cache.parts], axis=0))
         for s, (_, w, part) in enumerate(cache.segments):
             part.stash = (kind, *(_row(x, s) for x in stash))
             self.rewind(part, w)  # the states after its own block (selected, or replayed)
             part.advance(w)
-        keep = mx.array([s * longest + j for s, w in enumerate(widths) for j in range(w)],
-                        dtype=mx.uint32)
-        picked = out.reshape(len(widths) * longest, *out.shape[2:])[keep]
-        return self.out_proj(picked.reshape(1, sum(widths), -1))
+        return self.out_proj(out.reshape(1, inputs.shape[1], -1))
 
     def keep_path(self, cache: SpecArraysCache, path: List[int]) -> None:
         """After a tree verify, the states after the nodes ``path`` (root first); the stash
