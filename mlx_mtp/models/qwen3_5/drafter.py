@@ -8,6 +8,7 @@ embedding and LM head and keeps its own KV cache, whose offset always equals the
 from __future__ import annotations
 
 from contextlib import contextmanager
+from itertools import accumulate
 from typing import List, Optional
 
 import mlx.core as mx
@@ -232,11 +233,11 @@ class QwenMTPDrafter(DrafterDefaults):
         g = [d.first_draft_hidden for d in drafters]
         for step in range(1, max(drafts)):
             live = [s for s, k in enumerate(drafts) if k > step]
-            rows, toks = _packed_step(drafters, live, mx.concatenate([ids[s][-1] for s in live]),
+            last, toks = _packed_step(drafters, live, mx.concatenate([ids[s][-1] for s in live]),
                                       mx.concatenate([g[s] for s in live], axis=1), [1] * len(live))
             for r, s in enumerate(live):
                 ids[s].append(toks[r : r + 1])
-                g[s] = rows[:, r : r + 1]
+                g[s] = last[r : r + 1][None]
         for d, k in zip(drafters, drafts):
             d.in_round = k - 1
         return [mx.concatenate(x) for x in ids]
@@ -251,14 +252,12 @@ class QwenMTPDrafter(DrafterDefaults):
                 c.trim(d.in_round)
             d.in_round = 0
         widths = [ids.shape[0] for ids in next_ids]
-        rows, toks = _packed_step(drafters, list(range(len(drafters))),
+        last, toks = _packed_step(drafters, list(range(len(drafters))),
                                   mx.concatenate(next_ids), mx.concatenate(hidden, axis=1),
                                   widths)
-        last = 0
-        for s, (d, w) in enumerate(zip(drafters, widths)):
-            last += w
+        for s, d in enumerate(drafters):
             d.first_draft = toks[s : s + 1]
-            d.first_draft_hidden = rows[:, last - 1 : last]
+            d.first_draft_hidden = last[s : s + 1][None]
             d.first_draft_logits = None  # projected again where a tree or a sampler needs it
 
     # -- prompt caches across turns (mlx_mtp.io.prompt_cache) ------------------------------------
@@ -314,15 +313,15 @@ def _attending_by_rows(head: MTPHead):
 
 def _packed_step(drafters: List[QwenMTPDrafter], members: List[int], ids: mx.array,
                  hidden: mx.array, widths: List[int]):
-    """The head over the packed rows of ``drafters[members]`` (``widths`` rows each): its
-    output rows ``[1, sum(widths), H]`` and each sequence's argmax id after its last row."""
+    """The head over the packed rows of ``drafters[members]`` (``widths`` rows each): each
+    sequence's last output row (``[len(members), H]``) and the argmax id after it."""
     d = drafters[0]
     caches = packed_caches([drafters[s].cache for s in members], widths)
     with _attending_by_rows(d.head):
         rows = d.head(d.target.embed(ids[None]), hidden, caches)
-    last = mx.array([sum(widths[: i + 1]) - 1 for i in range(len(widths))], dtype=mx.uint32)
-    toks, _ = d.lm.argmax(rows[0][last], d.profiler)
-    return rows, toks
+    last = rows[0][mx.array(list(accumulate(widths)), dtype=mx.uint32) - 1]
+    toks, _ = d.lm.argmax(last, d.profiler)
+    return last, toks
 
 
 def _entries(f: int, search: draft_tree.TreeSearch, entry: dict) -> List[int]:
