@@ -10,13 +10,13 @@ from conftest import reference_greedy
 from mlx_lm.generate import batch_generate as mlx_batch_generate
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc
+from support.packed import assert_packed_verify_equals_alone
 from support.perturbed import one_ulp
 
 import mlx_mtp
 from mlx_mtp import MTPError
 from mlx_mtp.decoding.batch_rounds import BatchRounds
 from mlx_mtp.exactness import batch_vs_alone
-from mlx_mtp.exactness.row_exact import bitwise_equal
 
 SLOW_KINDS = [pytest.param(k, marks=pytest.mark.slow) for k in ("moe", "tied", "next", "wide")]
 
@@ -59,31 +59,7 @@ def test_a_packed_verify_equals_each_sequence_alone(kind, request):
     V = target.vocab_size
     prompts = prompts_for(V, (9, 14, 5))
     blocks = [[(11 * i + s) % V for i in range(w)] for s, w in enumerate((3, 1, 4))]
-
-    def prefilled(prompt):
-        cache = target.make_cache()
-        target.hidden(mx.array(prompt)[None], cache)
-        return cache
-
-    alone = []
-    for prompt, block in zip(prompts, blocks):
-        cache = prefilled(prompt)
-        logits = target.logits(target.verify(mx.array(block)[None], cache)[0])
-        target.rollback(cache, len(block), 1)
-        alone.append((logits, target.cache_state(cache)))
-    caches = [prefilled(p) for p in prompts]
-    hidden = target.verify_batch([mx.array(b) for b in blocks], caches)
-    assert [h.shape[1] for h in hidden] == [3, 1, 4]
-    logits = target.logits(mx.concatenate(hidden, axis=1)[0])
-    first = 0
-    for s, (block, (ref, ref_state), cache) in enumerate(zip(blocks, alone, caches)):
-        w = len(block)
-        assert bitwise_equal(logits[first : first + w], ref), (kind, s)
-        first += w
-        target.rollback(cache, w, 1)
-        state = target.cache_state(cache)
-        assert len(state) == len(ref_state)
-        assert all(bitwise_equal(a, b) for a, b in zip(state, ref_state)), (kind, s)
+    assert_packed_verify_equals_alone(target, prompts, blocks, kind)
 
 
 def test_the_probe_passes_here_and_names_a_skewed_row(dense_dir, monkeypatch):

@@ -6,11 +6,11 @@ output for every sequence."""
 import mlx.core as mx
 import pytest
 from conftest import reference_greedy
+from support.packed import assert_packed_verify_equals_alone
 from support.tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp
 from mlx_mtp.decoding.batch_rounds import BatchRounds
-from mlx_mtp.exactness.row_exact import bitwise_equal
 
 SLOW = [pytest.param(k, marks=pytest.mark.slow) for k in ("31b", "26b")]
 # a prompt inside the window, one that crosses it while decoding, one longer than it
@@ -30,29 +30,7 @@ def test_a_packed_verify_equals_each_sequence_alone(kind, ckpts):
     target.prepare(8)
     blocks = [[(13 * i + s) % target.vocab_size for i in range(w)]
               for s, w in enumerate((3, 1, 4))]
-
-    def prefilled(prompt):
-        cache = target.make_cache()
-        target.hidden(mx.array(prompt)[None], cache)
-        return cache
-
-    alone = []
-    for prompt, block in zip(PROMPTS, blocks):
-        cache = prefilled(prompt)
-        logits = target.logits(target.verify(mx.array(block)[None], cache)[0])
-        target.rollback(cache, len(block), 1)
-        alone.append((logits, target.cache_state(cache)))
-    caches = [prefilled(p) for p in PROMPTS]
-    hidden = target.verify_batch([mx.array(b) for b in blocks], caches)
-    logits = target.logits(mx.concatenate(hidden, axis=1)[0])
-    first = 0
-    for s, (block, (ref, ref_state), cache) in enumerate(zip(blocks, alone, caches)):
-        assert bitwise_equal(logits[first : first + len(block)], ref), (kind, s)
-        first += len(block)
-        target.rollback(cache, len(block), 1)
-        state = target.cache_state(cache)
-        assert len(state) == len(ref_state)
-        assert all(bitwise_equal(a, b) for a, b in zip(state, ref_state)), (kind, s)
+    assert_packed_verify_equals_alone(target, PROMPTS, blocks, kind)
 
 
 @pytest.mark.parametrize("kind", ["e2b"] + SLOW)
