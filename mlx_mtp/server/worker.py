@@ -38,6 +38,18 @@ class ServerError(Exception):
     """An unexpected failure while serving one request (500); the server keeps serving."""
 
 
+def answer_for(error: Exception, started: bool) -> Exception:
+    """What a client gets for its request failing with ``error`` (inside the ``except``):
+    a bad request is a 4xx; the library refusing the request's settings (e.g. top_k) too, unless
+    tokens were already sent; anything else is logged and answered as a 500."""
+    if isinstance(error, RequestError):
+        return error
+    if isinstance(error, MTPError):
+        return RequestError(str(error)) if not started else ServerError(str(error))
+    logger.exception("request failed")
+    return ServerError(f"generation failed: {type(error).__name__}: {error}")
+
+
 class Job:
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
         self.request = request
@@ -179,15 +191,10 @@ class Worker:
             for event in self._events(job.request, ids, stop):
                 started = True
                 job.emit(event)
-        except RequestError as e:
-            job.emit(e)
         except self.fatal:
             raise
-        except MTPError as e:  # the library refused the request's settings (e.g. top_k)
-            job.emit(RequestError(str(e)) if not started else ServerError(str(e)))
         except Exception as e:
-            logger.exception("request failed")
-            job.emit(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+            job.emit(answer_for(e, started))
 
     # ------------------------------------------------------------------------- batched rounds
 
@@ -273,15 +280,8 @@ class _Member:
         except StopIteration:
             self.close()
             return False
-        except RequestError as e:
-            self.fail(e)
-            return False
-        except MTPError as e:  # the library refused the request's settings (e.g. top_k)
-            self.fail(RequestError(str(e)) if not self.started else ServerError(str(e)))
-            return False
         except Exception as e:
-            logger.exception("request failed")
-            self.fail(ServerError(f"generation failed: {type(e).__name__}: {e}"))
+            self.fail(answer_for(e, self.started))
             return False
         return True
 
