@@ -29,6 +29,10 @@ Why the text does not repeat: f is a random function of 128k ids, whose orbits r
 steps before they cycle, and the context's flips move the text off an orbit. The records report
 each output's share of distinct 4-grams, so this is checked, not assumed.
 
+This pair's text uses every id about equally often. ``--zipf S`` (Qwen3.5 only) gives it real
+token statistics instead: ids chosen about rank^-S as often, the next token a function of the
+last three (``benchmarks.realistic_zipf`` says how, and writes draft vocabularies for it).
+
 The tokenizer is the demo pair's byte-level BPE (8k ids) extended with decode-only ids up to the
 vocabulary size, so prompts are text and outputs decode (mostly to ``<x123>``-style ids).
 """
@@ -47,7 +51,7 @@ from typing import Dict
 import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 
-from benchmarks import common, realistic_gemma4
+from benchmarks import common, realistic_gemma4, realistic_zipf
 from mlx_mtp.demo import demo_path
 
 CALIBRATION_PROMPTS = ("def parse(line):\n    ", "The river rose in the night and ",
@@ -149,6 +153,9 @@ class _Weights:
         self.attention(p, 0.0)
         self.mlp(p, 0.0)
         mx.eval(self.w)
+        if a.zipf is not None:
+            self.key, k = mx.random.split(self.key)
+            realistic_zipf.apply(self.w, a, layer_types, a.zipf, k)
         return self.w
 
 
@@ -187,6 +194,7 @@ def write_pair(out: Path, a, scale: float) -> Path:
     n = sum(v.size for v in weights.values())
     (out / "realistic_pair.json").write_text(json.dumps(
         {"family": a.family, "residual_scale": scale, "seed": a.seed, "parameters": n,
+         "zipf": a.zipf,
          "command": common.command_line()}, indent=1))
     return out
 
@@ -277,6 +285,10 @@ def parse_args(argv=None):
     p.add_argument("--sliding-window", type=int, default=512, help="gemma4 only")
     p.add_argument("--assistant-intermediate", type=int, default=2048, help="gemma4 only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--zipf", type=float, default=None, metavar="S",
+                   help="qwen3_5 only: token frequencies that fall as rank^-S, as real text's do "
+                        "(about 1), the next token depending on the last two "
+                        "(benchmarks.realistic_zipf); default: every id about equally often")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--first-draft-acceptance", type=float, default=0.9,
                      help="find the residual scale that gives this first-draft acceptance "
@@ -291,6 +303,9 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.vocab < 8192:
         sys.exit("error: --vocab must be at least 8192 (the demo tokenizer's ids)")
+    if a.zipf is not None and (a.family != "qwen3_5" or a.zipf <= 0 or a.layers < 8):
+        sys.exit("error: --zipf takes an exponent > 0, with --family qwen3_5 and --layers of at "
+                 "least 8 (it rewrites the first two full-attention layers)")
     t0 = time.perf_counter()
     scale = a.residual_scale if a.residual_scale is not None else calibrate(a.out, a)
     write_pair(a.out, a, scale)

@@ -8,10 +8,8 @@ import json
 import pytest
 
 from benchmarks import realistic_pair
-
-SMALL = ["--hidden", "128", "--layers", "4", "--vocab", "12288", "--intermediate", "256",
-         "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--linear-key-heads", "2",
-         "--linear-value-heads", "2", "--linear-key-dim", "32", "--linear-value-dim", "32"]
+from support.realistic_shapes import QWEN_SMALL as SMALL
+from support.realistic_shapes import ZIPF_SMALL
 
 
 def test_a_small_scale_pair_agrees_and_its_text_does_not_loop(tmp_path):
@@ -86,3 +84,49 @@ def test_gemma4_calibration_sets_the_scale_on_the_loaded_target_as_a_written_pai
         realistic_pair.write_pair(tmp_path / "b", args, scale)
         written.append(realistic_pair.first_draft_acceptance(tmp_path / "b", "gemma4"))
     assert in_place == written and written[0] > written[1]
+
+
+def test_a_zipf_pair_drafts_exactly_without_noise_and_its_choices_follow_zipf(tmp_path):
+    """With (almost) no context noise the head computes the target's next token from the last
+    three at every depth, and the target's choices after random contexts fall in the top quarter
+    of the frequency ranks about as often as Zipf's law says (a uniform pair: a quarter). At this
+    small size the noiseless text loops; records check the full-size pair's text."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step as plain_step
+
+    import mlx_mtp
+    from benchmarks import realistic_zipf
+    from mlx_mtp.decoding.stats import RunStats
+
+    out = tmp_path / "pair"
+    assert realistic_pair.main([str(out), *ZIPF_SMALL, "--zipf", "1.0",
+                                "--residual-scale", "1e-6"]) == 0
+    assert json.loads((out / "realistic_pair.json").read_text())["zipf"] == 1.0
+    model, tokenizer = mlx_mtp.load(str(out))
+    emitted = []
+    for prompt in ("abc", "The river rose", "def f(x):"):
+        stats = RunStats()
+        ids = [t for t, _ in mlx_mtp.generate_step(mx.array(tokenizer.encode(prompt)), model,
+                                                   max_tokens=96, block_size=4, stats=stats)]
+        assert stats.per_position_acceptance == [1.0, 1.0, 1.0]
+        emitted += ids
+    plain = [int(t) for t, _ in plain_step(mx.array(tokenizer.encode("abc")), model.mlx_model,
+                                           max_tokens=96)]
+    assert emitted[:96] == plain
+
+    head = mx.load(str(out / "model.safetensors"))["lm_head.weight"]
+    u = realistic_zipf.Layout(128, 64).u
+    rank = mx.argsort(mx.argsort(-head[:, u]))  # 0 = the largest bias
+    assert int(rank[0]) == 12287  # EOS is the rarest id
+    context = mx.random.randint(1, 12288, (1, 512), key=mx.random.key(1))
+    choices = mx.argmax(model.mlx_model(context)[0], axis=-1)
+    top_quarter = (rank[choices] < 12288 // 4).mean().item()
+    assert abs(top_quarter - realistic_zipf.zipf_share(12288 // 4, 12288, 1.0)) < 0.05
+
+
+def test_zipf_needs_two_attention_layers_and_the_qwen_family(tmp_path, capsys):
+    for bad in (["--layers", "4"], ["--family", "gemma4"], ["--zipf", "0"]):
+        with pytest.raises(SystemExit, match="--zipf takes an exponent > 0"):
+            realistic_pair.main([str(tmp_path / "x"), *ZIPF_SMALL, "--zipf", "1.0", *bad,
+                                 "--residual-scale", "0.1"])
+        assert not (tmp_path / "x").exists()
