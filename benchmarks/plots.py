@@ -49,10 +49,13 @@ def check(record: dict, kind: str) -> str | None:
                        "mtp_ttft_ms"),
             "trees": ("arm", "topk", "tps", "tokens_per_round", "nodes_per_round"),
             "verify_ops": ("width", "whole_ms", "split_ms"),
-            "concurrency": ("clients", "arm", "aggregate_tps", "per_request_tps")}[kind]
+            "concurrency": ("clients", "arm", "aggregate_tps", "per_request_tps"),
+            "draft_vocab": ("arm", "block_size", "vocab", "tps", "per_position_acceptance",
+                            "text_coverage")}[kind]
     script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
               "server": "bench_server.py", "trees": "bench_trees.py",
-              "verify_ops": "verify_ops.py", "concurrency": "bench_concurrency.py"}[kind]
+              "verify_ops": "verify_ops.py", "concurrency": "bench_concurrency.py",
+              "draft_vocab": "bench_draft_vocab.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
         return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
@@ -376,6 +379,50 @@ def _concurrency_per_request(ax, r: dict) -> None:
                  "per-request tok/s (median)")
 
 
+def _vocab_groups(r: dict):
+    """(block sizes, vocabularies in row order, row per (block, vocabulary))."""
+    rows = r["rows"]
+    blocks = list(dict.fromkeys(row["block_size"] for row in rows))
+    vocabs = list(dict.fromkeys(row["vocab"] for row in rows))
+    return blocks, vocabs, {(row["block_size"], row["vocab"]): row for row in rows}
+
+
+def _vocab_bars(ax, r: dict, value, ylabel: str, what: str, line=None) -> None:
+    """One group of bars per block size, one bar per vocabulary (bench_draft_vocab.py)."""
+    blocks, vocabs, at = _vocab_groups(r)
+    width = 0.8 / len(vocabs)
+    cmap = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
+    top = 0.0
+    for j, v in enumerate(vocabs):
+        xs = [i + (j - (len(vocabs) - 1) / 2) * width for i in range(len(blocks))]
+        ys = [value(at[(b, v)]) if (b, v) in at else 0.0 for b in blocks]
+        top = max([top, *ys])
+        ax.bar(xs, ys, width=width, color=cmap[j % len(cmap)],
+               label=v if v == "full" else f"{v} ids")
+    if line is not None:
+        ax.axhline(line[0], color="#8c8c8c", linestyle="--", label=line[1])
+        top = max(top, line[0])
+    ax.set_xticks(list(range(len(blocks))))
+    ax.set_xticklabels([f"block {b}" for b in blocks])
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, top * 1.3 or 1.0)
+    ax.legend(fontsize=8, loc="upper left", ncol=min(len(vocabs) + 1, 4))
+    ax.grid(axis="y", alpha=0.3)
+    _title(ax, r, what)
+
+
+def _vocab_tps(ax, r: dict) -> None:
+    _vocab_bars(ax, r, lambda row: row["tps"], "tok/s (median)",
+                "tok/s per draft vocabulary",
+                (r["plain_tps"], f"plain decode {r['plain_tps']:.1f} tok/s"))
+
+
+def _vocab_acceptance(ax, r: dict) -> None:
+    _vocab_bars(ax, r, lambda row: row["per_position_acceptance"][0],
+                "first draft accepted (share of rounds)",
+                "first-draft acceptance per draft vocabulary")
+
+
 FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "mtp": [("tps", "tok/s per block size", _mtp_tps),
             ("acceptance", "per-position acceptance per block size", _mtp_acceptance),
@@ -386,6 +433,9 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
     "verify_ops": [("split", "the verify split by op, per width", _verify_ops)],
     "trees": [("tps", "tok/s per arm: chains and trees", _tree_tps),
               ("rounds", "tokens verified and emitted per round, per arm", _tree_rounds)],
+    "draft_vocab": [("tps", "tok/s per block size and draft vocabulary", _vocab_tps),
+                    ("acceptance", "first-draft acceptance per block size and draft vocabulary",
+                     _vocab_acceptance)],
     "concurrency": [("aggregate", "aggregate tok/s per server over concurrent clients",
                      _concurrency_aggregate),
                     ("per-request", "per-request tok/s per server over concurrent clients",
