@@ -177,3 +177,15 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --block-size auto --levels 1,4,8,16 --max-tokens 64 \
     --topic concurrency-realistic-pair-auto --wait-idle 600
 fi
+
+# The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when
+# $REALISTIC_PAIRS holds them (built by `python -m benchmarks.realistic_pair $REALISTIC_PAIRS/zipf
+# --zipf 1` and `python -m benchmarks.realistic_zipf $REALISTIC_PAIRS/zipf
+# $REALISTIC_PAIRS/zipf-vocab --sizes 8192,16384,32768,65536`).
+if [ -n "${REALISTIC_PAIRS:-}" ]; then
+  Z="$REALISTIC_PAIRS/zipf"
+  V="$REALISTIC_PAIRS/zipf-vocab"
+  retake draft-vocab-zipf-pair -- $PY -m benchmarks.bench_draft_vocab --model "$Z" \
+    --draft-vocabs "$V/8192" "$V/16384" "$V/32768" "$V/65536" --block-sizes 3,4 --pairs 2 \
+    --max-tokens 64 --topic draft-vocab-zipf-pair "${UNITS[@]}"
+fi
