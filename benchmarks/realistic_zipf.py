@@ -31,6 +31,8 @@ Draft vocabularies for such a pair: ``python -m benchmarks.realistic_zipf PAIR O
 counts of a corpus drawn from the pair's language (Zipf's law over its ranks, 10M ids by
 default), as ``mlx_mtp.draft_vocab build`` does from a text corpus; a text corpus cannot name the
 pair's ids past the demo tokenizer's 8k (they decode to ``<xN>`` and do not encode back).
+``--ship SIZE`` also copies one into the pair's ``mtp/draft_vocab/``, which the loader uses
+unless told otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -261,6 +264,9 @@ def main(argv=None) -> int:
     p.add_argument("--corpus-tokens", type=int, default=10_000_000,
                    help="ids in the drawn corpus (default 10M)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ship", type=int, default=None, metavar="SIZE",
+                   help="also copy the sidecar of SIZE ids into the pair's mtp/draft_vocab/, "
+                        "which the loader uses by default (as a converted checkpoint ships one)")
     a = p.parse_args(argv)
     try:
         sizes = [int(s) for s in a.sizes.split(",")]
@@ -268,9 +274,17 @@ def main(argv=None) -> int:
         p.error(f"--sizes: expected comma-separated integers, got {a.sizes!r}")
     if a.corpus_tokens < 1:
         p.error(f"--corpus-tokens must be >= 1, got {a.corpus_tokens}")
+    if a.ship is not None and a.ship not in sizes:
+        p.error(f"--ship: {a.ship} is not one of --sizes {a.sizes}")
     for w in write_draft_vocabs(a.pair, a.out, sizes, a.corpus_tokens, a.seed):
         print(f"wrote {w['out']}: {w['size']} ids covering {100 * w['coverage']:.1f}% of the "
               f"corpus")
+    if a.ship is not None:
+        from mlx_mtp.models.qwen3_5.loading import EMBEDDED_DRAFT_VOCAB
+
+        shipped = a.pair / EMBEDDED_DRAFT_VOCAB
+        shutil.copytree(a.out / str(a.ship), shipped, dirs_exist_ok=True)
+        print(f"copied {a.out / str(a.ship)} to {shipped}")
     return 0
 
 

@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     b = sub.add_parser("build", help="most frequent target ids over a calibration corpus")
     b.add_argument("--model", required=True, help="local folder or Hugging Face repo id")
-    b.add_argument("--size", type=positive_int, required=True, help="ids in the draft vocabulary")
+    b.add_argument("--size", type=positive_int, default=None,
+                   help="ids in the draft vocabulary (default: 32768, at most a quarter of the "
+                        "target's vocabulary)")
     b.add_argument("--corpus", type=Path, nargs="+", required=True, help="UTF-8 text files")
     b.add_argument("--out", type=Path, required=True, help="sidecar folder to write")
     b.add_argument("--generate-tokens", type=int, default=0,

@@ -17,7 +17,7 @@ def zipf_pair(tmp_path_factory):
     assert realistic_pair.main([str(pair), *SMALL, "--zipf", "1.0", "--residual-scale",
                                 "0.02"]) == 0
     assert realistic_zipf.main([str(pair), str(root / "vocab"), "--sizes", "1024,3072",
-                                "--corpus-tokens", "200000"]) == 0
+                                "--corpus-tokens", "200000", "--ship", "3072"]) == 0
     return pair, root / "vocab"
 
 
@@ -41,6 +41,10 @@ def test_sidecars_keep_the_most_frequent_ids_of_the_drawn_corpus(zipf_pair):
             realistic_zipf.zipf_share(size, 12288, 1.0), abs=0.03)
         covered.append(meta["coverage"])
     assert covered[0] < covered[1]
+    # --ship: the loader drafts over the shipped sidecar by default
+    assert np.array_equal(np.asarray(model.drafter.lm.ids),
+                          np.asarray(vocab_reduction.load_ids(vocab / "3072", tokenizer,
+                                                              model.target)))
 
 
 def test_sidecars_need_a_zipf_pair_and_sizes_below_the_vocabulary(zipf_pair, tmp_path):
@@ -49,6 +53,9 @@ def test_sidecars_need_a_zipf_pair_and_sizes_below_the_vocabulary(zipf_pair, tmp
     realistic_pair.main([str(plain), *SMALL, "--residual-scale", "0.02"])
     with pytest.raises(SystemExit, match="is not a --zipf pair"):
         realistic_zipf.main([str(plain), str(tmp_path / "v")])
+    with pytest.raises(SystemExit) as e:
+        realistic_zipf.main([str(pair), str(tmp_path / "v"), "--sizes", "1024", "--ship", "2048"])
+    assert e.value.code == 2
     with pytest.raises(SystemExit, match=r"--sizes must lie between 1 and 12287, got \[12288\]"):
         realistic_zipf.main([str(pair), str(tmp_path / "v"), "--sizes", "12288"])
     assert not (tmp_path / "v").exists()

@@ -80,6 +80,19 @@ def test_build_picks_the_most_frequent_ids(capsys, dense_dir, corpus, tmp_path):
     assert result["out"] == str(tmp_path / "v") and result["size"] == SIZE
 
 
+def test_build_without_a_size_keeps_32768_ids_or_a_quarter_of_a_smaller_vocabulary(
+        capsys, dense_dir, corpus, tmp_path):
+    argv = ["build", "--model", str(dense_dir), "--out", str(tmp_path / "v"), "--json",
+            "--corpus", *map(str, corpus)]
+    assert draft_vocab_cli.main(argv) == 0
+    tok = load_tokenizer(dense_dir)
+    want, _ = expected_ids(tok, [f.read_text() for f in corpus], size=80)  # 320 ids / 4
+    assert mx.load(str(tmp_path / "v" / "draft_vocab.safetensors"))["ids"].tolist() == want
+    assert json.loads(capsys.readouterr().out)["size"] == 80
+    assert [draft_vocab.default_size(v) for v in (248320, 131072, 32768, 8192, 3)] == \
+        [32768, 32768, 8192, 2048, 1]
+
+
 def test_build_counts_the_targets_own_generations(capsys, dense_dir, corpus, tmp_path):
     code, out = build(capsys, dense_dir, tmp_path / "v", corpus, "--generate-tokens", "12",
                       "--generate-prompts", "2")

@@ -10,7 +10,7 @@ folder beside the drafter:
                            and a fingerprint of the LM head the rows come from, how it was built
 
 Build (the CLI: ``mlx_mtp/draft_vocab.py``):
-``python -m mlx_mtp.draft_vocab build --model M --size N --corpus FILES --out DIR``
+``python -m mlx_mtp.draft_vocab build --model M [--size N] --corpus FILES --out DIR``
 (``--generate-tokens T`` also counts the target's own greedy continuations of corpus paragraphs).
 A sidecar that is absent, or was built for another tokenizer or LM head, falls back to the full
 head with one warning.
@@ -36,6 +36,14 @@ VERSION = 1
 META_FILE = "draft_vocab.json"
 TENSOR_FILE = "draft_vocab.safetensors"
 FINGERPRINT_ROWS = 256
+# The size when none is asked: 32768 ids (at most a quarter of the vocabulary). On a realistic
+# pair with Zipf token statistics and a 128k vocabulary it drafted fastest of 8k-64k at blocks 3
+# and 4 (docs/models.md, "Reduced draft vocabulary").
+DEFAULT_SIZE = 32768
+
+
+def default_size(vocab: int) -> int:
+    return max(1, min(DEFAULT_SIZE, vocab // 4))
 PROMPT_TOKENS = 64  # corpus paragraphs are cut to this many tokens as generation prompts
 
 logger = logging.getLogger("mlx_mtp")
@@ -148,9 +156,13 @@ def write_sidecar(out: Path, ids: np.ndarray, meta: dict) -> None:
                                             indent=1))
 
 
-def build(model, tokenizer, *, size: int, corpus: List[Path], out: Path,
+def build(model, tokenizer, *, size: Optional[int], corpus: List[Path], out: Path,
           generate_tokens: int = 0, generate_prompts: int = 8) -> dict:
+    """Count the corpus (and the target's generations) and write the ``size`` most frequent
+    ids (None: ``default_size``) as a sidecar in ``out``."""
     vocab = model.target.vocab_size
+    if size is None:
+        size = default_size(vocab)
     if not 1 <= size < vocab:
         raise MTPError(f"--size must be between 1 and {vocab - 1} (the target's vocabulary has "
                        f"{vocab} ids), got {size}")
