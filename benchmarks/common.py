@@ -177,8 +177,9 @@ def nbytes(module, skip=()) -> int:
 def step_bytes(model) -> dict:
     """Weight bytes one decode step must read: the target (its input embedding is a row lookup,
     unless tied, when it is also the LM head) and one drafter step: the Qwen head and the LM head
-    it borrows, or the Gemma 4 assistant with its own head (with the centroid head, only the
-    ``top_k`` of ``num_centroids`` clusters of that head a step ranks)."""
+    it borrows (with a draft vocabulary, only its rows), or the Gemma 4 assistant with its own
+    head (with the centroid head, only the ``top_k`` of ``num_centroids`` clusters of that head
+    a step ranks)."""
     from mlx.utils import tree_flatten
 
     target = model.target
@@ -191,8 +192,15 @@ def step_bytes(model) -> dict:
     out = {"target_step_bytes": target_step, "lm_head_bytes": lm_head}
     drafter = model.drafter
     if drafter is not None and hasattr(drafter, "head"):
-        out["drafter_step_bytes"] = nbytes(drafter.head) + lm_head
-        out["drafter_step_reads"] = "head + borrowed LM head"
+        lm = getattr(drafter, "lm", None)
+        if lm is not None and lm.ids is not None:
+            rows = lm.tensors.nbytes
+            out["drafter_step_bytes"] = nbytes(drafter.head) + rows
+            out["drafter_step_reads"] = (f"head + the LM head's {lm.ids.size} draft-vocabulary "
+                                         f"rows {rows / 1e6:.1f} MB")
+        else:
+            out["drafter_step_bytes"] = nbytes(drafter.head) + lm_head
+            out["drafter_step_reads"] = "head + borrowed LM head"
     elif drafter is not None and hasattr(drafter, "assistant"):
         a = drafter.assistant
         read = nbytes(a)

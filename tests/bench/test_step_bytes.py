@@ -16,6 +16,21 @@ def test_the_qwen_head_reads_its_weights_and_the_borrowed_lm_head(dense_dir):
     assert got["drafter_step_reads"] == "head + borrowed LM head"
 
 
+def test_a_draft_vocabulary_reads_only_its_rows(tmp_path):
+    """The demo pair ships a 4096-id draft vocabulary: a step reads the head and 4096 of the
+    LM head's 8192 rows (stored transposed, float32 after the cast)."""
+    from mlx_mtp.demo import demo_path
+
+    model = mlx_mtp.load_model(str(demo_path()))
+    got = step_bytes(model)
+    rows = model.drafter.lm.tensors.nbytes
+    hidden = model.target.args.hidden_size
+    assert rows == 4096 * hidden * model.drafter.lm.tensors.weight.itemsize
+    assert got["drafter_step_bytes"] == nbytes(model.drafter.head) + rows
+    assert got["drafter_step_reads"] == \
+        f"head + the LM head's 4096 draft-vocabulary rows {rows / 1e6:.1f} MB"
+
+
 @pytest.mark.parametrize("kind", ["31b", "e2b"])
 def test_the_gemma4_assistant_reads_itself_and_only_the_ranked_clusters(tmp_path_factory, kind):
     pair = Checkpoints(tmp_path_factory)
