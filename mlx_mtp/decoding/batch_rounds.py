@@ -22,6 +22,7 @@ from typing import Callable, Deque, Iterator, List, Optional
 
 import mlx.core as mx
 
+from mlx_mtp import config
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding import keyed_sampling, sampling
 from mlx_mtp.decoding.batch_widths import BatchWidths
@@ -113,7 +114,8 @@ class BatchRounds:
                 raise MTPError(f"batched rounds declined: batch-vs-alone probe: {reason}")
         self.active: List[BatchedSequence] = []
         # under auto, the batch caps each sequence's chooser by the rows' cost to the whole batch
-        self.widths = BatchWidths() if block_size == AUTO else None
+        self.widths = (BatchWidths() if block_size == AUTO and config.flag("MLX_MTP_BATCH_WIDTHS")
+                       else None)
 
     # ------------------------------------------------------------------------ joining, leaving
 

@@ -72,6 +72,18 @@ def agreeing_dir(ckpt_root):
     return tc.write_agreeing_checkpoint(ckpt_root / "agreeing-widths", seed=3)
 
 
+def test_only_auto_batches_are_capped_and_the_setting_turns_it_off(agreeing_dir, monkeypatch):
+    model = mlx_mtp.load_model(agreeing_dir)
+    assert isinstance(BatchRounds(model, 2, block_size="auto").widths, BatchWidths)
+    assert BatchRounds(model, 2, block_size=3).widths is None
+    monkeypatch.setenv("MLX_MTP_BATCH_WIDTHS", "0")
+    assert BatchRounds(model, 2, block_size="auto").widths is None
+    monkeypatch.setenv("MLX_MTP_BATCH_WIDTHS", "yes")
+    with pytest.raises(mlx_mtp.MTPError, match="environment variable MLX_MTP_BATCH_WIDTHS must "
+                                               "be 0 or 1, got 'yes'"):
+        BatchRounds(model, 2, block_size="auto")
+
+
 @pytest.mark.parametrize("dear", [True, False])
 def test_capped_batches_draft_as_the_line_says_and_keep_every_token(agreeing_dir, dear):
     """With rows dear the batch drafts nothing; with rows cheap its sequences draft; either
