@@ -181,10 +181,15 @@ fi
 # The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when
 # $REALISTIC_PAIRS holds them (built by `python -m benchmarks.realistic_pair $REALISTIC_PAIRS/zipf
 # --zipf 1` and `python -m benchmarks.realistic_zipf $REALISTIC_PAIRS/zipf
-# $REALISTIC_PAIRS/zipf-vocab --sizes 8192,16384,32768,65536`).
+# $REALISTIC_PAIRS/zipf-vocab --sizes 8192,16384,32768,65536 --ship 32768`).
 if [ -n "${REALISTIC_PAIRS:-}" ]; then
   Z="$REALISTIC_PAIRS/zipf"
   V="$REALISTIC_PAIRS/zipf-vocab"
+  retake realistic-zipf-pair-blis -- $PY -m benchmarks.bench_mtp --model "$Z" \
+    --topic realistic-zipf-pair-blis --block-sizes 2,3,4,6,auto --pairs 2 --max-tokens 96 \
+    --synced-runs 1 "${UNITS[@]}"
+  retake drafter-phases-zipf-pair -- $PY -m benchmarks.bench_drafter --model "$Z" \
+    --topic drafter-phases-zipf-pair --block-size 4 --pairs 2 --max-tokens 64 --wait-idle 600
   retake draft-vocab-zipf-pair -- $PY -m benchmarks.bench_draft_vocab --model "$Z" \
     --draft-vocabs "$V/8192" "$V/16384" "$V/32768" "$V/65536" --block-sizes 3,4 --pairs 2 \
     --max-tokens 64 --topic draft-vocab-zipf-pair "${UNITS[@]}"
