@@ -17,7 +17,6 @@ the serial server's text for the same prompt (it decodes each request alone). Wr
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -28,10 +27,8 @@ from benchmarks import common
 from benchmarks.harness.server_process import ServerProcess, free_port
 
 ARMS = ("batched", "serial", "mlx_lm")
-UNCAPPED = "uncapped"  # --uncapped: batched with MLX_MTP_BATCH_WIDTHS=0
 LABELS = {"batched": "mlx_mtp.server (batched)", "serial": "mlx_mtp.server --max-batch 1",
-          "mlx_lm": "mlx_lm.server",
-          UNCAPPED: "mlx_mtp.server (batched, MLX_MTP_BATCH_WIDTHS=0)"}
+          "mlx_lm": "mlx_lm.server"}
 
 
 # mlx_lm.server with the system BLAS mlx_mtp binds (importing mlx_mtp first does it): on Linux
@@ -106,12 +103,12 @@ def level(client, prompts: list, clients: int, per_client: int, max_tokens: int)
             "requests": results}
 
 
-def summarize(raw: dict, levels: list, arms=ARMS) -> list:
+def summarize(raw: dict, levels: list) -> list:
     # the serial server decodes each request alone: its texts are the solo texts
     solo = {r["prompt"]: r["text"] for run in raw["serial"].values() for r in run["requests"]}
     rows = []
     for c in levels:
-        for arm in arms:
+        for arm in ARMS:
             run = raw[arm][str(c)]
             compared = [r for r in run["requests"] if r["prompt"] in solo]
             # mlx_lm.server drops a last, not yet decodable byte sequence that mlx_mtp's server
@@ -132,7 +129,7 @@ def render(r: dict) -> str:
         f"- Model: {r['model']}; T=0; max_tokens {r['max_tokens']}; {r['requests_per_client']} "
         "request(s) per client, every prompt different; all three servers up at once, the arms "
         "taking turns at each C",
-        *(f"- {LABELS[a]}: `{' '.join(r['server_args'][a])}`" for a in r.get("arms", ARMS)),
+        *(f"- {LABELS[a]}: `{' '.join(r['server_args'][a])}`" for a in ARMS),
         f"- Batch: {r['batch']}",
         "- Texts are compared with the serial server's, which decodes each request alone "
         "(mlx_lm.server's as prefixes: it drops a last partial character that mlx_mtp streams)",
@@ -146,17 +143,14 @@ def render(r: dict) -> str:
         lines.append(f"| {row['clients']} | {LABELS[row['arm']]} | {row['aggregate_tps']:.1f} | "
                      f"{row['per_request_tps']:.1f} | {row['wall_s']:.1f} | {same} |")
     by = {(row["clients"], row["arm"]): row for row in r["rows"]}
-    uncapped = UNCAPPED in r.get("arms", ARMS)
     lines += ["", "## Ratios", "",
               "| C | batched / its own C=1 aggregate | batched / mlx_lm.server | "
-              "batched / serial |" + (" batched / uncapped |" if uncapped else ""),
-              "|---|---|---|---|" + ("---|" if uncapped else "")]
+              "batched / serial |", "|---|---|---|---|"]
     one = by[(r["levels"][0], "batched")]["aggregate_tps"]
     for c in r["levels"]:
         b = by[(c, "batched")]["aggregate_tps"]
         lines.append(f"| {c} | {b / one:.2f}x | {b / by[(c, 'mlx_lm')]['aggregate_tps']:.2f}x | "
-                     f"{b / by[(c, 'serial')]['aggregate_tps']:.2f}x |"
-                     + (f" {b / by[(c, UNCAPPED)]['aggregate_tps']:.2f}x |" if uncapped else ""))
+                     f"{b / by[(c, 'serial')]['aggregate_tps']:.2f}x |")
     lines += common.what_it_says(r)
     return "\n".join(lines)
 
@@ -170,9 +164,6 @@ def main(argv=None) -> dict:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--requests", type=int, default=1, help="requests per client")
     p.add_argument("--topic", default="concurrency-realistic-pair")
-    p.add_argument("--uncapped", action="store_true",
-                   help="also the batched server with MLX_MTP_BATCH_WIDTHS=0 (auto's widths not "
-                        "capped by the batch), taking turns with the others")
     common.add_render_arg(p)
     common.add_record_args(p)
     args = p.parse_args(argv)
@@ -185,14 +176,11 @@ def main(argv=None) -> dict:
     if levels[0] != 1:
         sys.exit("error: --levels must start with 1 (the ratios are to C=1)")
     most = max(levels)
-    arms = ARMS + ((UNCAPPED,) if args.uncapped else ())
     server_args = {
         "batched": ["--model", args.model, "--block-size", args.block_size,
                     "--max-batch", str(args.max_batch), "--max-queue", str(most)],
         "serial": ["--model", args.model, "--block-size", args.block_size,
                    "--max-batch", "1", "--max-queue", str(most)],
-        UNCAPPED: ["MLX_MTP_BATCH_WIDTHS=0", "--model", args.model, "--block-size",
-                   args.block_size, "--max-batch", str(args.max_batch), "--max-queue", str(most)],
         "mlx_lm": ["python -m mlx_lm.server (system BLAS bound as mlx_mtp binds it)", "--model",
                    args.model],
     }
@@ -202,20 +190,16 @@ def main(argv=None) -> dict:
         for arm in ("batched", "serial"):
             servers[arm] = ServerProcess(*server_args[arm], "--log-level", "warning",
                                          startup_timeout=1200)
-        if args.uncapped:
-            servers[UNCAPPED] = ServerProcess(*server_args[UNCAPPED][1:], "--log-level",
-                                              "warning", startup_timeout=1200,
-                                              env={**os.environ, "MLX_MTP_BATCH_WIDTHS": "0"})
         servers["mlx_lm"] = MlxLmServer(args.model)
         clients = {arm: openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0,
                                       timeout=3600) for arm, s in servers.items()}
         batch = servers["batched"].get("/health")["batch"]
         prompts = prompts_for(most * args.requests)
-        for arm in arms:  # warm-up, not counted
+        for arm in ARMS:  # warm-up, not counted
             one_request(clients[arm], "warm up", 4)
-        raw = {arm: {} for arm in arms}
+        raw = {arm: {} for arm in ARMS}
         for i, c in enumerate(levels):
-            order = arms[i % len(arms):] + arms[: i % len(arms)]
+            order = ARMS[i % 3:] + ARMS[: i % 3]
             for arm in order:
                 raw[arm][str(c)] = level(clients[arm], prompts, c, args.requests,
                                          args.max_tokens)
@@ -225,7 +209,7 @@ def main(argv=None) -> dict:
     result = common.record_setup(args.topic)
     result.update(model=args.model, server_args=server_args, max_tokens=args.max_tokens,
                   requests_per_client=args.requests, levels=levels, batch=batch,
-                  arms=list(arms), rows=summarize(raw, levels, arms), raw=raw)
+                  rows=summarize(raw, levels), raw=raw)
     return common.finish(args, result, watch, render, "concurrency")
 
 

@@ -356,12 +356,9 @@ def _concurrency(ax, r: dict, key: str, unit: str, what: str) -> None:
     """One line per server over the concurrent clients (bench_concurrency.py)."""
     styles = {"batched": ("mlx_mtp.server (batched)", COLORS["verify"]),
               "serial": ("mlx_mtp.server --max-batch 1", COLORS["draft"]),
-              "mlx_lm": ("mlx_lm.server", "#8c8c8c"),
-              "uncapped": ("mlx_mtp.server (batched, MLX_MTP_BATCH_WIDTHS=0)", COLORS["accept"])}
+              "mlx_lm": ("mlx_lm.server", "#8c8c8c")}
     for arm, (label, color) in styles.items():
         rows = [row for row in r["rows"] if row["arm"] == arm]
-        if not rows:
-            continue
         ax.plot([row["clients"] for row in rows], [row[key] for row in rows], marker="o",
                 color=color, label=label)
     ax.set_xticks(r["levels"])

@@ -35,9 +35,6 @@ SETTINGS = (
     Setting("MLX_MTP_ALLOW_INEXACT", FLAG, False, "0 or 1",
             "1: run MTP even where the exactness probe finds a verify block unequal to plain "
             "decoding (a loud warning, recorded in the stats)"),
-    Setting("MLX_MTP_BATCH_WIDTHS", FLAG, True, "0 or 1",
-            "0: under --block-size auto, each sequence of a batch keeps its own chooser's width "
-            "(no cap from what its rows cost the whole batch)"),
     Setting("MLX_MTP_CACHE", PATH, None, "a folder",
             "where the compiled C kernels and the MLX extension are cached (unset: "
             "$XDG_CACHE_HOME/mlx_mtp, else ~/.cache/mlx_mtp)"),

@@ -7,8 +7,7 @@ drafter and chooser); only the target forward and its LM head are shared, their 
 (``Drafter.draft_batch``). A sequence joins between rounds (its prompt prefilled alone) and leaves
 when its consumer stops reading. At temperature 0 each sequence's tokens are what it decodes
 alone, byte for byte, where the batch-vs-alone probe (``mlx_mtp.exactness.batch_vs_alone``)
-passes on this device; ``BatchRounds`` refuses to start where it does not. Under ``auto`` the
-batch caps each sequence's chooser by what its rows cost the whole batch (``batch_widths``).
+passes on this device; ``BatchRounds`` refuses to start where it does not.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ from typing import Callable, Deque, Iterator, List, Optional
 
 import mlx.core as mx
 
-from mlx_mtp import config
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding import keyed_sampling, sampling
-from mlx_mtp.decoding.batch_widths import BatchWidths
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.round_session import (Progress, Request, Session, choose_draws,
                                             open_session, start_stats)
@@ -113,9 +110,6 @@ class BatchRounds:
             if reason is not None:
                 raise MTPError(f"batched rounds declined: batch-vs-alone probe: {reason}")
         self.active: List[BatchedSequence] = []
-        # under auto, the batch caps each sequence's chooser by the rows' cost to the whole batch
-        self.widths = (BatchWidths() if block_size == AUTO and config.flag("MLX_MTP_BATCH_WIDTHS")
-                       else None)
 
     # ------------------------------------------------------------------------ joining, leaving
 
@@ -183,11 +177,8 @@ class BatchRounds:
         if not seqs:
             return
         target = self.model.target
-        started = time.perf_counter()
         with cpu_blas.verify_threads():
             plans = [plan_round(s.session, s.progress, None) for s in seqs]
-            if self.widths is not None:
-                plans = self.widths.cap([s.session.chooser for s in seqs], plans)
             proposals = self._draft(seqs, plans)
             verify_start = time.perf_counter()
             with _phases(seqs, "verify"):
@@ -215,8 +206,6 @@ class BatchRounds:
             for s, plan, verified in done:
                 record_round(s.session, plan, verified)
                 s.out.extend(emit(s.session, s.progress, verified))
-        if self.widths is not None:
-            self.widths.observe(sum(widths), time.perf_counter() - started)
 
     def _draft(self, seqs: List[BatchedSequence], plans) -> List[Draft]:
         """Every sequence's drafts: the greedy drafters' head steps batched, where the family
