@@ -3,7 +3,8 @@
 The plain realistic pair's target mostly maps the current token x to f(x), a random function of
 x over the whole vocabulary: its text uses every id about equally, unlike real text, whose token
 frequencies fall as a power of their rank (Zipf). A reduced draft vocabulary is only measured
-honestly on outputs with real statistics, so this variant rewrites four parts of the pair:
+honestly on outputs with real statistics, so this variant changes three things (the embeddings,
+the LM head, the first two full-attention layers and the MTP head's ``fc`` are rewritten):
 
 - **A bias per id.** Every embedding carries one constant coordinate ``u`` (value ``ALPHA``), and
   the LM head's ``u`` column turns it into a logit bias ``-c * S * beta * ln(rank)``, ranks a
