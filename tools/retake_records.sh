@@ -190,6 +190,8 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --synced-runs 1 "${UNITS[@]}"
   retake drafter-phases-zipf-pair -- $PY -m benchmarks.bench_drafter --model "$Z" \
     --topic drafter-phases-zipf-pair --block-size 4 --pairs 2 --max-tokens 64 --wait-idle 600
+  retake trees-zipf-pair -- $PY -m benchmarks.bench_trees --model "$Z" \
+    --arms 3,4,2t3x3,3t2x3,3t2x4 --pairs 2 --max-tokens 64 --topic trees-zipf-pair "${UNITS[@]}"
   retake draft-vocab-zipf-pair -- $PY -m benchmarks.bench_draft_vocab --model "$Z" \
     --draft-vocabs "$V/8192" "$V/16384" "$V/32768" "$V/65536" --block-sizes 3,4 --pairs 2 \
     --max-tokens 64 --topic draft-vocab-zipf-pair "${UNITS[@]}"
