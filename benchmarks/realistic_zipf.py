@@ -206,12 +206,11 @@ def apply(w: Dict[str, mx.array], a, layer_types: List[str], exponent: float, ke
 # ------------------------------------------------------------------------------ draft vocabularies
 
 
-def pair_ranks(pair: Path) -> mx.array:
-    """Each id's frequency rank (1 = most frequent) in a written Zipf pair, read from its LM
+def pair_ranks(model) -> mx.array:
+    """Each id's frequency rank (1 = most frequent) in a loaded Zipf pair, read from its LM
     head's bias column."""
-    config = json.loads((pair / "config.json").read_text())["text_config"]
-    head = mx.load(str(pair / "model.safetensors"))["lm_head.weight"]
-    bias = head[:, Layout(config["hidden_size"], config["head_dim"]).u]
+    args = model.target.args
+    bias = model.target.lm_head_module.weight[:, Layout(args.hidden_size, args.head_dim).u]
     return mx.argsort(mx.argsort(-bias)) + 1
 
 
@@ -238,19 +237,10 @@ def write_draft_vocabs(pair: Path, out: Path, sizes: List[int], tokens: int,
     bad = [s for s in sizes if not 1 <= s < vocab]
     if bad:
         raise SystemExit(f"error: --sizes must lie between 1 and {vocab - 1}, got {bad}")
-    counts = sample_counts(pair_ranks(pair), info["zipf"], tokens, seed)
-    common = {"vocab_size": int(vocab), "tokenizer_sha256": vr.tokenizer_sha256(tokenizer),
-              "head_sha256": vr.head_sha256(model.target), "model": str(pair),
-              "corpus": {"zipf": info["zipf"], "seed": seed}, "corpus_tokens": int(tokens),
-              "generated_tokens": 0}
-    written = []
-    for size in sizes:
-        ids = vr.select(counts, size, always=getattr(tokenizer, "eos_token_ids", ()) or ())
-        meta = {"size": int(size), **common,
-                "coverage": float(counts[ids].sum() / counts.sum())}
-        vr.write_sidecar(out / str(size), ids, meta)
-        written.append({"out": str(out / str(size)), **meta})
-    return written
+    counts = sample_counts(pair_ranks(model), info["zipf"], tokens, seed)
+    return [vr.write_counted(model, tokenizer, counts, size=size, out=out / str(size),
+                             corpus={"zipf": info["zipf"], "seed": seed}, corpus_tokens=tokens)
+            for size in sizes]
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ def test_sidecars_keep_the_most_frequent_ids_of_the_drawn_corpus(zipf_pair):
 
     pair, vocab = zipf_pair
     model, tokenizer = mlx_mtp.load(str(pair))
-    rank = np.asarray(realistic_zipf.pair_ranks(pair))
+    rank = np.asarray(realistic_zipf.pair_ranks(model))
     covered = []
     for size in (1024, 3072):
         meta = json.loads((vocab / str(size) / vocab_reduction.META_FILE).read_text())

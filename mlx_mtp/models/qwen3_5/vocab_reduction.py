@@ -177,12 +177,21 @@ def build(model, tokenizer, *, size: Optional[int], corpus: List[Path], out: Pat
         gen = generated_ids(model.mlx_model, prompts, generate_tokens)
         counts += np.bincount(np.asarray(gen, dtype=np.int64), minlength=vocab)[:vocab]
         generated = len(gen)
+    return write_counted(model, tokenizer, counts, size=size, out=out,
+                         corpus={str(f): len(t) for f, t in texts.items()},
+                         corpus_tokens=corpus_tokens, generated_tokens=generated)
+
+
+def write_counted(model, tokenizer, counts: np.ndarray, *, size: int, out: Path, corpus,
+                  corpus_tokens: int, generated_tokens: int = 0) -> dict:
+    """The sidecar of the ``size`` most frequent ids of ``counts`` (per target id) and the EOS
+    ids, with its fingerprints and ``corpus`` (what was counted) in its metadata."""
     ids = select(counts, size, always=getattr(tokenizer, "eos_token_ids", ()) or ())
     meta = {
-        "size": int(size), "vocab_size": int(vocab),
+        "size": int(size), "vocab_size": int(model.target.vocab_size),
         "tokenizer_sha256": tokenizer_sha256(tokenizer), "head_sha256": head_sha256(model.target),
-        "model": str(model.path), "corpus": {str(f): len(t) for f, t in texts.items()},
-        "corpus_tokens": corpus_tokens, "generated_tokens": generated,
+        "model": str(model.path), "corpus": corpus,
+        "corpus_tokens": int(corpus_tokens), "generated_tokens": int(generated_tokens),
         # share of the counted tokens (corpus + generations) whose id is in the subset
         "coverage": float(counts[ids].sum() / counts.sum()),
     }
