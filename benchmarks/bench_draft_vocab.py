@@ -29,14 +29,12 @@ from pathlib import Path
 import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 
 from benchmarks import common
-from benchmarks.common import mtp_decode, plain_decode
-from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
+from benchmarks.common import PLAIN, mtp_decode, plain_decode
 from mlx_mtp.generate import encode_prompt
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.qwen3_5 import vocab_reduction
 from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter
 
-PLAIN = "plain"
 FULL = "full"
 
 
@@ -78,49 +76,11 @@ def run(args, watch=None) -> dict:
     for b, v in arms:
         mtp_decode(models[v][0], warm, 8, b)
     unit = common.idle.Watch.runner(watch)
-    raw = {PLAIN: [], **{arm_name(b, v): [] for b, v in arms}}
-    exact = {arm_name(b, v): True for b, v in arms}
-    plain_tokens = {}
-    for pair in range(args.pairs):
-        for name, prompt in prompts.items():
-            order = [None] + (arms if pair % 2 == 0 else list(reversed(arms)))
-            if pair % 2:
-                order = order[1:] + order[:1]  # alternate which arm goes first
-
-            def measure():
-                out = {}
-                for arm in order:
-                    if arm is None:
-                        toks, _, gs = plain_decode(base.mlx_model, prompt, n)
-                        out[PLAIN] = {"tokens": toks, "gen_s": gs}
-                    else:
-                        toks, _, gs, st = mtp_decode(models[arm[1]][0], prompt, n, arm[0])
-                        out[arm_name(*arm)] = {"tokens": toks, "gen_s": gs,
-                                               "stats": st.to_dict()}
-                return out
-
-            results = unit(f"pair {pair} {name}", measure)
-            plain_tokens[name] = results[PLAIN]["tokens"]
-            for a, r in results.items():
-                r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
-                r["distinct_4gram_share"] = common.distinct_ngram_share(r["tokens"])
-                if a != PLAIN:
-                    exact[a] &= r["tokens"] == results[PLAIN]["tokens"]
-                raw[a].append({"pair": pair, "prompt": name,
-                               **{k: v for k, v in r.items() if k != "tokens"}})
-            print(f"pair {pair} {name}: " + ", ".join(
-                f"{a} {r['tps']:.1f}" for a, r in results.items()), flush=True)
-    synced = []
-    with common.environment(SYNC_PHASES_ENV, "1"):
-        for rep in range(args.synced_runs):
-            for name, prompt in prompts.items():
-                def measure_synced():
-                    rows = []
-                    for b, v in arms:
-                        _, _, _, st = mtp_decode(models[v][0], prompt, n, b)
-                        rows.append({"arm": arm_name(b, v), "stats": st.to_dict()})
-                    return rows
-                synced += unit(f"synced {rep} {name}", measure_synced)
+    decoders = {arm_name(b, v): (lambda prompt, b=b, v=v: mtp_decode(models[v][0], prompt, n, b))
+                for b, v in arms}
+    raw, exact, plain_tokens = common.paired_runs(
+        prompts, decoders, args.pairs, unit, lambda prompt: plain_decode(base.mlx_model, prompt, n))
+    synced = common.synced_runs(prompts, decoders, args.synced_runs, unit)
     return summarize(args, models, arms, raw, exact, synced, plain_tokens)
 
 
@@ -140,6 +100,8 @@ def summarize(args, models, arms, raw, exact, synced, plain_tokens) -> dict:
         full = {(r["pair"], r["prompt"]): r["tps"] for r in raw[arm_name(b, FULL)]}
         mine = [s["stats"] for s in synced if s["arm"] == name]
         rounds = sum(st["rounds"] for st in mine)
+        split = ({p: sum(st["phase_ms"][p] for st in mine) / rounds for p in mine[0]["phase_ms"]}
+                 if rounds else {})
         drafted = sum(st["drafted"] for st in stats)
         model, meta = models[v]
         lm = model.drafter.lm
@@ -163,12 +125,9 @@ def summarize(args, models, arms, raw, exact, synced, plain_tokens) -> dict:
                               sum(t in ids for t in text) / len(text) if text else 0.0),
             "corpus_coverage": None if meta is None else meta.get("coverage"),
             "lm_head_bytes": lm.tensors.nbytes,
-            "draft_ms_per_round": (sum(st["phase_ms"]["draft"] for st in mine) / rounds
-                                   if rounds else 0.0),
-            "accept_ms_per_round": (sum(st["phase_ms"]["accept"] for st in mine) / rounds
-                                    if rounds else 0.0),
-            "round_ms": ({p: sum(st["phase_ms"][p] for st in mine) / rounds
-                          for p in mine[0]["phase_ms"]} if rounds else {}),
+            "draft_ms_per_round": split.get("draft", 0.0),
+            "accept_ms_per_round": split.get("accept", 0.0),
+            "round_ms": split,
             "identical": exact[name],
         })
     return {**common.record_setup(args.topic), "model": args.model,

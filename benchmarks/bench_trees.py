@@ -27,11 +27,9 @@ from typing import Optional, Union
 import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 
 from benchmarks import common
-from benchmarks.common import mtp_decode, plain_decode
-from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
+from benchmarks.common import PLAIN, mtp_decode, plain_decode
 from mlx_mtp.generate import encode_prompt
 
-PLAIN = "plain"
 AUTO = "auto"
 MAX_WIDTH = 6  # the widest block of an auto arm (its --max-block-size)
 
@@ -76,46 +74,10 @@ def run(args, watch=None) -> dict:
     for arm in args.arms:
         arm.decode(model, warm, 8)
     unit = common.idle.Watch.runner(watch)
-    raw = {PLAIN: [], **{a.name: [] for a in args.arms}}
-    exact = {a.name: True for a in args.arms}
-    for pair in range(args.pairs):
-        for name, prompt in prompts.items():
-            order = [None] + (args.arms if pair % 2 == 0 else list(reversed(args.arms)))
-            if pair % 2:
-                order = order[1:] + order[:1]  # alternate which arm goes first
-
-            def measure():
-                out = {}
-                for arm in order:
-                    if arm is None:
-                        toks, _, gs = plain_decode(model.mlx_model, prompt, n)
-                        out[PLAIN] = {"tokens": toks, "gen_s": gs}
-                    else:
-                        toks, _, gs, st = arm.decode(model, prompt, n)
-                        out[arm.name] = {"tokens": toks, "gen_s": gs, "stats": st.to_dict()}
-                return out
-
-            results = unit(f"pair {pair} {name}", measure)
-            for arm_name, r in results.items():
-                r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
-                r["distinct_4gram_share"] = common.distinct_ngram_share(r["tokens"])
-                if arm_name != PLAIN:
-                    exact[arm_name] &= r["tokens"] == results[PLAIN]["tokens"]
-                raw[arm_name].append({"pair": pair, "prompt": name,
-                                      **{k: v for k, v in r.items() if k != "tokens"}})
-            print(f"pair {pair} {name}: " + ", ".join(
-                f"{a} {r['tps']:.1f}" for a, r in results.items()), flush=True)
-    synced = []
-    with common.environment(SYNC_PHASES_ENV, "1"):
-        for rep in range(args.synced_runs):
-            for name, prompt in prompts.items():
-                def measure_synced():
-                    rows = []
-                    for arm in args.arms:
-                        _, _, _, st = arm.decode(model, prompt, n)
-                        rows.append({"arm": arm.name, "prompt": name, "stats": st.to_dict()})
-                    return rows
-                synced += unit(f"synced {rep} {name}", measure_synced)
+    arms = {arm.name: (lambda prompt, arm=arm: arm.decode(model, prompt, n)) for arm in args.arms}
+    raw, exact, _ = common.paired_runs(prompts, arms, args.pairs, unit,
+                                       lambda prompt: plain_decode(model.mlx_model, prompt, n))
+    synced = common.synced_runs(prompts, arms, args.synced_runs, unit)
     return summarize(args, raw, exact, synced)
 
 

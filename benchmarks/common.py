@@ -250,6 +250,69 @@ def mtp_decode(model, prompt, n: int, block_size, sampler=None, acceptance: str 
     return toks, t1 - t0, time.perf_counter() - t1, stats
 
 
+PLAIN = "plain"  # plain decode's arm in ``paired_runs``
+
+
+def paired_runs(prompts: Dict, arms: Dict, pairs: int, unit, plain):
+    """Plain decode and every arm on each prompt, ``pairs`` times, the order reversed and the
+    first arm moved last every other pair; each pair of a prompt one ``unit``
+    (``idle.Watch.runner``). ``arms``: name -> ``decode(prompt)`` returning ``mtp_decode``'s
+    tuple; ``plain(prompt)``: ``plain_decode``'s. Returns ``(raw, exact, plain_tokens)``: per arm
+    (and ``PLAIN``) one entry per run (pair, prompt, gen_s, tps, distinct 4-gram share, the
+    arm's stats), whether every run of an arm emitted plain decode's tokens, and plain decode's
+    tokens per prompt."""
+    names = list(arms)
+    raw = {PLAIN: [], **{a: [] for a in names}}
+    exact = {a: True for a in names}
+    plain_tokens = {}
+    for pair in range(pairs):
+        for name, prompt in prompts.items():
+            order = [None] + (names if pair % 2 == 0 else names[::-1])
+            if pair % 2:
+                order = order[1:] + order[:1]  # alternate which arm goes first
+
+            def measure():
+                out = {}
+                for arm in order:
+                    if arm is None:
+                        toks, _, gs = plain(prompt)
+                        out[PLAIN] = {"tokens": toks, "gen_s": gs}
+                    else:
+                        toks, _, gs, st = arms[arm](prompt)
+                        out[arm] = {"tokens": toks, "gen_s": gs, "stats": st.to_dict()}
+                return out
+
+            results = unit(f"pair {pair} {name}", measure)
+            plain_tokens[name] = results[PLAIN]["tokens"]
+            for arm, r in results.items():
+                r["tps"] = (len(r["tokens"]) - 1) / r["gen_s"]
+                r["distinct_4gram_share"] = distinct_ngram_share(r["tokens"])
+                if arm != PLAIN:
+                    exact[arm] &= r["tokens"] == results[PLAIN]["tokens"]
+                raw[arm].append({"pair": pair, "prompt": name,
+                                 **{k: v for k, v in r.items() if k != "tokens"}})
+            print(f"pair {pair} {name}: " + ", ".join(
+                f"{a} {r['tps']:.1f}" for a, r in results.items()), flush=True)
+    return raw, exact, plain_tokens
+
+
+def synced_runs(prompts: Dict, arms: Dict, reps: int, unit) -> List[dict]:
+    """``reps`` runs per prompt of every arm (``paired_runs``' ``arms``) with each phase synced
+    (MLX_MTP_SYNC_PHASES=1), so the stats' phase split times each phase's own work; each
+    prompt's runs one ``unit``. One ``{"arm", "prompt", "stats"}`` per run."""
+    from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
+
+    out = []
+    with environment(SYNC_PHASES_ENV, "1"):
+        for rep in range(reps):
+            for name, prompt in prompts.items():
+                def measure():
+                    return [{"arm": arm, "prompt": name, "stats": decode(prompt)[3].to_dict()}
+                            for arm, decode in arms.items()]
+                out += unit(f"synced {rep} {name}", measure)
+    return out
+
+
 # ------------------------------------------------------------------------------ flags and the run
 
 
