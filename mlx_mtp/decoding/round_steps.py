@@ -389,7 +389,8 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
     """Keep the ``accepted + 1`` verified rows: roll the target's caches back, quantize, feed
     the drafter (or defer it), and report the round to a prompt cache's turn. With ``feed`` (a
     batched round, whose drafters accept together) the drafter's pairs are appended to it
-    instead of fed."""
+    instead of fed. The drafter is not fed when no later round drafts (at most one token of
+    the budget left after this round) and no prompt cache keeps it."""
     target, drafter, cache, stats = session.target, session.drafter, session.cache, session.stats
     accepted, hidden = verified.accepted, verified.hidden
     if plan.drafts > 0:  # selecting the kept states is graph work: evaluated with the next round
@@ -404,7 +405,10 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
         session.split.log_cache(target, cache, session.prompt_len + progress.emitted + accepted)
     progress.bonus = verified.target_ids[accepted : accepted + 1]
     progress.history = sampling.append_history(progress.history, verified.new_ids)
-    if (drafter is not None and session.chooser is not None and plan.drafts == 0
+    drafts_again = session.max_tokens - (progress.emitted + accepted + 1) > 1
+    if drafter is not None and not drafts_again and session.turn is None:
+        pass  # the generation ends with at most one plain step: nothing reads the drafter
+    elif (drafter is not None and session.chooser is not None and plan.drafts == 0
             and session.turn is None):
         # (a prompt cache's turn needs the drafter current at every round: no deferral)
         progress.deferred.append((hidden[:, :1], verified.new_ids))  # fed if it drafts again

@@ -7,7 +7,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 from support.native_support import one_row_products_in_kernel_order
-from support.commits import committed
+from support.commits import committed, drafter_fed
 from support.oracle import ForcedHeadDrafter, OracleDrafter
 
 import mlx_mtp
@@ -60,6 +60,32 @@ def test_every_acceptance_length_is_exact(kind, request):  # dense: the quick su
             assert stats.accepted > 0
             # every acceptance length 0..K occurred in some round
             assert set(range(K + 1)) <= set(oracle.planned), oracle.planned
+
+
+class _FedDrafter(OracleDrafter):
+    """The oracle, noting how many pairs it had been fed when each round drafted."""
+
+    def draft(self, k: int) -> mx.array:
+        self.fed_at_draft = self.consumed
+        return super().draft(k)
+
+
+@pytest.mark.parametrize("block_size", [2, 3, 4])
+def test_drafter_is_not_fed_after_the_last_drafting_round(block_size, dense_dir):
+    """No later round drafts once at most one token of the budget is left: the last drafting
+    round's accepted pairs are never fed to the drafter, and the output stays exact."""
+    model = mlx_mtp.load_model(dense_dir, require_head=False)
+    prompt = prompts(dense_dir)["long"]
+    ref = reference_greedy(dense_dir, prompt, MAX_TOKENS)
+    oracle = _FedDrafter(prompt + ref, schedule=[block_size - 1, 0, 1],
+                         vocab_size=model.target.vocab_size)
+    stats = RunStats()
+    out = run(MTPModel(model.mlx_model, model.target, oracle), prompt, block_size, stats=stats)
+    assert out == ref
+    assert stats.accepted == sum(oracle.planned)
+    # every token but the first and those of the last drafting round (and a plain step after it)
+    assert oracle.consumed == oracle.fed_at_draft
+    assert len(prompt) < oracle.consumed <= len(prompt) + MAX_TOKENS - 1 - 2
 
 
 def _snapshot(target, cache):
@@ -152,6 +178,9 @@ def test_caches_bitwise_equal_sequential_reference_after_every_round(kind, reque
                 offset = next(c.offset for c in cache if isinstance(c, KVCache))
                 _assert_bitwise(_snapshot(model.target, cache), target_states[offset],
                                 (kind, bs, "target", offset))
+                if not drafter_fed(offset, len(prompt), n_tokens):
+                    assert model.drafter.offset < offset  # the last drafting round's pairs
+                    continue
                 assert model.drafter.offset == offset
                 c = model.drafter.cache[0]
                 got = [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]

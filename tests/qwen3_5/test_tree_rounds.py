@@ -10,7 +10,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 from support import tiny_checkpoints as tc
-from support.commits import committed
+from support.commits import committed, drafter_fed
 from support.oracle import OracleDrafter, OracleTreeDrafter
 
 import mlx_mtp
@@ -129,6 +129,9 @@ def test_planted_trees_are_exact_and_caches_match_sequential_decode(kind, reques
                 got = _snapshot(model.target, cache)
                 assert all(bitwise(g, w) for g, w in zip(got, states[offset])), (depth, offset)
                 assert len(got) == len(states[offset])
+                if not drafter_fed(offset, len(prompt), 30):
+                    assert model.drafter.offset < offset  # the last drafting round's pairs
+                    continue
                 assert model.drafter.offset == offset
                 checked += 1
         assert out == ref, depth

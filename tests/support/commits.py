@@ -19,3 +19,11 @@ def committed(target, method: str = "rollback"):
         yield seen
     finally:
         delattr(target, method)  # the class's method again
+
+
+def drafter_fed(offset: int, prompt_len: int, max_tokens: int) -> bool:
+    """Whether the round that committed the target's cache up to ``offset`` fed the drafter:
+    every round does but those that leave at most one token of the budget (no later round
+    drafts; ``mlx_mtp.decoding.round_steps.commit``). The cache holds every emitted token but
+    the round's last, so ``offset - prompt_len + 1`` tokens are out."""
+    return max_tokens - (offset - prompt_len + 1) > 1
