@@ -10,6 +10,8 @@ Arms, all at one block size (default 3):
   -p1 ... -p5 all phases but one
   default     the shipping defaults (``DraftOptions()``, with the draft vocabulary the pair ships
               in its ``mtp/draft_vocab/``, if any)
+  default+4bit, default+8bit   the defaults with the head quantized (``--bits 4`` / ``8``): what
+              a quantized head does on top of what ships
   all+prof, default+prof   the same with MLX_MTP_DRAFT_PROFILE=1: the per-stage split (its syncs
               slow the step; the record quotes the unprofiled arms as the cost)
 Every MTP arm waits for each phase (MLX_MTP_SYNC_PHASES=1) so the phases time their own work.
@@ -122,12 +124,17 @@ def quantized_copy(head: MTPHead, args, bits: int, group_size: int) -> MTPHead:
     return q
 
 
-def arm_options(off: str = None, profiled: bool = False, default: bool = False) -> dict:
+HEAD_BITS = (4, 8)  # the default+Nbit arms
+
+
+def arm_options(off: str = None, profiled: bool = False, default: bool = False,
+                bits: int = None) -> dict:
     """An arm's switches; ``vocab``: True (the ablation's draft vocabulary), False (the full
-    head) or ``"shipped"`` (the default arm: what the pair loads with, its own sidecar or none)."""
+    head) or ``"shipped"`` (the default arm: what the pair loads with, its own sidecar or none).
+    ``bits``: the default arm with its head quantized."""
     if default:
         opts = {"device_ids": DraftOptions().device_ids, "fused_argmax": DraftOptions().fused_argmax,
-                "vocab": "shipped", "bits": DraftOptions().bits,
+                "vocab": "shipped", "bits": bits or DraftOptions().bits,
                 "compiled": DraftOptions().compiled}
     else:
         opts = {field: on for field, on, _ in PHASES.values()}
@@ -138,10 +145,11 @@ def arm_options(off: str = None, profiled: bool = False, default: bool = False) 
 
 
 def make_arms(base, vocab_ids, group_size: int, shipped_ids=None) -> dict:
-    heads = {None: base.drafter.head,
-             4: quantized_copy(base.drafter.head, base.target.args, 4, group_size)}
+    heads = {None: base.drafter.head, **{b: quantized_copy(base.drafter.head, base.target.args,
+                                                           b, group_size) for b in HEAD_BITS}}
     specs = {"all": arm_options(), **{f"-{p}": arm_options(off=p) for p in PHASES},
              "default": arm_options(default=True),
+             **{f"default+{b}bit": arm_options(default=True, bits=b) for b in HEAD_BITS},
              "all+prof": arm_options(profiled=True), "default+prof": arm_options(default=True,
                                                                                   profiled=True)}
     arms = {}
@@ -354,6 +362,29 @@ def verdicts(r) -> list:
     return out
 
 
+def head_bits(r) -> list:
+    """Per quantized-head arm, paired run by run against the default arm: the drafter step and
+    the non-verify time (default's over this arm's: > 1 means the quantized head helps) and
+    tok/s (this arm's over default's); a verdict for each. Records without the arms: none."""
+    raw = r["raw"]
+    base = _per_run(raw["default"])
+    tps_base = {(x["pair"], x["prompt"]): x["tps"] for x in raw["default"]}
+    out = []
+    for b in HEAD_BITS:
+        arm = f"default+{b}bit"
+        if arm not in raw:
+            continue
+        got = _per_run(raw[arm])
+        keys = [k for k in base if k in got]
+        step = [base[k][0] / got[k][0] for k in keys]
+        nonverify = [base[k][1] / got[k][1] for k in keys]
+        tps = [x["tps"] / tps_base[(x["pair"], x["prompt"])] for x in raw[arm]]
+        out.append({"arm": arm, "bits": b, "step": step, "nonverify": nonverify, "tps": tps,
+                    "verdict": {"drafter step": _word(step), "non-verify": _word(nonverify),
+                                "tok/s": _word(tps)}})
+    return out
+
+
 def render(r: dict) -> str:
     c = r["pair_config"]
     rows = {row["arm"]: row for row in r["rows"]}
@@ -366,7 +397,8 @@ def render(r: dict) -> str:
         f"{r['target_dtype']}; MTP head: one full-attention layer",
         f"- Draft vocabulary (2b): {vm.get('size')} of {vm.get('vocab_size')} ids, covering "
         f"{100 * vm.get('coverage', 0):.1f}% of {vm.get('corpus_tokens')} calibration tokens",
-        f"- 4-bit head (3): affine, group {r['group_size']}, fc unquantized",
+        f"- Quantized heads (phase 3 at 4 bits; default+4bit, default+8bit): affine, group "
+        f"{r['group_size']}, fc unquantized",
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"T=0, block size {r['block_size']}; {r['pairs']} alternating pairs per prompt; every "
         "arm warmed up once",
@@ -411,6 +443,20 @@ def render(r: dict) -> str:
     for v in verdicts(r):
         lines.append(f"| {v['name']} | {_rng(v['step'])} | {_rng(v['nonverify'])} | "
                      f"{_rng(v['tps'])} | {' / '.join(v['verdict'].values())} |")
+    bits = head_bits(r)
+    if bits:
+        rows_by_arm = {row["arm"]: row for row in r["rows"]}
+        lines += ["", "## Quantized head on top of the defaults (paired run by run against "
+                  "default)", "",
+                  "Ratios > 1 mean the quantized head helps: the default arm's cost over this "
+                  "arm's, and this arm's tok/s over the default arm's.", "",
+                  "| head | drafter step | non-verify ms per round | tok/s | acceptance (default "
+                  f"{rows_by_arm['default']['acceptance']:.3f}) | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for v in bits:
+            lines.append(f"| {v['bits']}-bit | {_rng(v['step'])} | {_rng(v['nonverify'])} | "
+                         f"{_rng(v['tps'])} | {rows_by_arm[v['arm']]['acceptance']:.3f} | "
+                         f"{' / '.join(v['verdict'].values())} |")
     lines += ["", "## Round split (ms per round, share)", "",
               "| arm | verify | draft | accept hook | finalize | residual |", "|---|---|---|---|---|---|"]
     for row in r["rows"]:

@@ -21,8 +21,8 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert len(md) == 1 and len(js) == 1
     data = json.loads(js[0].read_text())
     rows = {r["arm"]: r for r in data["rows"]}
-    assert list(rows) == ["all", "-p1", "-p2a", "-p2b", "-p3", "-p5", "default", "all+prof",
-                          "default+prof"]
+    assert list(rows) == ["all", "-p1", "-p2a", "-p2b", "-p3", "-p5", "default", "default+4bit",
+                          "default+8bit", "all+prof", "default+prof"]
     assert all(r["identical_to_classic"] and r["mtp_enabled"] for r in rows.values())
     assert len(data["raw"]["classic"]) == 2 and len(data["raw"]["all"]) == 2
     # The drafter's phases are timed on their own work: every MTP run waited for each phase.
@@ -41,12 +41,16 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert rows["-p3"]["draft"]["bits"] == []
     assert rows["-p5"]["draft"]["compiled"] is False and rows["default"]["draft"]["compiled"]
     assert rows["default"]["draft"]["vocab_size"] == 320 and not rows["default"]["draft"]["bits"]
+    for b in (4, 8):  # the defaults with the head quantized
+        assert rows[f"default+{b}bit"]["draft"] == {**rows["default"]["draft"], "bits": [b],
+                                                    "quantized_layers": 7, "merged": False}
     assert rows["-p1"]["draft_syncs_per_round"] > rows["all"]["draft_syncs_per_round"]
     assert rows["all+prof"]["stages_ms"]["layers"] > 0 and "stages_ms" not in rows["all"]
     assert rows["-p2b"]["lm_head_bytes"] == 320 * 64 * 4 and rows["all"]["lm_head_bytes"] == 128 * 64 * 4
     assert rows["default"]["acceptance"] > 0.9  # the agreeing head, full vocabulary, f32
     text = md[0].read_text()
-    for section in ("## Setup", "## Results", "## Per phase", "## Round split", "## Attribution",
+    for section in ("## Setup", "## Results", "## Per phase", "## Quantized head on top of the "
+                    "defaults", "## Round split", "## Attribution",
                     "## The floor", "## Idle check", "## What it says"):
         assert section in text
     assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
@@ -74,6 +78,7 @@ def test_the_default_arm_runs_the_pairs_own_draft_vocabulary():
     arms = bench_drafter.make_arms(base, other, 64, shipped)
     size = {name: model.drafter.describe()["vocab_size"] for name, (model, _) in arms.items()}
     assert size == {"all": 2048, "-p1": 2048, "-p2a": 2048, "-p2b": 8192, "-p3": 2048,
-                    "-p5": 2048, "default": 4096, "all+prof": 2048, "default+prof": 4096}
+                    "-p5": 2048, "default": 4096, "default+4bit": 4096, "default+8bit": 4096,
+                    "all+prof": 2048, "default+prof": 4096}
     assert arms["default"][0].drafter.lm.ids.tolist() == shipped.tolist()
     assert arms["default"][0].drafter.whole_step and not arms["-p5"][0].drafter.whole_step
