@@ -30,7 +30,7 @@ from mlx_mtp.decoding.round_steps import (Draft, Emitted, commit, draft, draw_ro
                                           host_read, plan_round, prefill_steps, record_round,
                                           round_block, walk)
 from mlx_mtp.decoding.rounds import (checked_max_tokens, checked_prompt, resolve_block_size,
-                                     start_generation)
+                                     run_round, start_generation)
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness import gate
@@ -38,6 +38,9 @@ from mlx_mtp.exactness.batch_vs_alone import probe_batch
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.io.prompt_cache import make_prompt_cache
 from mlx_mtp.models.packed_rows import split_rows
+
+
+ALONE_STRETCH = 8  # pipelined steps of a lone sequence's stretch per round() call
 
 
 @dataclass
@@ -50,6 +53,7 @@ class BatchedSequence:
     progress: Optional[Progress] = None  # once joined
     out: Deque[Emitted] = field(default_factory=deque)
     left: bool = False  # removed from the batch: no round emits for it any more
+    pin_alone: bool = False  # its verify pins to one core when it decodes alone (cpu_pin)
 
     @property
     def done(self) -> bool:
@@ -141,7 +145,7 @@ class BatchRounds:
                                stats, request, prompt.size)
         seq = BatchedSequence(session, prefill_steps(session, prompt, request, exact=True))
         seq.join_step()
-        session.pin = False  # the batch's verify is shared
+        seq.pin_alone, session.pin = session.pin, False  # the batch's verify is shared
         self.active.append(seq)
         return seq
 
@@ -170,11 +174,22 @@ class BatchRounds:
 
     def round(self) -> None:
         """One round for every sequence that still has tokens to emit; before it, one more
-        prefill chunk of each sequence still joining."""
+        prefill chunk of each sequence still joining. A sequence with no other in the batch
+        decodes as it would alone (``run_round``: under ``auto`` its undrafted stretches run
+        pipelined, at most ``ALONE_STRETCH`` steps a call so a sequence that starts meanwhile
+        joins soon), its verify pinned as alone."""
         for s in [s for s in self.active if s.joining is not None]:
             s.join_step()
         seqs = [s for s in self.active if s.joining is None and not s.done]
         if not seqs:
+            return
+        if len(seqs) == 1 and all(s.joining is None for s in self.active):
+            s = seqs[0]
+            s.session.pin = s.pin_alone
+            try:
+                s.out.extend(run_round(s.session, s.progress, ALONE_STRETCH))
+            finally:
+                s.session.pin = False
             return
         target = self.model.target
         with cpu_blas.verify_threads():

@@ -166,12 +166,15 @@ class EarlyChoice:
     stretch: int  # undrafted rounds in a row it commits to, this one first (0 if it drafts)
 
 
-def choose_ahead(session: Session, progress: Progress) -> EarlyChoice:
-    """The chooser's choice before the round, and how many undrafted rounds it commits to."""
+def choose_ahead(session: Session, progress: Progress, max_stretch: Optional[int] = None
+                 ) -> EarlyChoice:
+    """The chooser's choice before the round, and how many undrafted rounds it commits to (at
+    most ``max_stretch``: the chooser commits to the rest when asked again)."""
     started = time.perf_counter()
     remaining = session.max_tokens - progress.emitted
     drafts = session.chooser.choose(min(session.max_drafts, remaining - 1))
-    stretch = min(session.chooser.undrafted_stretch(), remaining) if drafts == 0 else 0
+    stretch = min(session.chooser.undrafted_stretch(), remaining,
+                  max_stretch or remaining) if drafts == 0 else 0
     return EarlyChoice(drafts, started, stretch)
 
 

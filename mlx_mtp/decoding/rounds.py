@@ -36,7 +36,7 @@ from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockCh
 from mlx_mtp.decoding.pipelined_steps import pipelined_steps
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.plain import plain_generate_step
-from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Draws, Request, Session,
+from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Draws, Progress, Request, Session,
                                             choose_draws, open_session, start_stats)
 from mlx_mtp.decoding.round_steps import (Emitted, choose_ahead, commit, draft, emit, plan_round,
                                           prefill, record_round, verify_and_walk)
@@ -307,20 +307,28 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
         yield from pipelined_steps(session, progress, session.max_tokens - 1, stretch=False)
         return
     while progress.emitted < session.max_tokens:
-        tree_round = session.shapes.choose() if session.shapes is not None else False
-        ahead = (choose_ahead(session, progress) if session.stretches and not tree_round
-                 else None)
-        if ahead is not None and ahead.stretch > 1:
-            yield from pipelined_steps(session, progress, ahead.stretch, stretch=True)
-            continue
-        with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
-            plan = plan_round(session, progress, ahead, tree_round)
-            proposal = draft(session, progress, plan)
-            verified = verify_and_walk(session, progress, plan, proposal)
-            commit(session, progress, plan, verified)
-            record_round(session, plan, verified)
-        yield from emit(session, progress, verified)
+        yield from run_round(session, progress)
     session.note_generation_time()
+
+
+def run_round(session: Session, progress: Progress, max_stretch: Optional[int] = None
+              ) -> Generator[Emitted, None, None]:
+    """One round of a sequence decoded alone: choose, draft, verify and walk, commit, emit; or,
+    under ``auto``, a stretch of undrafted rounds (at most ``max_stretch``) as pipelined
+    one-token steps."""
+    tree_round = session.shapes.choose() if session.shapes is not None else False
+    ahead = (choose_ahead(session, progress, max_stretch)
+             if session.stretches and not tree_round else None)
+    if ahead is not None and ahead.stretch > 1:
+        yield from pipelined_steps(session, progress, ahead.stretch, stretch=True)
+        return
+    with cpu_blas.verify_threads():  # the round's multi-row products (see cpu_blas)
+        plan = plan_round(session, progress, ahead, tree_round)
+        proposal = draft(session, progress, plan)
+        verified = verify_and_walk(session, progress, plan, proposal)
+        commit(session, progress, plan, verified)
+        record_round(session, plan, verified)
+    yield from emit(session, progress, verified)
 
 
 def start_generation(session: Session, first_token: int) -> None:

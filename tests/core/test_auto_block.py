@@ -12,6 +12,7 @@ from conftest import CODE_PROMPT, cli, reference_greedy
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
+from support.choosers import STRETCHES, ScriptedChooser, StretchChooser
 from support.oracle import ForcedHeadDrafter, TableDrafter
 
 import mlx_mtp
@@ -24,42 +25,9 @@ from mlx_mtp.models.model import MTPModel
 MAX_TOKENS = 24
 
 
-class ScriptedChooser(BlockChooser):
-    """Replays ``script`` (drafts per round, cut to the budget) instead of choosing: the loop
-    must not care what was chosen. It still learns, as the real one does."""
-
-    def __init__(self, max_drafts, script, **kw):
-        super().__init__(max_drafts, **kw)
-        self.script, self.asked, self.observed = list(script), 0, []
-
-    def choose(self, limit=None):
-        k = self.script[self.asked % len(self.script)]
-        self.asked += 1
-        return min(k, self.max_drafts if limit is None else limit)
-
-    def observe(self, drafts, accepted, wall_s):
-        self.observed.append(drafts)
-        super().observe(drafts, accepted, wall_s)
-
-
 SCRIPTS = ([0, 0, 3, 5, 1, 0, 2, 4, 0, 0, 5], [5, 1, 1, 0, 4], [0])
 
 
-class StretchChooser(ScriptedChooser):
-    """Scripted, where ``("stretch", n)`` gives no drafts and commits to ``n`` rounds without
-    (the loop runs them as pipelined one-token steps)."""
-
-    def choose(self, limit=None):
-        entry = self.script[self.asked % len(self.script)]
-        self.asked += 1
-        if isinstance(entry, tuple):
-            self._stretch = entry[1]
-            return 0
-        self._stretch = 1
-        return min(entry, self.max_drafts if limit is None else limit)
-
-
-STRETCHES = [("stretch", 3), 2, ("stretch", 5), 0, 4, ("stretch", 2), 1]
 
 
 

@@ -10,12 +10,13 @@ from conftest import reference_greedy
 from mlx_lm.generate import batch_generate as mlx_batch_generate
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc
+from support.choosers import STRETCHES, StretchChooser
 from support.packed import assert_packed_verify_equals_alone
 from support.perturbed import one_ulp
 
 import mlx_mtp
 from mlx_mtp import MTPError
-from mlx_mtp.decoding.batch_rounds import BatchRounds
+from mlx_mtp.decoding.batch_rounds import ALONE_STRETCH, BatchRounds
 from mlx_mtp.exactness import batch_vs_alone
 
 SLOW_KINDS = [pytest.param(k, marks=pytest.mark.slow) for k in ("moe", "tied", "next", "wide")]
@@ -99,6 +100,48 @@ def test_batched_tokens_are_each_prompts_greedy_tokens(agreeing_dir, block_size)
         assert out == reference_greedy(agreeing_dir, p, n)
     assert seqs[0].stats.accepted > 0 and seqs[0].stats.rounds < 20
     assert rounds.active == []  # each left once read to its end
+
+
+def test_a_sequence_alone_in_the_batch_decodes_as_alone(dense_dir):
+    """With no other sequence in the batch, a round is the round it runs alone: under ``auto``
+    the chooser's undrafted stretches run as pipelined one-token steps (one host read a step),
+    as ``generate_step`` runs them; a sequence that joins later is batched with it, and both keep
+    their greedy tokens."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompts = prompts_for(model.target.vocab_size)
+    chooser = StretchChooser(5, STRETCHES)
+    rounds = BatchRounds(model, 2, block_size=chooser)
+    alone = rounds.start(mx.array(prompts[0]), max_tokens=24)
+    first = rounds.tokens(alone)
+    read = [next(first)[0] for _ in range(12)]
+    assert alone.stats.undrafted_steps >= 3 + 5  # the first two stretches
+    assert alone.stats.host_syncs == alone.stats.rounds  # one read per step or round
+    late = rounds.start(mx.array(prompts[1]), max_tokens=10)
+    second = rounds.tokens(late)
+    outs, live = [read, []], [first, second]
+    while any(g is not None for g in live):
+        for i, g in enumerate(live):
+            item = None if g is None else next(g, None)
+            if item is None:
+                live[i] = None
+            else:
+                outs[i].append(item[0])
+    assert outs[0] == reference_greedy(dense_dir, prompts[0], 24)
+    assert outs[1] == reference_greedy(dense_dir, prompts[1], 10)
+    assert late.stats.rounds > 0 and rounds.active == []
+
+
+def test_a_lone_sequences_stretch_yields_to_joins(dense_dir):
+    """A lone sequence's stretch runs at most ``ALONE_STRETCH`` steps a round, so a sequence that
+    starts meanwhile waits no longer; the output is still the greedy decode."""
+    model = mlx_mtp.load_model(dense_dir)
+    prompt = prompts_for(model.target.vocab_size)[0]
+    rounds = BatchRounds(model, 2, block_size=StretchChooser(5, [("stretch", 20), 1]))
+    alone = rounds.start(mx.array(prompt), max_tokens=30)
+    assert len(alone.out) == 1  # the first token, drawn with the prefill
+    rounds.round()
+    assert len(alone.out) == 1 + ALONE_STRETCH and alone.stats.undrafted_steps == ALONE_STRETCH
+    assert [t for t, _, _ in rounds.tokens(alone)] == reference_greedy(dense_dir, prompt, 30)
 
 
 def test_sequences_join_and_leave_between_rounds(dense_dir):
