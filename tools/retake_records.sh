@@ -176,6 +176,9 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
   retake concurrency-realistic-pair-auto -- $PY -m benchmarks.bench_concurrency --model "$Q" \
     --block-size auto --levels 1,4,8,16 --max-tokens 64 \
     --topic concurrency-realistic-pair-auto --wait-idle 600
+  retake concurrency-c1-realistic-pair-auto -- $PY -m benchmarks.bench_concurrency --model "$Q" \
+    --block-size auto --levels 1 --requests 5 --max-tokens 64 \
+    --topic concurrency-c1-realistic-pair-auto --wait-idle 600
 fi
 
 # The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when
