@@ -1,8 +1,10 @@
 """Under ``block_size="auto"`` with ``draft_topk`` above 1: whether a round drafts a chain (its
 width chosen by ``BlockChooser``) or a tree, from the tokens per second each shape measured.
 
-Each shape's rate is the median of its last ``window`` rounds' tokens per second (a median, so
-the first rounds of a new width, which compile graphs, do not decide). Chains and trees take
+Each shape's rate is the mean tokens of its last ``window`` rounds over their median time: the
+tokens a round emits vary from one to the whole block, so a median of per-round rates would let
+a few lucky rounds decide, while a median time keeps the first rounds of a new shape, which
+compile graphs, from deciding. Chains and trees take
 turns until each has ``explore`` rounds; then the faster shape runs, and the slower one runs once
 when it has not run for ``gap`` rounds, so a change in text or cost is noticed. The gap starts
 at ``reprobe``, doubles after each re-measure that leaves the faster shape as it was, up to
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Deque, Dict, Optional
+from typing import Deque, Dict, Optional, Tuple
 
 
 class ShapeChooser:
@@ -24,20 +26,25 @@ class ShapeChooser:
         self.depth = depth  # drafts of the last chain round that drafted: a tree round's depth
         self.explore, self.reprobe, self.max_gap = explore, reprobe, max_gap
         self.gap = reprobe
-        self.rates: Dict[bool, Deque[float]] = {False: deque(maxlen=window),
-                                                True: deque(maxlen=window)}
+        # per shape, its recent rounds' (tokens, seconds)
+        self.recent: Dict[bool, Deque[Tuple[int, float]]] = {False: deque(maxlen=window),
+                                                             True: deque(maxlen=window)}
         self.since: Dict[bool, int] = {False: 0, True: 0}  # rounds since each shape last ran
         self.rounds = {False: 0, True: 0}  # rounds per shape (stats)
         self.leader: Optional[bool] = None  # the faster shape when the last round was chosen
         self.probing = False  # the last choice re-measured the slower shape
 
     def rate(self, tree: bool) -> float:
-        """Tokens per second of the shape's recent rounds (median); 0 before any."""
-        return statistics.median(self.rates[tree]) if self.rates[tree] else 0.0
+        """Tokens per second of the shape's recent rounds: their mean tokens over their median
+        time; 0 before any."""
+        recent = self.recent[tree]
+        if not recent:
+            return 0.0
+        return statistics.mean(t for t, _ in recent) / statistics.median(s for _, s in recent)
 
     def choose(self) -> bool:
         """True: this round drafts a tree."""
-        seen = {s: len(self.rates[s]) for s in (False, True)}
+        seen = {s: len(self.recent[s]) for s in (False, True)}
         if min(seen.values()) < self.explore:
             return seen[True] < seen[False]  # take turns, a chain first
         best = self.rate(True) > self.rate(False)
@@ -52,7 +59,7 @@ class ShapeChooser:
         """A drafting round of the shape emitted ``tokens`` in ``seconds``; a chain round's
         ``drafts`` become the next tree's depth."""
         if seconds > 0:
-            self.rates[tree].append(tokens / seconds)
+            self.recent[tree].append((tokens, seconds))
         self.since[tree] = 0
         self.since[not tree] += 1
         self.rounds[tree] += 1

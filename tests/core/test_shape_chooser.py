@@ -1,6 +1,6 @@
 """The chain-or-tree choice under ``auto`` (``ShapeChooser``): turns while exploring, then the
-faster shape by its recent median rate, the slower one re-measured at gaps that double while it
-stays behind and start again when the faster shape changes."""
+faster shape by its recent rate (mean tokens over median time), the slower one re-measured at gaps
+that double while it stays behind and start again when the faster shape changes."""
 
 from mlx_mtp.decoding.shape_chooser import ShapeChooser
 
@@ -44,11 +44,22 @@ def test_follows_a_change_of_the_faster_shape_and_watches_closely_again():
     run(c, 4, {CHAIN: 20.0, TREE: 10.0})
     run(c, 60, {CHAIN: 20.0, TREE: 10.0})  # the gap has grown to the cap
     shapes = run(c, 12, {CHAIN: 5.0, TREE: 10.0})
-    # chains turn slow: the next tree probe (the cap: 12 rounds on) sees trees faster once
-    # the chain's window median is a slow round; then trees lead, the chain probed at gap 4
-    assert shapes == [CHAIN, CHAIN, CHAIN, CHAIN, TREE, CHAIN, TREE, TREE, TREE, TREE, CHAIN,
+    # chains turn slow: the next tree probe (the cap: 16 rounds since the last) finds trees
+    # faster, the chain's median time being half slow rounds by then; trees lead from there, the
+    # chain re-measured at gap 4
+    assert shapes == [CHAIN, CHAIN, CHAIN, CHAIN, TREE, TREE, TREE, TREE, CHAIN, TREE, TREE,
                       TREE]
     assert c.gap == 8  # back to 4 at the change, doubled after the chain probe that lost
+
+
+def test_the_rate_is_mean_tokens_over_median_time():
+    """Five rounds emitting 1, 1, 1, 6 and 1 tokens, the first in 500 ms (its graphs compiled),
+    the others in 10 ms: 2 tokens a round at a median 10 ms, 200 tokens per second, where a
+    median of per-round rates would say 100."""
+    c = ShapeChooser(depth=3)
+    for tokens, seconds in [(1, 0.5), (1, 0.01), (1, 0.01), (6, 0.01), (1, 0.01)]:
+        c.observe(CHAIN, tokens, seconds)
+    assert c.rate(CHAIN) == 2 / 0.01 and c.rate(TREE) == 0.0
 
 
 def test_a_round_without_time_counts_but_gives_no_rate():
