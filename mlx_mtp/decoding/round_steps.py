@@ -408,16 +408,15 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
         session.split.log_cache(target, cache, session.prompt_len + progress.emitted + accepted)
     progress.bonus = verified.target_ids[accepted : accepted + 1]
     progress.history = sampling.append_history(progress.history, verified.new_ids)
+    # Once at most one plain step is left nothing reads the drafter, unless a prompt cache keeps it.
     drafts_again = session.max_tokens - (progress.emitted + accepted + 1) > 1
-    if drafter is not None and not drafts_again and session.turn is None:
-        pass  # the generation ends with at most one plain step: nothing reads the drafter
-    elif (drafter is not None and session.chooser is not None and plan.drafts == 0
-            and session.turn is None):
+    fed = drafter is not None and (drafts_again or session.turn is not None)
+    if fed and session.chooser is not None and plan.drafts == 0 and session.turn is None:
         # (a prompt cache's turn needs the drafter current at every round: no deferral)
         progress.deferred.append((hidden[:, :1], verified.new_ids))  # fed if it drafts again
-    elif drafter is not None and feed is not None:
+    elif fed and feed is not None:
         feed.append((hidden[:, : accepted + 1], verified.new_ids))
-    elif drafter is not None:
+    elif fed:
         with stats.phase("accept"):
             drafter.accept(hidden[:, : accepted + 1], verified.new_ids)
             session.settle(drafter.state_arrays())
