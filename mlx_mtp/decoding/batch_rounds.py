@@ -53,7 +53,6 @@ class BatchedSequence:
     progress: Optional[Progress] = None  # once joined
     out: Deque[Emitted] = field(default_factory=deque)
     left: bool = False  # removed from the batch: no round emits for it any more
-    pin_alone: bool = False  # its verify pins to one core when it decodes alone (cpu_pin)
 
     @property
     def done(self) -> bool:
@@ -145,7 +144,6 @@ class BatchRounds:
                                stats, request, prompt.size)
         seq = BatchedSequence(session, prefill_steps(session, prompt, request, exact=True))
         seq.join_step()
-        seq.pin_alone, session.pin = session.pin, False  # the batch's verify is shared
         self.active.append(seq)
         return seq
 
@@ -177,7 +175,8 @@ class BatchRounds:
         prefill chunk of each sequence still joining. A sequence with no other in the batch
         decodes as it would alone (``run_round``: under ``auto`` its undrafted stretches run
         pipelined, at most ``ALONE_STRETCH`` steps a call so a sequence that starts meanwhile
-        joins soon), its verify pinned as alone."""
+        joins soon), its verify pinned as alone (``Session.pin``, which a batched verify does not
+        read)."""
         for s in [s for s in self.active if s.joining is not None]:
             s.join_step()
         seqs = [s for s in self.active if s.joining is None and not s.done]
@@ -185,11 +184,7 @@ class BatchRounds:
             return
         if len(seqs) == 1 and all(s.joining is None for s in self.active):
             s = seqs[0]
-            s.session.pin = s.pin_alone
-            try:
-                s.out.extend(run_round(s.session, s.progress, ALONE_STRETCH))
-            finally:
-                s.session.pin = False
+            s.out.extend(run_round(s.session, s.progress, ALONE_STRETCH))
             return
         target = self.model.target
         with cpu_blas.verify_threads():
