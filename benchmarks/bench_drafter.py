@@ -341,48 +341,37 @@ def _word(ratios) -> str:
     return "null"
 
 
+def _paired(raw, slow: str, fast: str) -> dict:
+    """Arms ``slow`` and ``fast`` paired run by run: the drafter step and the non-verify time per
+    round of ``slow`` over ``fast``, and the tok/s of ``fast`` over ``slow`` (> 1: ``fast`` is
+    faster), with a verdict for each."""
+    a, b = _per_run(raw[slow]), _per_run(raw[fast])
+    keys = [k for k in b if k in a]
+    step = [a[k][0] / b[k][0] for k in keys]
+    nonverify = [a[k][1] / b[k][1] for k in keys]
+    tps_fast = {(x["pair"], x["prompt"]): x["tps"] for x in raw[fast]}
+    tps = [tps_fast[(x["pair"], x["prompt"])] / x["tps"] for x in raw[slow]]
+    return {"step": step, "nonverify": nonverify, "tps": tps,
+            "verdict": {"drafter step": _word(step), "non-verify": _word(nonverify),
+                        "tok/s": _word(tps)}}
+
+
 def verdicts(r) -> list:
     """Per phase, paired run by run: all-but-this-phase over all-on for the drafter step and for
     everything but the verify forward (per round), and tok/s all-on over all-but-this-phase; a
     verdict for each (the drafter step is what a phase changes directly; the other two carry
     the finalize and target verify's noise on top)."""
-    raw = r["raw"]
-    on = _per_run(raw["all"])
-    out = []
-    for p in PHASES:
-        off = _per_run(raw[f"-{p}"])
-        keys = [k for k in on if k in off]
-        step = [off[k][0] / on[k][0] for k in keys]
-        nonverify = [off[k][1] / on[k][1] for k in keys]
-        tps_on = {(x["pair"], x["prompt"]): x["tps"] for x in raw["all"]}
-        tps = [tps_on[(x["pair"], x["prompt"])] / x["tps"] for x in raw[f"-{p}"]]
-        out.append({"phase": p, "name": PHASE_NAMES[p], "step": step, "nonverify": nonverify,
-                    "tps": tps, "verdict": {"drafter step": _word(step),
-                                            "non-verify": _word(nonverify), "tok/s": _word(tps)}})
-    return out
+    return [{"phase": p, "name": PHASE_NAMES[p], **_paired(r["raw"], f"-{p}", "all")}
+            for p in PHASES]
 
 
 def head_bits(r) -> list:
     """Per quantized-head arm, paired run by run against the default arm: the drafter step and
     the non-verify time (default's over this arm's: > 1 means the quantized head helps) and
     tok/s (this arm's over default's); a verdict for each. Records without the arms: none."""
-    raw = r["raw"]
-    base = _per_run(raw["default"])
-    tps_base = {(x["pair"], x["prompt"]): x["tps"] for x in raw["default"]}
-    out = []
-    for b in HEAD_BITS:
-        arm = f"default+{b}bit"
-        if arm not in raw:
-            continue
-        got = _per_run(raw[arm])
-        keys = [k for k in base if k in got]
-        step = [base[k][0] / got[k][0] for k in keys]
-        nonverify = [base[k][1] / got[k][1] for k in keys]
-        tps = [x["tps"] / tps_base[(x["pair"], x["prompt"])] for x in raw[arm]]
-        out.append({"arm": arm, "bits": b, "step": step, "nonverify": nonverify, "tps": tps,
-                    "verdict": {"drafter step": _word(step), "non-verify": _word(nonverify),
-                                "tok/s": _word(tps)}})
-    return out
+    return [{"arm": f"default+{b}bit", "bits": b,
+             **_paired(r["raw"], "default", f"default+{b}bit")}
+            for b in HEAD_BITS if f"default+{b}bit" in r["raw"]]
 
 
 def render(r: dict) -> str:
