@@ -32,10 +32,11 @@ def prompts_for(vocab_size, lengths=(9, 14, 5, 20)):
     return [[(7 * i + 3 * s + 1) % vocab_size for i in range(n)] for s, n in enumerate(lengths)]
 
 
-def drain(rounds, seqs, budget=None):
+def drain(rounds, seqs, budget=None, gens=None):
     """Every sequence's tokens, read in turn as a server reads them (``budget``: stop reading
-    sequence s after ``budget[s]`` tokens: its consumer went away)."""
-    gens = [rounds.tokens(s) for s in seqs]
+    sequence s after ``budget[s]`` tokens: its consumer went away; ``gens``: readers already
+    open, ``rounds.tokens(s)`` where None)."""
+    gens = [g or rounds.tokens(s) for s, g in zip(seqs, gens or [None] * len(seqs))]
     outs = [[] for _ in seqs]
     live = list(range(len(seqs)))
     while live:
@@ -117,16 +118,8 @@ def test_a_sequence_alone_in_the_batch_decodes_as_alone(dense_dir):
     assert alone.stats.undrafted_steps >= 3 + 5  # the first two stretches
     assert alone.stats.host_syncs == alone.stats.rounds  # one read per step or round
     late = rounds.start(mx.array(prompts[1]), max_tokens=10)
-    second = rounds.tokens(late)
-    outs, live = [read, []], [first, second]
-    while any(g is not None for g in live):
-        for i, g in enumerate(live):
-            item = None if g is None else next(g, None)
-            if item is None:
-                live[i] = None
-            else:
-                outs[i].append(item[0])
-    assert outs[0] == reference_greedy(dense_dir, prompts[0], 24)
+    outs = drain(rounds, [alone, late], gens=[first, None])
+    assert read + outs[0] == reference_greedy(dense_dir, prompts[0], 24)
     assert outs[1] == reference_greedy(dense_dir, prompts[1], 10)
     assert late.stats.rounds > 0 and rounds.active == []
 
