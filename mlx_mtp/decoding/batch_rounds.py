@@ -23,12 +23,13 @@ import mlx.core as mx
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding import keyed_sampling, sampling
+from mlx_mtp.decoding.batch_chooser import BatchChooser
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.round_session import (Progress, Request, Session, choose_draws,
                                             open_session, start_stats)
-from mlx_mtp.decoding.round_steps import (Draft, Emitted, commit, draft, draw_rows, emit,
-                                          host_read, plan_round, prefill_steps, record_round,
-                                          round_block, walk)
+from mlx_mtp.decoding.round_steps import (Draft, EarlyChoice, Emitted, commit, draft,
+                                          draft_limit, draw_rows, emit, host_read, plan_round,
+                                          prefill_steps, record_round, round_block, walk)
 from mlx_mtp.decoding.rounds import (checked_max_tokens, checked_prompt, resolve_block_size,
                                      run_round, start_generation)
 from mlx_mtp.decoding.stats import RunStats
@@ -88,9 +89,12 @@ def batch_problem(model) -> Optional[str]:
 
 class BatchRounds:
     """Up to ``max_batch`` sequences decoded together in rounds (``round``). ``block_size`` and
-    ``max_block_size`` as ``generate_step``'s, for every sequence (each under ``auto`` has its
-    own chooser). Checks on creation that a packed verify equals each sequence's verify alone
-    on this device (unless MLX_MTP_ALLOW_INEXACT=1), else raises ``MTPError``."""
+    ``max_block_size`` as ``generate_step``'s, for every sequence. Under ``auto`` each sequence
+    has its own chooser, which chooses while it decodes alone; while several decode together the
+    batch's ``BatchChooser`` picks one draft count for all of them by the batch's measured rate
+    (their choosers count the judgments). Checks on creation that a packed verify equals each
+    sequence's verify alone on this device (unless MLX_MTP_ALLOW_INEXACT=1), else raises
+    ``MTPError``."""
 
     def __init__(self, model, max_batch: int, *, block_size=AUTO,
                  max_block_size: int = DEFAULT_MAX_BLOCK_SIZE):
@@ -113,6 +117,7 @@ class BatchRounds:
             if reason is not None:
                 raise MTPError(f"batched rounds declined: batch-vs-alone probe: {reason}")
         self.active: List[BatchedSequence] = []
+        self.chooser = BatchChooser(self.widest - 1) if block_size == AUTO else None
 
     # ------------------------------------------------------------------------ joining, leaving
 
@@ -188,7 +193,9 @@ class BatchRounds:
             return
         target = self.model.target
         with cpu_blas.verify_threads():
-            plans = [plan_round(s.session, s.progress, None) for s in seqs]
+            started = time.perf_counter()
+            plans = [plan_round(s.session, s.progress, a)
+                     for s, a in zip(seqs, self._choose(seqs, started))]
             proposals = self._draft(seqs, plans)
             verify_start = time.perf_counter()
             with _phases(seqs, "verify"):
@@ -214,8 +221,24 @@ class BatchRounds:
                 done.append((s, plan, verified))
             self._accept(feeds)
             for s, plan, verified in done:
-                record_round(s.session, plan, verified)
+                record_round(s.session, plan, verified, timed=self.chooser is None)
                 s.out.extend(emit(s.session, s.progress, verified))
+            chosen = {p.drafts for p in plans}
+            if self.chooser is not None and len(chosen) == 1:  # (all drafted alike: a count's)
+                self.chooser.observe(len(seqs), chosen.pop(),
+                                     sum(v.accepted + 1 for _, _, v in done),
+                                     time.perf_counter() - started)
+
+    def _choose(self, seqs: List[BatchedSequence], started: float) -> list:
+        """Per sequence, the batch chooser's drafts for the round, at most what its budget allows
+        (None without a batch chooser: a fixed block size)."""
+        if self.chooser is None:
+            return [None] * len(seqs)
+        k = self.chooser.choose(len(seqs))
+        for s in seqs:
+            s.session.chooser.batched_round()
+        return [EarlyChoice(min(k, draft_limit(s.session, s.progress)), started, 0)
+                for s in seqs]
 
     def _draft(self, seqs: List[BatchedSequence], plans) -> List[Draft]:
         """Every sequence's drafts: the greedy drafters' head steps batched, where the family

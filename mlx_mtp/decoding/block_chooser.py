@@ -288,8 +288,7 @@ class BlockChooser:
         """Drafts for the next round, at most ``limit`` (the token budget's bound)."""
         limit = self.max_drafts if limit is None else max(0, min(limit, self.max_drafts))
         self._stretch, self._probing = 1, False
-        full = self.token_weight is not None and len(self.recent) == self.recent.maxlen
-        self.key = tuple(self.recent) if full else None  # what this round's judgments key
+        self._set_key()
         if limit == 0 or not self._fresh(1):
             return 0  # width 1 is the baseline every other width is judged against
         costs = self.costs()[: limit + 1]
@@ -313,6 +312,18 @@ class BlockChooser:
             self._probed = False
             self.probe_gap = min(PROBE_FIRST, self.probe_every)
         return k
+
+    def _set_key(self) -> None:
+        """The key this round's judgments count under: the last ``token_context`` ids emitted."""
+        full = self.token_weight is not None and len(self.recent) == self.recent.maxlen
+        self.key = tuple(self.recent) if full else None
+
+    def batched_round(self) -> None:
+        """A round whose drafts a batch's chooser picks (``mlx_mtp.decoding.batch_chooser``) in
+        place of ``choose``: sets the key the round's judgments count under, as ``choose``
+        does."""
+        self._stretch, self._probing = 1, False
+        self._set_key()
 
     def _unless_weak_evidence(self, acceptance: List[float], costs: List[Optional[float]],
                               pooled_first: float) -> int:
@@ -394,12 +405,17 @@ class BlockChooser:
         for j in judged:
             self.judged[j] += 1
 
-    def observe(self, drafts: int, accepted: int, wall_s: float) -> None:
-        """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds."""
+    def observe(self, drafts: int, accepted: int, wall_s: Optional[float]) -> None:
+        """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds
+        (None: a batched round, whose time is the batch's, not this width's: only the
+        judgments count, and the widths' measurements age)."""
         self.round += 1
         if drafts:  # a drafting round: all evidence fades, then its own judgments count
             self.count(drafts, accepted)
         self.context = accepted if drafts else None
+        self.undrafted = self.undrafted + 1 if drafts == 0 else 0
+        if wall_s is None:
+            return
         w = drafts + 1
         self.samples[w].append(wall_s)
         self.median[w] = statistics.median(self.samples[w])
@@ -407,7 +423,6 @@ class BlockChooser:
         if self.round_costs is not None:
             self.round_costs.rounds += 1
             self.round_costs.measured_at[w] = self.round_costs.rounds
-        self.undrafted = self.undrafted + 1 if drafts == 0 else 0
         if drafts and self._probing:  # the next choice says whether to back off
             self._probed = True
         elif drafts:  # a drafting round the arithmetic chose: start again from the shortest run

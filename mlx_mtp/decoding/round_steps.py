@@ -178,21 +178,28 @@ def choose_ahead(session: Session, progress: Progress, max_stretch: Optional[int
     return EarlyChoice(drafts, started, stretch)
 
 
+def draft_limit(session: Session, progress: Progress) -> int:
+    """The most drafts the next round may make: the widest block, never past the token budget
+    nor (kv_bits) across the switch to a quantized cache."""
+    drafts = min(session.max_drafts, session.max_tokens - progress.emitted - 1)
+    return session.kv.max_drafts(session.cache, drafts)
+
+
 def plan_round(session: Session, progress: Progress, ahead: Optional[EarlyChoice],
                tree_round: bool = False) -> RoundPlan:
-    """The round's drafts: the widest block, never past the token budget nor (kv_bits) across
-    the switch to a quantized cache; under ``auto`` the chooser's choice (``ahead`` when made
-    before the round), or for a round the shape chooser gave a tree (``tree_round``) its depth.
-    Catches the drafter up on deferred rounds before it drafts again."""
-    drafts = min(session.max_drafts, session.max_tokens - progress.emitted - 1)
-    drafts = session.kv.max_drafts(session.cache, drafts)
+    """The round's drafts: at most ``draft_limit``; under ``auto`` the chooser's choice
+    (``ahead`` when made before the round: the sequence's chooser's, or a batch's), or for a
+    round the shape chooser gave a tree (``tree_round``) its depth. Catches the drafter up on
+    deferred rounds before it drafts again."""
+    drafts = draft_limit(session, progress)
     started = time.perf_counter() if ahead is None else ahead.started
     tree = session.tree is not None and (session.shapes is None or tree_round)
     if session.chooser is not None:
         if tree_round:
             drafts = min(drafts, session.shapes.depth)
         else:
-            drafts = session.chooser.choose(drafts) if ahead is None else ahead.drafts
+            drafts = session.chooser.choose(drafts) if ahead is None else min(drafts,
+                                                                              ahead.drafts)
         if session.split is not None:  # timed choices differ per rank: all verify rank 0's width
             drafts = session.split.from_rank0(drafts)
         if drafts > 0 and progress.deferred:  # outside the round's measured cost
@@ -425,12 +432,16 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
                                 progress.bonus, replaced)
 
 
-def record_round(session: Session, plan: RoundPlan, verified: Verified) -> None:
-    """The round's wall time into the stats; the time since the choice to the chooser."""
+def record_round(session: Session, plan: RoundPlan, verified: Verified,
+                 timed: bool = True) -> None:
+    """The round's wall time into the stats; the time since the choice to the chooser (not
+    ``timed``: a batched round whose drafts a batch's chooser picked, which times it itself;
+    the sequence's chooser counts its judgments only)."""
     ended = time.perf_counter()
     session.stats.record_round(plan.drafts, verified.accepted, ended - plan.started)
     if session.chooser is not None and not plan.tree:  # its widths are chains'
-        session.chooser.observe(plan.drafts, verified.accepted, ended - plan.chosen_at)
+        session.chooser.observe(plan.drafts, verified.accepted,
+                                ended - plan.chosen_at if timed else None)
     if session.shapes is not None and plan.drafts > 0:
         session.shapes.observe(plan.tree, verified.accepted + 1, ended - plan.chosen_at,
                                plan.drafts)

@@ -10,7 +10,7 @@ from conftest import reference_greedy
 from mlx_lm.generate import batch_generate as mlx_batch_generate
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc
-from support.choosers import STRETCHES, StretchChooser
+from support.choosers import STRETCHES, ScriptedBatchChooser, StretchChooser
 from support.packed import assert_packed_verify_equals_alone
 from support.perturbed import one_ulp
 
@@ -101,6 +101,31 @@ def test_batched_tokens_are_each_prompts_greedy_tokens(agreeing_dir, block_size)
         assert out == reference_greedy(agreeing_dir, p, n)
     assert seqs[0].stats.accepted > 0 and seqs[0].stats.rounds < 20
     assert rounds.active == []  # each left once read to its end
+
+
+def test_under_auto_the_batchs_chooser_sets_every_sequences_drafts(agreeing_dir):
+    """Under ``auto`` a batched round drafts the batch chooser's count for every sequence (at
+    most what its budget allows) and tells it the round's size, count and tokens; the sequences'
+    own choosers count the judgments but time nothing of a batched round. Output greedy."""
+    model = mlx_mtp.load_model(agreeing_dir)
+    prompts = prompts_for(model.target.vocab_size)[:3]
+    rounds = BatchRounds(model, 3, block_size="auto")
+    rounds.chooser = ScriptedBatchChooser(5, [2, 0, 4, 1])
+    seqs = [rounds.start(mx.array(p), max_tokens=16) for p in prompts]
+    outs = drain(rounds, seqs)
+    for p, out in zip(prompts, outs):
+        assert out == reference_greedy(agreeing_dir, p, 16)
+    # every draft accepted: rounds of 2, 0, 4, 1 drafts emit 3, 1, 5, 2 tokens each, so after the
+    # first token 15 more take rounds 2, 0, 4, 1, 2 (3 + 1 + 5 + 2 + 3 = 14) and a last one
+    # whose budget leaves no draft (the script's 0)
+    assert rounds.chooser.observed == [(3, 2, 9), (3, 0, 3), (3, 4, 15), (3, 1, 6), (3, 2, 9),
+                                       (3, 0, 3)]
+    for s in seqs:
+        assert s.stats.block_sizes == {3: 2, 1: 2, 5: 1, 2: 1}
+        assert s.stats.accepted == s.stats.drafted == 9
+        chooser = s.session.chooser
+        assert chooser.round == 6 and all(len(d) == 0 for d in chooser.samples.values())
+        assert chooser.judged[:4] == [4, 3, 1, 1]
 
 
 def test_a_sequence_alone_in_the_batch_decodes_as_alone(dense_dir):

@@ -1,5 +1,6 @@
 """Block choosers that replay a script instead of choosing, so a test fixes what ``auto`` does."""
 
+from mlx_mtp.decoding.batch_chooser import BatchChooser
 from mlx_mtp.decoding.block_chooser import BlockChooser
 
 
@@ -36,3 +37,21 @@ class StretchChooser(ScriptedChooser):
 
 
 STRETCHES = [("stretch", 3), 2, ("stretch", 5), 0, 4, ("stretch", 2), 1]
+
+
+class ScriptedBatchChooser(BatchChooser):
+    """A batch's chooser that replays ``script`` (draft counts, in turn) and notes what it was
+    told of each round: ``(size, drafts, tokens)``."""
+
+    def __init__(self, max_drafts, script):
+        super().__init__(max_drafts)
+        self.script, self.asked, self.observed = list(script), 0, []
+
+    def choose(self, size):
+        k = self.script[self.asked % len(self.script)]
+        self.asked += 1
+        return k
+
+    def observe(self, size, drafts, tokens, wall_s):
+        self.observed.append((size, drafts, tokens))
+        super().observe(size, drafts, tokens, wall_s)
