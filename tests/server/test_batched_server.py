@@ -25,8 +25,8 @@ PROMPTS = [f"def {name}(self, {arg}):\n    " + "x = 1\n    " * (i % 3)
 
 
 class Server(ServerProcess):
-    def __init__(self, *args):
-        super().__init__("--log-level", "warning", "--block-size", "3", *args)
+    def __init__(self, *args, block_size="3"):
+        super().__init__("--log-level", "warning", "--block-size", block_size, *args)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
                                     timeout=300)
 
@@ -76,6 +76,25 @@ def test_sixty_four_requests_from_sixteen_clients_get_their_solo_texts(batched, 
     for c, texts in enumerate(got):
         assert texts == [solo_texts[(c + 5 * j) % 16] for j in range(4)], c
     assert len(set(solo_texts)) > 8  # the prompts' texts differ: a swapped answer would show
+
+
+def test_under_auto_concurrent_requests_get_their_solo_texts(solo_texts):
+    """The server's default block size: the batch's own chooser picks every round's drafts;
+    eight concurrent requests still get their solo texts."""
+    server = Server("--max-batch", "8", block_size="auto")
+    try:
+        def one(prompt):
+            return server.client.completions.create(model="demo", prompt=prompt, max_tokens=N,
+                                                    temperature=0)
+
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(one, PROMPTS[:8]))
+        assert [r.choices[0].text for r in got] == solo_texts[:8]
+        for r in got:
+            mtp = r.model_extra["mtp"]
+            assert mtp["block_size"] == "auto" and mtp["batched"] is True
+    finally:
+        server.stop()
 
 
 def test_requests_of_every_setting_share_a_batch(batched, solo, solo_texts):
