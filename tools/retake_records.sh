@@ -176,6 +176,8 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
   retake concurrency-realistic-pair-auto -- $PY -m benchmarks.bench_concurrency --model "$Q" \
     --block-size auto --levels 1,4,8,16 --max-tokens 64 \
     --topic concurrency-realistic-pair-auto --wait-idle 600
+  retake batch-counts-realistic-pair -- $PY -m benchmarks.bench_batch_counts --model "$Q" \
+    --sizes 4,8 --pairs 2 --max-tokens 64 --topic batch-counts-realistic-pair --wait-idle 600
   retake concurrency-c1-realistic-pair-auto -- $PY -m benchmarks.bench_concurrency --model "$Q" \
     --block-size auto --levels 1 --requests 5 --max-tokens 64 \
     --topic concurrency-c1-realistic-pair-auto --wait-idle 600
