@@ -197,9 +197,10 @@ def plan_round(session: Session, progress: Progress, ahead: Optional[EarlyChoice
     if session.chooser is not None:
         if tree_round:
             drafts = min(drafts, session.shapes.depth)
+        elif ahead is None:
+            drafts = session.chooser.choose(drafts)
         else:
-            drafts = session.chooser.choose(drafts) if ahead is None else min(drafts,
-                                                                              ahead.drafts)
+            drafts = min(drafts, ahead.drafts)
         if session.split is not None:  # timed choices differ per rank: all verify rank 0's width
             drafts = session.split.from_rank0(drafts)
         if drafts > 0 and progress.deferred:  # outside the round's measured cost
