@@ -134,10 +134,14 @@ class Engine:
                              else f"one request at a time: {why}")
 
     def batch_summary(self) -> dict:
-        """The ``batch`` object of ``/health``."""
-        return {"max_batch": self.max_batch, "batched": self.batch is not None,
-                "reason": self.batch_reason,
-                "active": len(self.batch.active) if self.batch is not None else 0}
+        """The ``batch`` object of ``/health``; under ``auto`` with ``drafts``: the draft count
+        the batch's chooser runs at each batch size it has measured."""
+        out = {"max_batch": self.max_batch, "batched": self.batch is not None,
+               "reason": self.batch_reason,
+               "active": len(self.batch.active) if self.batch is not None else 0}
+        if self.batch is not None and self.batch.chooser is not None:
+            out["drafts"] = {str(size): k for size, k in sorted(self.batch.chooser.best.items())}
+        return out
 
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,

@@ -93,6 +93,11 @@ def test_under_auto_concurrent_requests_get_their_solo_texts(solo_texts):
         for r in got:
             mtp = r.model_extra["mtp"]
             assert mtp["block_size"] == "auto" and mtp["batched"] is True
+        # the count the batch's chooser runs at each batch size it met (the demo pair drafts
+        # at most 5)
+        drafts = server.get("/health")["batch"]["drafts"]
+        assert drafts and all(1 <= int(size) <= 8 and 0 <= k <= 5 for size, k in drafts.items())
+        assert any(int(size) >= 2 for size in drafts)
     finally:
         server.stop()
 
