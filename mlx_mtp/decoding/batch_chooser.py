@@ -17,10 +17,10 @@ over the median of their times. Deterministic: the same observations give the sa
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from typing import Deque, Dict, Optional, Tuple
 
+from mlx_mtp.decoding.block_chooser import measured_rate
 from mlx_mtp.errors import MTPError
 
 
@@ -47,10 +47,7 @@ class BatchChooser:
     def rate(self, size: int, drafts: int) -> Optional[float]:
         """Tokens per second of rounds of ``size`` sequences drafting ``drafts`` each (None: not
         measured)."""
-        got = self.samples.get((size, drafts))
-        if not got:
-            return None
-        return statistics.fmean(n for n, _ in got) / statistics.median(s for _, s in got)
+        return measured_rate(self.samples.get((size, drafts), ()))
 
     def _fresh(self, size: int, drafts: int) -> bool:
         at = self.measured_at.get((size, drafts))

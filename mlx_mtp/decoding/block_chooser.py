@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mlx_mtp.errors import MTPError
 
@@ -62,6 +62,18 @@ def _shrunk(hits: Sequence[float], tests: Sequence[float], towards: Sequence[flo
             weight: float) -> List[float]:
     """Per position: a table's counts shrunk towards ``towards`` worth ``weight`` rounds."""
     return [(h + weight * a) / (t + weight) for h, t, a in zip(hits, tests, towards)]
+
+
+def measured_rate(rounds: Iterable[Tuple[int, float]]) -> Optional[float]:
+    """Tokens per second of recent rounds ``(tokens, seconds)``: their mean tokens over their
+    median time (None: no rounds). A round emits anywhere from one token to its whole block, so
+    a median of per-round rates would let a few rounds decide; a median time keeps the first
+    rounds of a new shape, which compile graphs, from deciding. The shape and batch choosers'
+    estimate."""
+    rounds = list(rounds)
+    if not rounds:
+        return None
+    return statistics.fmean(t for t, _ in rounds) / statistics.median(s for _, s in rounds)
 
 
 def best_drafts(acceptance: Sequence[float], costs: Sequence[Optional[float]],

@@ -15,9 +15,10 @@ Deterministic: the same observations give the same choices.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from typing import Deque, Dict, Optional, Tuple
+
+from mlx_mtp.decoding.block_chooser import measured_rate
 
 
 class ShapeChooser:
@@ -37,10 +38,8 @@ class ShapeChooser:
     def rate(self, tree: bool) -> float:
         """Tokens per second of the shape's recent rounds: their mean tokens over their median
         time; 0 before any."""
-        recent = self.recent[tree]
-        if not recent:
-            return 0.0
-        return statistics.mean(t for t, _ in recent) / statistics.median(s for _, s in recent)
+        rate = measured_rate(self.recent[tree])
+        return 0.0 if rate is None else rate
 
     def choose(self) -> bool:
         """True: this round drafts a tree."""
