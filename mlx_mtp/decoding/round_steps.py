@@ -166,23 +166,23 @@ class EarlyChoice:
     stretch: int  # undrafted rounds in a row it commits to, this one first (0 if it drafts)
 
 
+def draft_limit(session: Session, progress: Progress) -> int:
+    """The most drafts the next round may make: the widest block, never past the token budget
+    nor (kv_bits) across the switch to a quantized cache."""
+    drafts = min(session.max_drafts, session.max_tokens - progress.emitted - 1)
+    return session.kv.max_drafts(session.cache, drafts)
+
+
 def choose_ahead(session: Session, progress: Progress, max_stretch: Optional[int] = None
                  ) -> EarlyChoice:
     """The chooser's choice before the round, and how many undrafted rounds it commits to (at
     most ``max_stretch``: the chooser commits to the rest when asked again)."""
     started = time.perf_counter()
     remaining = session.max_tokens - progress.emitted
-    drafts = session.chooser.choose(min(session.max_drafts, remaining - 1))
+    drafts = session.chooser.choose(draft_limit(session, progress))
     stretch = min(session.chooser.undrafted_stretch(), remaining,
                   max_stretch or remaining) if drafts == 0 else 0
     return EarlyChoice(drafts, started, stretch)
-
-
-def draft_limit(session: Session, progress: Progress) -> int:
-    """The most drafts the next round may make: the widest block, never past the token budget
-    nor (kv_bits) across the switch to a quantized cache."""
-    drafts = min(session.max_drafts, session.max_tokens - progress.emitted - 1)
-    return session.kv.max_drafts(session.cache, drafts)
 
 
 def plan_round(session: Session, progress: Progress, ahead: Optional[EarlyChoice],
