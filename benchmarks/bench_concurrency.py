@@ -4,8 +4,11 @@
 same checkpoint, in one run.
 
 The three servers run at once (an idle server waits on its queue and uses no CPU). For each C
-the arms take turns (the order rotates with C); each of the C clients sends ``--requests``
-completions at T=0, each prompt its own (every client's prompt differs). Per arm and C: the
+above 1 the arms take turns (the order rotates with C); each of the C clients sends ``--requests``
+completions at T=0, each prompt its own (every client's prompt differs). At C=1 the arms alternate
+request by request (the order rotating with the request), so that each prompt's requests to the
+three servers run side by side in time, and the record adds each arm's per-request time over the
+serial server's on the same prompt, paired (median, min-max). Per arm and C: the
 aggregate tok/s (completion tokens over the wall time), the median per-request tok/s
 (completion tokens over the request's time, queueing included), and whether every text equals
 the serial server's text for the same prompt (it decodes each request alone). Writes benchmark_results/<topic>-<host>-<date>.md and .json.
@@ -103,6 +106,38 @@ def level(client, prompts: list, clients: int, per_client: int, max_tokens: int)
             "requests": results}
 
 
+def alternating(clients: dict, prompts: list, requests: int, max_tokens: int) -> dict:
+    """One client, ``requests`` prompts: each prompt sent to every arm in turn (the order
+    rotating with the prompt), so a drift in the machine's speed falls on every arm alike.
+    Per arm the shape of ``level``'s result, its wall time the sum of its requests' times."""
+    results = {arm: [] for arm in clients}
+    arms = list(clients)
+    for j in range(requests):
+        order = arms[j % len(arms):] + arms[: j % len(arms)]
+        for arm in order:
+            results[arm].append(one_request(clients[arm], prompts[j], max_tokens))
+    out = {}
+    for arm, rs in results.items():
+        wall = sum(r["seconds"] for r in rs)
+        out[arm] = {"wall_s": wall, "tokens": sum(r["tokens"] for r in rs),
+                    "aggregate_tps": sum(r["tokens"] for r in rs) / wall,
+                    "per_request_tps": statistics.median(r["tps"] for r in rs),
+                    "alternating": True, "requests": rs}
+    return out
+
+
+def paired_to_serial(raw: dict, arm: str, clients: int = 1):
+    """``arm``'s tok/s over the serial server's on the same prompt, per request of an
+    alternating level: (median, min, max), or None where the level did not alternate."""
+    run, serial = raw[arm].get(str(clients)), raw["serial"].get(str(clients))
+    if not run or not run.get("alternating"):
+        return None
+    by_prompt = {r["prompt"]: r["tps"] for r in serial["requests"]}
+    ratios = [r["tps"] / by_prompt[r["prompt"]] for r in run["requests"]
+              if r["prompt"] in by_prompt]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
 def summarize(raw: dict, levels: list) -> list:
     # the serial server decodes each request alone: its texts are the solo texts
     solo = {r["prompt"]: r["text"] for run in raw["serial"].values() for r in run["requests"]}
@@ -128,7 +163,8 @@ def render(r: dict) -> str:
     lines = common.setup_lines(r) + [
         f"- Model: {r['model']}; T=0; max_tokens {r['max_tokens']}; {r['requests_per_client']} "
         "request(s) per client, every prompt different; all three servers up at once, the arms "
-        "taking turns at each C",
+        "taking turns at each C (at C=1 request by request, each prompt sent to every server "
+        "in turn)",
         *(f"- {LABELS[a]}: `{' '.join(r['server_args'][a])}`" for a in ARMS),
         f"- Batch: {r['batch']}",
         "- Texts are compared with the serial server's, which decodes each request alone "
@@ -151,6 +187,14 @@ def render(r: dict) -> str:
         b = by[(c, "batched")]["aggregate_tps"]
         lines.append(f"| {c} | {b / one:.2f}x | {b / by[(c, 'mlx_lm')]['aggregate_tps']:.2f}x | "
                      f"{b / by[(c, 'serial')]['aggregate_tps']:.2f}x |")
+    paired = [(arm, paired_to_serial(r["raw"], arm)) for arm in ("batched", "mlx_lm")]
+    if any(p is not None for _, p in paired):
+        lines += ["", "## One client, paired by prompt", "",
+                  "Each request's tok/s over the serial server's on the same prompt (the arms "
+                  "alternate request by request): median (min-max) over the prompts.", "",
+                  "| arm | per-request tok/s / serial's, paired |", "|---|---|"]
+        lines += [f"| {LABELS[arm]} | {p[0]:.3f}x ({p[1]:.3f}-{p[2]:.3f}) |"
+                  for arm, p in paired if p is not None]
     lines += common.what_it_says(r)
     return "\n".join(lines)
 
@@ -199,6 +243,11 @@ def main(argv=None) -> dict:
             one_request(clients[arm], "warm up", 4)
         raw = {arm: {} for arm in ARMS}
         for i, c in enumerate(levels):
+            if c == 1:
+                for arm, run in alternating(clients, prompts, args.requests,
+                                            args.max_tokens).items():
+                    raw[arm]["1"] = run
+                continue
             order = ARMS[i % 3:] + ARMS[: i % 3]
             for arm in order:
                 raw[arm][str(c)] = level(clients[arm], prompts, c, args.requests,
