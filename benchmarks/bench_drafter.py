@@ -12,6 +12,8 @@ Arms, all at one block size (default 3):
               in its ``mtp/draft_vocab/``, if any)
   default+4bit, default+8bit   the defaults with the head quantized (``--bits 4`` / ``8``): what
               a quantized head does on top of what ships
+  default+bf16  the defaults with the step's products on bfloat16 weights (``DraftOptions(bf16=True)``,
+              the bf16 kernel)
   all+prof, default+prof   the same with MLX_MTP_DRAFT_PROFILE=1: the per-stage split (its syncs
               slow the step; the record quotes the unprofiled arms as the cost)
 Every MTP arm waits for each phase (MLX_MTP_SYNC_PHASES=1) so the phases time their own work.
@@ -128,16 +130,18 @@ HEAD_BITS = (4, 8)  # the default+Nbit arms
 
 
 def arm_options(off: str = None, profiled: bool = False, default: bool = False,
-                bits: int = None) -> dict:
+                bits: int = None, bf16: bool = False) -> dict:
     """An arm's switches; ``vocab``: True (the ablation's draft vocabulary), False (the full
     head) or ``"shipped"`` (the default arm: what the pair loads with, its own sidecar or none).
-    ``bits``: the default arm with its head quantized."""
+    ``bits``: the default arm with its head quantized; ``bf16``: with its products on bfloat16
+    weights."""
     if default:
         opts = {"device_ids": DraftOptions().device_ids, "fused_argmax": DraftOptions().fused_argmax,
                 "vocab": "shipped", "bits": bits or DraftOptions().bits,
-                "compiled": DraftOptions().compiled}
+                "compiled": DraftOptions().compiled, "bf16": bf16 or DraftOptions().bf16}
     else:
         opts = {field: on for field, on, _ in PHASES.values()}
+        opts["bf16"] = False
         if off:
             field, _, value = PHASES[off]
             opts[field] = value
@@ -150,12 +154,14 @@ def make_arms(base, vocab_ids, group_size: int, shipped_ids=None) -> dict:
     specs = {"all": arm_options(), **{f"-{p}": arm_options(off=p) for p in PHASES},
              "default": arm_options(default=True),
              **{f"default+{b}bit": arm_options(default=True, bits=b) for b in HEAD_BITS},
+             "default+bf16": arm_options(default=True, bf16=True),
              "all+prof": arm_options(profiled=True), "default+prof": arm_options(default=True,
                                                                                   profiled=True)}
     arms = {}
     for name, o in specs.items():
         options = DraftOptions(device_ids=o["device_ids"], fused_argmax=o["fused_argmax"],
-                               bits=o["bits"], group_size=group_size, compiled=o["compiled"])
+                               bits=o["bits"], group_size=group_size, compiled=o["compiled"],
+                               bf16=o["bf16"])
         ids = shipped_ids if o["vocab"] == "shipped" else vocab_ids if o["vocab"] else None
         drafter = QwenMTPDrafter(heads[o["bits"]], base.target, options, ids)
         arms[name] = (MTPModel(base.mlx_model, base.target, drafter), o)
@@ -232,8 +238,14 @@ def run(args) -> dict:
 
 
 def floors(base, drafter, bw: float) -> dict:
-    """Weight bytes one drafter step reads (the head + the rows of the LM head it projects)."""
+    """Weight bytes one drafter step reads (the head + the rows of the LM head it projects);
+    with ``bf16`` the head's matrices are read as bfloat16 copies (its norms as they are)."""
     head = common.nbytes(drafter.head)
+    if drafter.bf16:
+        from mlx.utils import tree_flatten
+
+        head = sum(v.size * 2 if v.ndim == 2 else v.nbytes
+                   for _, v in tree_flatten(drafter.head.parameters()))
     lm = drafter.lm.tensors.nbytes
     return {"head_bytes": head, "lm_head_bytes": lm, "step_bytes": head + lm,
             "step_floor_ms": (head + lm) / bw / 1e6}
@@ -365,13 +377,15 @@ def verdicts(r) -> list:
             for p in PHASES]
 
 
+HEAD_ARMS = {f"default+{b}bit": f"{b}-bit" for b in HEAD_BITS} | {"default+bf16": "bf16 kernel"}
+
+
 def head_bits(r) -> list:
-    """Per quantized-head arm, paired run by run against the default arm: the drafter step and
-    the non-verify time (default's over this arm's: > 1 means the quantized head helps) and
-    tok/s (this arm's over default's); a verdict for each. Records without the arms: none."""
-    return [{"arm": f"default+{b}bit", "bits": b,
-             **_paired(r["raw"], "default", f"default+{b}bit")}
-            for b in HEAD_BITS if f"default+{b}bit" in r["raw"]]
+    """Per quantized-head or bf16 arm, paired run by run against the default arm: the drafter
+    step and the non-verify time (default's over this arm's: > 1 means the arm helps) and tok/s
+    (this arm's over default's); a verdict for each. Records without the arms: none."""
+    return [{"arm": arm, "head": label, **_paired(r["raw"], "default", arm)}
+            for arm, label in HEAD_ARMS.items() if arm in r["raw"]]
 
 
 def render(r: dict) -> str:
@@ -387,7 +401,9 @@ def render(r: dict) -> str:
         f"- Draft vocabulary (2b): {vm.get('size')} of {vm.get('vocab_size')} ids, covering "
         f"{100 * vm.get('coverage', 0):.1f}% of {vm.get('corpus_tokens')} calibration tokens",
         f"- Quantized heads (phase 3 at 4 bits; default+4bit, default+8bit): affine, group "
-        f"{r['group_size']}, fc unquantized",
+        f"{r['group_size']}, fc unquantized"
+        + ("; default+bf16: the step's products on bfloat16 copies of the head's and the draft "
+           "LM head's weights (the bf16 kernel)" if "default+bf16" in r["raw"] else ""),
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"T=0, block size {r['block_size']}; {r['pairs']} alternating pairs per prompt; every "
         "arm warmed up once",
@@ -435,15 +451,15 @@ def render(r: dict) -> str:
     bits = head_bits(r)
     if bits:
         rows_by_arm = {row["arm"]: row for row in r["rows"]}
-        lines += ["", "## Quantized head on top of the defaults (paired run by run against "
-                  "default)", "",
-                  "Ratios > 1 mean the quantized head helps: the default arm's cost over this "
+        lines += ["", "## Quantized or bf16 head on top of the defaults (paired run by run "
+                  "against default)", "",
+                  "Ratios > 1 mean the arm helps: the default arm's cost over this "
                   "arm's, and this arm's tok/s over the default arm's.", "",
                   "| head | drafter step | non-verify ms per round | tok/s | acceptance (default "
                   f"{rows_by_arm['default']['acceptance']:.3f}) | verdict |",
                   "|---|---|---|---|---|---|"]
         for v in bits:
-            lines.append(f"| {v['bits']}-bit | {_rng(v['step'])} | {_rng(v['nonverify'])} | "
+            lines.append(f"| {v['head']} | {_rng(v['step'])} | {_rng(v['nonverify'])} | "
                          f"{_rng(v['tps'])} | {rows_by_arm[v['arm']]['acceptance']:.3f} | "
                          f"{' / '.join(v['verdict'].values())} |")
     lines += ["", "## Round split (ms per round, share)", "",

@@ -43,6 +43,7 @@ from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
 from mlx_mtp.decoding.stats import PHASES
 from mlx_mtp.generate import encode_prompt
+from mlx_mtp.models.options import DraftOptions
 
 AUTO = "auto"
 
@@ -53,7 +54,8 @@ AUTO = "auto"
 def run(args, watch=None) -> dict:
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
                                     require_head=max(_widest(b, args)
-                                                     for b in args.block_sizes) > 1)
+                                                     for b in args.block_sizes) > 1,
+                                    draft_options=DraftOptions(bf16=args.draft_bf16))
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n = args.max_tokens
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, top_k=args.top_k)
@@ -202,7 +204,7 @@ def summarize(args, model, raw, exact, bw, synced=()) -> dict:
         })
     result = {
         **common.record_setup(args.topic),
-        "model": str(args.model), "drafter": args.drafter,
+        "model": str(args.model), "drafter": args.drafter, "draft_bf16": args.draft_bf16,
         "target_dtype": str(model.target.dtype), "prompts": args.prompts,
         "max_tokens": args.max_tokens, "pairs": args.pairs, "temperature": args.temp,
         "repetition_penalty": args.repetition_penalty,
@@ -374,7 +376,8 @@ def per_prompt(args, raw) -> list:
 
 def render(r: dict) -> str:
     lines = common.setup_lines(r, memory=True) + [
-        f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}",
+        f"- Target: {r['model']} ({r['target_dtype']}); drafter: {r['drafter'] or 'embedded mtp.* head'}"
+        + ("; its products on bfloat16 weights (--draft-bf16)" if r.get("draft_bf16") else ""),
         f"- Prompts: {', '.join(r['prompts'])}; {r['max_tokens']} tokens each, EOS ignored, "
         f"{_sampling_text(r)}; {r['pairs']} alternating pairs per prompt",
         f"- Logits processors (both arms): " + (
@@ -615,6 +618,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="MTP vs mlx-lm plain decode, paired and alternating")
     p.add_argument("--model", help="the target (required unless --render)")
     p.add_argument("--drafter")
+    p.add_argument("--draft-bf16", action="store_true",
+                   help="the drafter's products on bfloat16 weights (DraftOptions(bf16=True))")
     p.add_argument("--topic", default="mtp")
     p.add_argument("--block-sizes", default="1,2,3,4,5",
                    help="comma-separated arms: block sizes and/or auto, e.g. 1,3,5,auto")

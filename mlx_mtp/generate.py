@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantization group size for --draft-bits")
     p.add_argument("--draft-quantize-fc", action="store_true",
                    help="with --draft-bits, quantize the head's fc too")
+    p.add_argument("--draft-bf16", action="store_true",
+                   help="CPU: the draft step's products with the head's and the draft LM head's "
+                        "weights as bfloat16, through mlx_mtp's bf16 kernel (half the bytes; "
+                        "drafts may differ in a near tie, the output never does)")
     p.add_argument("--no-mtp", action="store_true",
                    help="plain decode of the same target through mlx-lm, for comparison")
     p.add_argument("--ignore-chat-template", action="store_true",
@@ -285,7 +289,8 @@ def run(args) -> dict:
                        "a fixed --block-size to sample with trees")
     need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
-                           group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc)
+                           group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc,
+                           bf16=args.draft_bf16)
     model, tokenizer = registry.load(args.model, drafter=args.drafter, require_head=need_head,
                             draft_options=options, split=args.split)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,

@@ -24,6 +24,12 @@ no switch that can change acceptance is on by default:
                 where the loaded CPU BLAS is OpenBLAS (which packs the weights for every few-row
                 product) and the lazy row kernel runs. Drafts may differ in a near tie, never the
                 output.
+  bf16          the compiled step's products (the merged head's and the draft LM head's) with
+                the weights kept as bfloat16 and multiplied by the bf16 kernel as a lazy op
+                (``mlx_mtp.models.qwen3_5.row_products``): half the bytes a float32 product reads
+                (a bfloat16 copy of the LM head rows it drafts over is made). Off: on a float32
+                checkpoint it rounds the weights, so drafts may differ in a near tie (never the
+                output); its speed is measured per device (docs/models.md).
   bits          quantize the head's projections at load (affine, ``group_size``; ``fc`` stays
                 unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar loop
                 on x86, slower than the unquantized head there.
@@ -54,6 +60,7 @@ class DraftOptions:
     group_size: int = 64
     quantize_fc: bool = False
     row_kernel: Optional[bool] = None
+    bf16: bool = False
 
     def __post_init__(self):
         if self.bits is not None and self.bits not in QUANT_BITS:
@@ -67,6 +74,17 @@ class DraftOptions:
             raise MTPError(f"fused_chunk must be a positive multiple of 8, got {self.fused_chunk!r}")
         if self.row_kernel not in (None, True, False):
             raise MTPError(f"row_kernel must be None, True or False, got {self.row_kernel!r}")
+        if self.bf16 not in (True, False):
+            raise MTPError(f"bf16 must be True or False, got {self.bf16!r}")
+        if self.bf16 and not self.compiled:
+            raise MTPError("bf16=True (--draft-bf16) runs the compiled draft step's products: it "
+                           "needs compiled=True")
+        if self.bf16 and self.row_kernel:
+            raise MTPError("bf16=True (--draft-bf16) and row_kernel=True both choose the draft "
+                           "step's kernel: pick one")
+        if self.bf16 and self.bits is not None:
+            raise MTPError("bf16=True (--draft-bf16) and --draft-bits both set the head's weights: "
+                           "pick one")
         if self.row_kernel and not self.compiled:
             raise MTPError("row_kernel=True runs the compiled draft step's products: it needs "
                            "compiled=True")

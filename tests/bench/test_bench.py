@@ -375,3 +375,16 @@ def test_a_repetition_penalty_runs_on_both_arms_and_keeps_identity(tmp_path):
     assert data["rows"][0]["identical_to_classic"] is True
     text = next((tmp_path / "out").glob("penalty-*.md")).read_text()
     assert "repetition penalty 1.3 over 8 tokens" in text
+
+
+def test_draft_bf16_runs_the_drafter_on_bfloat16_weights_and_the_record_says_so(tmp_path):
+    model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
+    bench_mtp.main(["--model", str(model), "--block-sizes", "3", "--pairs", "1",
+                    "--max-tokens", "10", "--out", str(tmp_path / "out"), "--topic", "bf16",
+                    "--draft-bf16", "--allow-busy", "--idle-window", "0.2", "--synced-runs", "0"])
+    data = json.loads(next((tmp_path / "out").glob("bf16-*.json")).read_text())
+    assert data["draft_bf16"] is True
+    row = data["rows"][0]
+    assert row["identical_to_classic"] and row["acceptance"] > 0.5
+    text = next((tmp_path / "out").glob("bf16-*.md")).read_text()
+    assert "its products on bfloat16 weights (--draft-bf16)" in text

@@ -22,7 +22,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     data = json.loads(js[0].read_text())
     rows = {r["arm"]: r for r in data["rows"]}
     assert list(rows) == ["all", "-p1", "-p2a", "-p2b", "-p3", "-p5", "default", "default+4bit",
-                          "default+8bit", "all+prof", "default+prof"]
+                          "default+8bit", "default+bf16", "all+prof", "default+prof"]
     assert all(r["identical_to_classic"] and r["mtp_enabled"] for r in rows.values())
     assert len(data["raw"]["classic"]) == 2 and len(data["raw"]["all"]) == 2
     # The drafter's phases are timed on their own work: every MTP run waited for each phase.
@@ -31,7 +31,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     # Each arm runs what it says.
     # (a quantized head runs unmerged: mlx_mtp.models.qwen3_5.fused_head merges plain products only)
     assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "merged": False,
-                                    "row_kernel": False, "fused_argmax": True,
+                                    "row_kernel": False, "bf16": False, "fused_argmax": True,
                                     "vocab_size": 128,
                                     "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
                                     "fc_quantized": False}
@@ -44,13 +44,18 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     for b in (4, 8):  # the defaults with the head quantized
         assert rows[f"default+{b}bit"]["draft"] == {**rows["default"]["draft"], "bits": [b],
                                                     "quantized_layers": 7, "merged": False}
+    assert rows["default+bf16"]["draft"] == {**rows["default"]["draft"], "bf16": True}
+    # its floor: the head's matrices as bfloat16 (half their float32 bytes), the LM head's too
+    assert rows["default+bf16"]["lm_head_bytes"] * 2 == rows["default"]["lm_head_bytes"]
+    assert rows["default"]["head_bytes"] / 2 < rows["default+bf16"]["head_bytes"] < \
+        rows["default"]["head_bytes"] * 0.51
     assert rows["-p1"]["draft_syncs_per_round"] > rows["all"]["draft_syncs_per_round"]
     assert rows["all+prof"]["stages_ms"]["layers"] > 0 and "stages_ms" not in rows["all"]
     assert rows["-p2b"]["lm_head_bytes"] == 320 * 64 * 4 and rows["all"]["lm_head_bytes"] == 128 * 64 * 4
     assert rows["default"]["acceptance"] > 0.9  # the agreeing head, full vocabulary, f32
     text = md[0].read_text()
-    for section in ("## Setup", "## Results", "## Per phase", "## Quantized head on top of the "
-                    "defaults", "## Round split", "## Attribution",
+    for section in ("## Setup", "## Results", "## Per phase", "## Quantized or bf16 head on top "
+                    "of the defaults", "| bf16 kernel |", "## Round split", "## Attribution",
                     "## The floor", "## Idle check", "## What it says"):
         assert section in text
     assert "Acceptance is not measured here" not in text  # a given pair: acceptance is measured
@@ -79,6 +84,6 @@ def test_the_default_arm_runs_the_pairs_own_draft_vocabulary():
     size = {name: model.drafter.describe()["vocab_size"] for name, (model, _) in arms.items()}
     assert size == {"all": 2048, "-p1": 2048, "-p2a": 2048, "-p2b": 8192, "-p3": 2048,
                     "-p5": 2048, "default": 4096, "default+4bit": 4096, "default+8bit": 4096,
-                    "all+prof": 2048, "default+prof": 4096}
+                    "default+bf16": 4096, "all+prof": 2048, "default+prof": 4096}
     assert arms["default"][0].drafter.lm.ids.tolist() == shipped.tolist()
     assert arms["default"][0].drafter.whole_step and not arms["-p5"][0].drafter.whole_step

@@ -1,4 +1,5 @@
-// mlx_mtp's two C kernels (row_dot.c, gdn_steps.c) as lazy MLX graph ops (CPU only).
+// mlx_mtp's C kernels (row_dot.c: the row kernel and the bf16 kernel; gdn_steps.c) as lazy
+// MLX graph ops (CPU only).
 //
 // The eager ctypes path (mlx_mtp/cpu/row_kernel.py, mlx_mtp/models/qwen3_5/gdn_kernel.py)
 // evaluates each kernel's inputs (a host sync), converts them to numpy, runs the C function and
@@ -12,6 +13,7 @@
 // must be ABI-compatible with the one mlx.core was built with (mlx 0.32: nanobind 3.x).
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -27,6 +29,9 @@
 extern "C" {
 int row_dot_f32(const float* x, std::ptrdiff_t T, std::ptrdiff_t ldx, std::ptrdiff_t K,
                 const float* w, std::ptrdiff_t N, float* y, std::ptrdiff_t ldy, int threads);
+int bf16_dot_f32(const float* x, std::ptrdiff_t T, std::ptrdiff_t ldx, std::ptrdiff_t K,
+                 const std::uint16_t* w, std::ptrdiff_t N, float* y, std::ptrdiff_t ldy,
+                 int threads);
 int gdn_steps_f32_each(const float* q, const float* k, const float* v, const float* g,
                        const float* beta, const float* state, float* y, float* const* states,
                        std::ptrdiff_t B, std::ptrdiff_t T, std::ptrdiff_t Hk, std::ptrdiff_t Hv,
@@ -38,7 +43,7 @@ using namespace mlx::core;
 
 namespace {
 
-constexpr int LAZY_OPS_ABI = 1;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
+constexpr int LAZY_OPS_ABI = 2;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
 
 Stream cpu_stream() { return default_stream(Device::cpu); }
 
@@ -53,27 +58,43 @@ void check_dense(const array& a, const char* what) {
                                 " must be a row-contiguous float32 array");
 }
 
-// y = x @ w[:columns].T for x [R, K], in BLIS's one-row order (row_dot.c).
+// y = x @ w[:columns].T for x [R, K], in BLIS's one-row order (row_dot.c); with bf16 the
+// weight is bfloat16, widened as it is read (bf16_dot_f32).
 class RowDot : public UnaryPrimitive {
  public:
-  RowDot(Stream s, int columns, int threads)
-      : UnaryPrimitive(s), columns_(columns), threads_(threads) {}
+  RowDot(Stream s, int columns, int threads, bool bf16 = false)
+      : UnaryPrimitive(s), columns_(columns), threads_(threads), bf16_(bf16) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     const array& x = inputs[0];
     const array& w = inputs[1];
     check_dense(x, "the row kernel's input");
-    check_dense(w, "the row kernel's weight");
+    if (bf16_) {
+      if (w.dtype() != bfloat16 || !w.flags().row_contiguous)
+        throw std::invalid_argument(
+            "mlx_mtp lazy kernel: the bf16 kernel's weight must be a row-contiguous bfloat16 "
+            "array");
+    } else {
+      check_dense(w, "the row kernel's weight");
+    }
     out.set_data(allocator::malloc(out.nbytes()));
     auto& encoder = cpu::get_command_encoder(stream());
     encoder.set_input_array(x);
     encoder.set_input_array(w);
     encoder.set_output_array(out);
     const float* xp = x.data<float>();
-    const float* wp = w.data<float>();
     float* yp = out.data<float>();
     const std::ptrdiff_t R = x.shape(0), K = x.shape(1), N = columns_;
     const int threads = threads_;
+    if (bf16_) {
+      const std::uint16_t* wp = w.data<std::uint16_t>();  // the bfloat16 bit patterns
+      encoder.dispatch([=]() {
+        if (bf16_dot_f32(xp, R, K, K, wp, N, yp, N, threads))
+          throw std::runtime_error("mlx_mtp bf16 kernel failed");
+      });
+      return;
+    }
+    const float* wp = w.data<float>();
     encoder.dispatch([=]() {
       if (row_dot_f32(xp, R, K, K, wp, N, yp, N, threads))
         throw std::runtime_error("mlx_mtp row kernel failed");
@@ -82,15 +103,16 @@ class RowDot : public UnaryPrimitive {
   void eval_gpu(const std::vector<array>&, array&) override {
     throw std::runtime_error("mlx_mtp's row kernel runs on the CPU only");
   }
-  const char* name() const override { return "MlxMtpRowDot"; }
+  const char* name() const override { return bf16_ ? "MlxMtpBf16Dot" : "MlxMtpRowDot"; }
   bool is_equivalent(const Primitive& other) const override {
     auto& o = static_cast<const RowDot&>(other);
-    return columns_ == o.columns_ && threads_ == o.threads_;
+    return columns_ == o.columns_ && threads_ == o.threads_ && bf16_ == o.bf16_;
   }
 
  private:
   int columns_;
   int threads_;
+  bool bf16_;
 };
 
 // The GatedDeltaNet recurrence over T tokens (gdn_steps.c): outputs y and the T states.
@@ -139,6 +161,16 @@ array row_dot(const array& x, const array& w, int columns, int threads) {
                {xs, w});
 }
 
+array bf16_dot(const array& x, const array& w, int threads) {
+  if (x.ndim() != 2 || w.ndim() != 2 || w.shape(1) != x.shape(1) || w.dtype() != bfloat16)
+    throw std::invalid_argument("mlx_mtp bf16 kernel: needs x [R, K], w [N, K] bfloat16");
+  auto s = cpu_stream();
+  auto xs = dense_f32(x, s);
+  auto ws = contiguous(w, false, s);
+  return array({x.shape(0), w.shape(0)}, float32,
+               std::make_shared<RowDot>(s, w.shape(0), threads, true), {xs, ws});
+}
+
 std::vector<array> gdn_steps(const array& q, const array& k, const array& v, const array& g,
                              const array& beta, const array& state) {
   if (q.ndim() != 4 || v.ndim() != 4 || k.shape() != q.shape() || q.shape(1) < 1)
@@ -161,6 +193,8 @@ NB_MODULE(_mlx_mtp_lazy, m) {
   m.def("row_dot", &row_dot, nb::arg("x"), nb::arg("w"), nb::arg("columns"),
         nb::arg("threads"),
         "x @ w[:columns].T (x [R, K], w [N, K]) in BLIS's one-row order, lazily");
+  m.def("bf16_dot", &bf16_dot, nb::arg("x"), nb::arg("w"), nb::arg("threads"),
+        "x @ w.T (x [R, K] float32, w [N, K] bfloat16) summed in float32, lazily");
   m.def("gdn_steps", &gdn_steps, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("state"),
         "[y, state_1, ..., state_T] of the GatedDeltaNet recurrence, lazily");

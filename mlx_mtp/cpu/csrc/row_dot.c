@@ -18,11 +18,17 @@
    memory system to reach its bandwidth when the weights come from DRAM; those calls also
    prefetch the next columns' rows at the same offset, which makes them faster. A prefetch never
    faults (past the last column it reads nothing the result depends on) and changes no
-   arithmetic. */
+   arithmetic.
+
+   bf16_dot: the same product with the weights stored as bfloat16 (their 16-bit patterns), each
+   widened to float32 exactly (the bits shifted up 16) as it is read and summed in float32: the
+   sums of the bf16-valued weights, in the one-row order above, reading half the bytes. Any N. */
 
 #include <immintrin.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #define ROW_DOT_ABI 2
 
@@ -67,6 +73,60 @@ static void rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const float *w,
     }                                                                                           \
 }
 
+/* The same for bfloat16 weights (w points at 16-bit patterns). */
+static inline __m256 widen8(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float widen1(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define BF16_KERNEL(R, C)                                                                       \
+static void bf16_rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const uint16_t *w,       \
+                          ptrdiff_t cols, float *y, ptrdiff_t ldy) {                            \
+    __m256 a[R][C];                                                                             \
+    _Pragma("GCC unroll 8") for (int t = 0; t < R; t++)                                        \
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) a[t][c] = _mm256_setzero_ps();     \
+    const ptrdiff_t K8 = K - K % 8;                                                             \
+    for (ptrdiff_t k = 0; k < K8; k += 8) {                                                     \
+        __m256 v[C];                                                                            \
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                    \
+            v[c] = c < cols ? widen8(w + c * K + k) : _mm256_setzero_ps();                     \
+        _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                  \
+            const __m256 u = _mm256_loadu_ps(x + t * ldx + k);                                  \
+            _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                \
+                a[t][c] = _mm256_fmadd_ps(u, v[c], a[t][c]);                                    \
+        }                                                                                       \
+    }                                                                                           \
+    _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                      \
+        const float *xt = x + t * ldx;                                                          \
+        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {                                  \
+            if (c >= cols) break;                                                               \
+            float s = lane_sum(a[t][c]);                                                        \
+            const uint16_t *wc = w + c * K;                                                     \
+            for (ptrdiff_t k = K8; k < K; k++) s += xt[k] * widen1(wc[k]);                      \
+            y[t * ldy + c] = s;                                                                 \
+        }                                                                                       \
+    }                                                                                           \
+}
+
+BF16_KERNEL(1, 8)
+BF16_KERNEL(2, 4)
+BF16_KERNEL(3, 4)
+BF16_KERNEL(4, 2)
+BF16_KERNEL(5, 2)
+BF16_KERNEL(6, 2)
+
+typedef void (*bf16_rows_fn)(const float *, ptrdiff_t, ptrdiff_t, const uint16_t *, ptrdiff_t,
+                             float *, ptrdiff_t);
+static const bf16_rows_fn BF16_ROWS[7] = {0, bf16_rows_1, bf16_rows_2, bf16_rows_3,
+                                          bf16_rows_4, bf16_rows_5, bf16_rows_6};
+
 /* Columns per call by rows (8 / 4 / 4 / 2 / 2 / 2; chosen by measurement on AVX2). */
 ROWS_KERNEL(1, 8)
 ROWS_KERNEL(2, 4)
@@ -82,13 +142,14 @@ static const int COLS[7] = {0, 8, 4, 4, 2, 2, 2};
 #define MAX_ROWS 6
 #define BLOCK_BYTES (256 * 1024) /* a column block of weights shared by row groups (an L2) */
 
-/* Columns [n_begin, n_end) of y = x w^T, single-threaded. */
-static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
-                    ptrdiff_t n_begin, ptrdiff_t n_end, float *y, ptrdiff_t ldy) {
+/* Columns [n_begin, n_end) of y = x w^T, single-threaded; `wsize` bytes per weight (4: float32
+   by rows_*, 2: bfloat16 by bf16_rows_*, which also take a last partial group of columns). */
+static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const void *w,
+                    int wsize, ptrdiff_t n_begin, ptrdiff_t n_end, float *y, ptrdiff_t ldy) {
     const ptrdiff_t groups = (T + MAX_ROWS - 1) / MAX_ROWS;
     ptrdiff_t block = n_end - n_begin;
     if (groups > 1) {
-        block = BLOCK_BYTES / (K * (ptrdiff_t)sizeof(float) + 1);
+        block = BLOCK_BYTES / (K * (ptrdiff_t)wsize + 1);
         block = block < 8 ? 8 : block - block % 8;
     }
     for (ptrdiff_t n0 = n_begin; n0 < n_end; n0 += block) {
@@ -96,23 +157,30 @@ static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, con
         ptrdiff_t t0 = 0;
         for (ptrdiff_t g = 0; g < groups; g++) {
             const ptrdiff_t rows = (T - t0) / (groups - g); /* balanced groups, <= MAX_ROWS */
-            const rows_fn f = ROWS[rows];
-            for (ptrdiff_t n = n0; n < n1; n += COLS[rows])
-                f(x + t0 * ldx, ldx, K, w + n * K, y + t0 * ldy + n, ldy);
+            for (ptrdiff_t n = n0; n < n1; n += COLS[rows]) {
+                if (wsize == 2)
+                    BF16_ROWS[rows](x + t0 * ldx, ldx, K, (const uint16_t *)w + n * K, n1 - n,
+                                    y + t0 * ldy + n, ldy);
+                else
+                    ROWS[rows](x + t0 * ldx, ldx, K, (const float *)w + n * K, y + t0 * ldy + n,
+                               ldy);
+            }
             t0 += rows;
         }
     }
 }
 
 typedef struct {
-    const float *x, *w;
+    const float *x;
+    const void *w;
+    int wsize;
     float *y;
     ptrdiff_t T, ldx, K, n_begin, n_end, ldy;
 } job_t;
 
 static void *run_job(void *arg) {
     const job_t *j = (const job_t *)arg;
-    columns(j->x, j->T, j->ldx, j->K, j->w, j->n_begin, j->n_end, j->y, j->ldy);
+    columns(j->x, j->T, j->ldx, j->K, j->w, j->wsize, j->n_begin, j->n_end, j->y, j->ldy);
     return NULL;
 }
 
@@ -123,15 +191,14 @@ static void *run_job(void *arg) {
    over up to `threads` threads by output columns (each output is computed by one thread, so
    the bytes do not depend on the thread count). Returns 0, or -1 when N is not a multiple
    of 8. */
-int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
-                ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
-    if (N % 8 || T < 0 || K < 0) return -1;
+static int split_columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const void *w,
+                         int wsize, ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
     ptrdiff_t most = (N * K) / MIN_THREAD_FLOATS;
     if (threads > most) threads = (int)most;
     if (threads > N / 8) threads = (int)(N / 8);
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads <= 1) {
-        columns(x, T, ldx, K, w, 0, N, y, ldy);
+        columns(x, T, ldx, K, w, wsize, 0, N, y, ldy);
         return 0;
     }
     job_t jobs[MAX_THREADS];
@@ -139,8 +206,8 @@ int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const f
     int started[MAX_THREADS] = {0};
     const ptrdiff_t groups8 = N / 8;
     for (int i = 0; i < threads; i++) {
-        jobs[i] = (job_t){x, w, y, T, ldx, K, 8 * (groups8 * i / threads),
-                          8 * (groups8 * (i + 1) / threads), ldy};
+        jobs[i] = (job_t){x, w, wsize, y, T, ldx, K, 8 * (groups8 * i / threads),
+                          i + 1 == threads ? N : 8 * (groups8 * (i + 1) / threads), ldy};
     }
     for (int i = 1; i < threads; i++)
         started[i] = pthread_create(&ids[i], NULL, run_job, &jobs[i]) == 0;
@@ -152,4 +219,18 @@ int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const f
             run_job(&jobs[i]); /* no thread: this one computes its columns */
     }
     return 0;
+}
+
+int row_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const float *w,
+                ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
+    if (N % 8 || T < 0 || K < 0) return -1;
+    return split_columns(x, T, ldx, K, w, 4, N, y, ldy, threads);
+}
+
+/* y [T, ldy] = x [T, K] (row stride ldx) times w^T, w [N, K] bfloat16 patterns, any N >= 0:
+   as row_dot_f32 otherwise. Returns 0, or -1 on a negative size. */
+int bf16_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const uint16_t *w,
+                 ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
+    if (T < 0 || K < 0 || N < 0) return -1;
+    return split_columns(x, T, ldx, K, w, 2, N, y, ldy, threads);
 }

@@ -36,8 +36,8 @@ def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head:
                       target_args: Optional[dict] = None) -> MTPModel:
     if draft_options is not None and draft_options != DraftOptions():
         raise MTPError("the drafter options (--draft-vocab, --draft-bits, --draft-group-size, "
-                       "--draft-quantize-fc) apply to the Qwen MTP head, not to a Gemma 4 "
-                       "assistant")
+                       "--draft-quantize-fc, --draft-bf16) apply to the Qwen MTP head, not to a "
+                       "Gemma 4 assistant")
     target = Gemma4Target(load_target(path, dtype, **(target_args or {})))
     assistant = None
     if drafter is None and (path / EMBEDDED_ASSISTANT / "config.json").is_file():

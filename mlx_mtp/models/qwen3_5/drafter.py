@@ -88,12 +88,15 @@ class QwenMTPDrafter(DrafterDefaults):
         self.target = target
         self.options = options
         # The products of the compiled step through the row kernel (with OpenBLAS, by default).
-        self.row_kernel = options.compiled and row_products.resolve(options.row_kernel)
+        self.bf16 = options.bf16 and row_products.resolve_bf16()
+        self.row_kernel = (options.compiled and not self.bf16
+                           and row_products.resolve(options.row_kernel))
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
-                              chunk=options.fused_chunk, rows_by_kernel=self.row_kernel)
+                              chunk=options.fused_chunk, rows_by_kernel=self.row_kernel,
+                              bf16=self.bf16)
         # The merged head is built from the weights the head has now (a head quantized later,
         # as ``quantize_drafter`` does to write a folder, is not drafted with).
-        fast = (FusedHead(head, row_kernel=self.row_kernel) if options.compiled and options.merged
+        fast = (FusedHead(head, row_kernel=self.row_kernel, bf16=self.bf16) if options.compiled and options.merged
                 and type(head) is MTPHead and fusable(head) else None)
         self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick, fast=fast)
                          if options.compiled else None)
@@ -288,6 +291,7 @@ class QwenMTPDrafter(DrafterDefaults):
         return {"device_ids": self.options.device_ids, "compiled": self.compiled is not None,
                 "merged": self.compiled is not None and self.compiled.fast is not None,
                 "row_kernel": self.row_kernel,
+                "bf16": self.bf16,
                 "fused_argmax": self.lm.fused,
                 "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
                 "quantized_layers": len(quantized),

@@ -52,7 +52,7 @@ def _rms(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 
 
 class FusedLayer(nn.Module):
-    def __init__(self, layer, row_kernel: bool = False):
+    def __init__(self, layer, row_kernel: bool = False, bf16: bool = False):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         nh, nkv, hd = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
@@ -72,9 +72,9 @@ class FusedLayer(nn.Module):
         self.inter = mlp.gate_proj.weight.shape[0]
         self.w_gu = mx.concatenate([mlp.gate_proj.weight, mlp.up_proj.weight], axis=0)
         self.w_down = mlp.down_proj.weight
-        # x @ W.T of each product: the BLAS, or the row kernel (``row_products``)
+        # x @ W.T of each product: the BLAS, the row kernel or the bf16 kernel (``row_products``)
         self.mm_qkvg, self.mm_o, self.mm_gu, self.mm_down = (
-            row_products.matmul_for(w, row_kernel)
+            row_products.matmul_for(w, row_kernel, bf16)
             for w in (self.w_qkvg, self.w_o, self.w_gu, self.w_down))
 
     def __call__(self, x: mx.array, mask: Optional[mx.array], cache) -> mx.array:
@@ -99,16 +99,17 @@ class FusedLayer(nn.Module):
 
 class FusedHead(nn.Module):
     """Called like ``MTPHead``: ``head(embeds, hidden, caches) -> g``. ``row_kernel``: its
-    products through the row kernel where the weights fit (``row_products``)."""
+    products through the row kernel where the weights fit; ``bf16``: through the bf16 kernel on
+    bfloat16 copies of the weights (``row_products``)."""
 
-    def __init__(self, head, row_kernel: bool = False):
+    def __init__(self, head, row_kernel: bool = False, bf16: bool = False):
         super().__init__()
         self.pre_norm = mx.stack([head.pre_fc_norm_embedding.weight,
                                   head.pre_fc_norm_hidden.weight])
         self.eps = head.pre_fc_norm_embedding.eps
         self.w_fc = head.fc.weight
-        self.mm_fc = row_products.matmul_for(self.w_fc, row_kernel)
-        self.layers = [FusedLayer(layer, row_kernel) for layer in head.layers]
+        self.mm_fc = row_products.matmul_for(self.w_fc, row_kernel, bf16)
+        self.layers = [FusedLayer(layer, row_kernel, bf16) for layer in head.layers]
         self.norm = head.norm
         mx.eval(self.parameters())
 

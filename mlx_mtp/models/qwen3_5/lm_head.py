@@ -35,6 +35,8 @@ class HeadTensors:
     mode: str = "affine"
     transposed: bool = False
     row_kernel: bool = False  # whole-head products through the row kernel (``row_products``)
+    bf16: bool = False  # ``weight`` is a bfloat16 copy, multiplied by the bf16 kernel
+    threads: int = 1  # the bf16 kernel's
 
     @classmethod
     def of(cls, module: nn.Module) -> "HeadTensors":
@@ -54,6 +56,9 @@ class HeadTensors:
         ``x @ W.T``), and the copy costs no more memory either way; with ``row_kernel`` they stay
         rows, as the kernel reads them."""
         pick = (lambda a: None if a is None else mx.contiguous(a[ids]))
+        if self.bf16:
+            return HeadTensors(pick(self.weight), bias=pick(self.bias), bf16=True,
+                               threads=row_products.bf16_threads(self.weight[: ids.shape[0]]))
         if self.row_kernel:
             return HeadTensors(pick(self.weight), bias=pick(self.bias), row_kernel=True)
         if self.scales is None and not self.transposed:
@@ -65,7 +70,9 @@ class HeadTensors:
     def matmul(self, x: mx.array, start: int = 0, stop: Optional[int] = None) -> mx.array:
         """``x @ rows[start:stop].T`` (+ bias): the same op the module itself runs."""
         s = slice(start, stop)
-        if self.row_kernel and start == 0 and stop is None:
+        if self.bf16:
+            out = row_products.bf16_products(x, self.weight[s], self.threads)
+        elif self.row_kernel and start == 0 and stop is None:
             out = row_kernel.products(x, self.weight, self.weight.shape[0])
         elif self.transposed:
             out = x @ self.weight[:, s]
@@ -77,6 +84,11 @@ class HeadTensors:
         else:
             out = x @ self.weight[s].T
         return out if self.bias is None else out + self.bias[s]
+
+    def to_bf16(self) -> "HeadTensors":
+        """The same rows as a bfloat16 copy for the bf16 kernel (unquantized rows only)."""
+        w = row_products.bf16_weight(self.weight.T if self.transposed else self.weight)
+        return HeadTensors(w, bias=self.bias, bf16=True, threads=row_products.bf16_threads(w))
 
     @property
     def nbytes(self) -> int:
@@ -105,7 +117,7 @@ class DraftLMHead:
     """
 
     def __init__(self, target, ids: Optional[mx.array] = None, fused: bool = False,
-                 chunk: int = 8192, rows_by_kernel: bool = False):
+                 chunk: int = 8192, rows_by_kernel: bool = False, bf16: bool = False):
         self.target = target
         self.ids = None if ids is None else ids.astype(mx.uint32)
         self.fused = fused
@@ -120,6 +132,8 @@ class DraftLMHead:
         rows = full.rows if ids is None else ids.shape[0]
         full.row_kernel = (rows_by_kernel and not fused and full.scales is None
                            and full.bias is None and row_products.fits(rows, full.weight.dtype))
+        if bf16 and full.scales is None:  # ``row_products``: the rows kept as bfloat16
+            full = full.to_bf16()
         self.tensors = full if ids is None else full.take(self.ids)
         if ids is not None:
             mx.eval(self.tensors.weight, self.tensors.scales, self.tensors.biases)
@@ -129,7 +143,7 @@ class DraftLMHead:
         return self.target.vocab_size if self.ids is None else self.tensors.rows
 
     def project(self, x: mx.array) -> mx.array:
-        if self.ids is None:
+        if self.ids is None and not self.tensors.bf16:
             return self.target.logits(x)
         return self.tensors.matmul(x)
 

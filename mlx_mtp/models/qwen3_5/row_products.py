@@ -7,6 +7,11 @@ weight row once. BLIS does not pack one-row products, so the kernel gains nothin
 ``None`` (auto) takes it with OpenBLAS only (chosen by measurement on the CPU). The kernel sums in
 another order than the BLAS: a draft may differ in a near tie, never the output (the target verifies
 it).
+
+``bf16`` (``DraftOptions.bf16``): the same products with the weights kept as bfloat16 and
+multiplied by the bf16 kernel (``bf16_products``), which widens each weight to float32 as it reads
+it and sums in float32: half the bytes a float32 product reads. A checkpoint shipped in bfloat16
+holds these very weights; a float32 one is rounded to them, so its drafts may differ in a near tie.
 """
 
 from __future__ import annotations
@@ -47,14 +52,61 @@ def resolve(option: Optional[bool]) -> bool:
     return True
 
 
+def bf16_products(x: mx.array, w: mx.array, threads: int = 1) -> mx.array:
+    """``x @ w.T`` ([..., T, K] float32 by a bfloat16 [N, K] weight) summed in float32, as a lazy
+    op (the bf16 kernel of ``mlx_mtp/cpu/csrc/row_dot.c``)."""
+    ops = lazy_kernels.load()
+    if ops is None:
+        raise RuntimeError(f"bf16 kernel unavailable: {lazy_kernels.reason()}")
+    *lead, T, K = x.shape
+    return ops.bf16_dot(x.reshape(-1, K), w, threads).reshape(*lead, T, w.shape[0])
+
+
+def bf16_weight(weight: mx.array) -> mx.array:
+    """A row-contiguous bfloat16 copy of ``weight``, evaluated."""
+    w = mx.contiguous(weight.astype(mx.bfloat16))
+    mx.eval(w)
+    return w
+
+
+def bf16_threads(weight: mx.array) -> int:
+    """The bf16 kernel's threads for one product with ``weight``: every usable core from
+    ``row_exact.PARALLEL_WORK_BYTES`` on, as the row kernel's (the draft step's products are one
+    to a few rows; each output is computed by one thread, so the bytes do not depend on it)."""
+    from mlx_mtp.exactness.row_exact import kernel_threads
+
+    return kernel_threads(weight.nbytes)
+
+
+def resolve_bf16() -> bool:
+    """``DraftOptions.bf16=True``: True where the bf16 kernel can run, else an error."""
+    why = None
+    if mx.default_device() != mx.cpu:
+        why = "the default device is not the CPU"
+    elif not lazy_kernels.available():
+        why = f"the lazy kernels are unavailable ({lazy_kernels.reason()})"
+    if why is not None:
+        raise MTPError(f"--draft-bf16 (DraftOptions(bf16=True)): {why}")
+    return True
+
+
 def fits(rows: int, dtype) -> bool:
     """The kernel takes a weight of ``rows`` outputs whole: float32, whole groups of 8."""
     return dtype == mx.float32 and rows % row_kernel.COLUMN_GROUP == 0
 
 
-def matmul_for(weight: mx.array, on: bool) -> Callable[[mx.array], mx.array]:
-    """``x -> x @ weight.T``: through the row kernel if ``on`` and the weight fits, else the
-    BLAS. The weight is made row-contiguous once, here."""
+def matmul_for(weight: mx.array, on: bool, bf16: bool = False) -> Callable[[mx.array], mx.array]:
+    """``x -> x @ weight.T``: with ``bf16`` through the bf16 kernel on a bfloat16 copy of the
+    weight; else through the row kernel if ``on`` and the weight fits, else the BLAS. The weight
+    is made row-contiguous once, here."""
+    if bf16:
+        w16 = bf16_weight(weight)
+        threads = bf16_threads(w16)
+
+        def by_bf16(x):
+            return bf16_products(x, w16, threads)
+        by_bf16.by_kernel = "bf16"
+        return by_bf16
     if on and fits(weight.shape[0], weight.dtype):
         w = mx.contiguous(weight)
         mx.eval(w)
