@@ -55,7 +55,7 @@ def run(args, watch=None) -> dict:
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
                                     require_head=max(_widest(b, args)
                                                      for b in args.block_sizes) > 1,
-                                    draft_options=DraftOptions(bf16=args.draft_bf16))
+                                    draft_options=DraftOptions(bf16=args.draft_bf16 or None))
     prompts = {k: encode_prompt(tokenizer, v) for k, v in args.prompts.items()}
     n = args.max_tokens
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, top_k=args.top_k)

@@ -227,9 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-quantize-fc", action="store_true",
                    help="with --draft-bits, quantize the head's fc too")
     p.add_argument("--draft-bf16", action="store_true",
-                   help="CPU: the draft step's products with the head's and the draft LM head's "
-                        "weights as bfloat16, through mlx_mtp's bf16 kernel (half the bytes; "
-                        "drafts may differ in a near tie, the output never does)")
+                   help="CPU: the draft step's products on bfloat16 copies of the head's and the "
+                        "draft LM head's weights, through mlx_mtp's bf16 kernel (half the bytes), "
+                        "also where the copy rounds a float32 head (drafts may then differ in a "
+                        "near tie, the output never does). Default: on where it rounds nothing "
+                        "(a bfloat16 checkpoint)")
     p.add_argument("--no-mtp", action="store_true",
                    help="plain decode of the same target through mlx-lm, for comparison")
     p.add_argument("--ignore-chat-template", action="store_true",
@@ -290,7 +292,7 @@ def run(args) -> dict:
     need_head = not args.no_mtp and widest > 1
     options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
                            group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc,
-                           bf16=args.draft_bf16)
+                           bf16=True if args.draft_bf16 else None)
     model, tokenizer = registry.load(args.model, drafter=args.drafter, require_head=need_head,
                             draft_options=options, split=args.split)
     prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,

@@ -1,7 +1,8 @@
 """How the MTP drafter runs: each drafter optimization is a switch.
 
 The defaults were chosen by measurement on the Linux CPU backend (see docs/configuration.md), and
-no switch that can change acceptance is on by default:
+no switch that can change acceptance is on by default (the kernels' sums may order a near tie
+differently, as the row kernel's do):
   device_ids    drafted ids stay on the device and the block is evaluated once: the round loop's
                 one-host-read-per-round design. Off: a host round trip per draft (kept so its cost
                 can be measured).
@@ -27,9 +28,10 @@ no switch that can change acceptance is on by default:
   bf16          the compiled step's products (the merged head's and the draft LM head's) with
                 the weights kept as bfloat16 and multiplied by the bf16 kernel as a lazy op
                 (``mlx_mtp.models.qwen3_5.row_products``): half the bytes a float32 product reads
-                (a bfloat16 copy of the LM head rows it drafts over is made). Off: on a float32
-                checkpoint it rounds the weights, so drafts may differ in a near tie (never the
-                output); its speed is measured per device (docs/models.md).
+                (a bfloat16 copy of the LM head rows it drafts over is made). None: on where the
+                CPU kernels run and the copy rounds nothing (a bfloat16 checkpoint, cast to
+                float32 on load); True also rounds a float32 head, whose drafts may then differ
+                in a near tie (never the output). Measured faster on the CPU (docs/models.md).
   bits          quantize the head's projections at load (affine, ``group_size``; ``fc`` stays
                 unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar loop
                 on x86, slower than the unquantized head there.
@@ -60,7 +62,7 @@ class DraftOptions:
     group_size: int = 64
     quantize_fc: bool = False
     row_kernel: Optional[bool] = None
-    bf16: bool = False
+    bf16: Optional[bool] = None
 
     def __post_init__(self):
         if self.bits is not None and self.bits not in QUANT_BITS:
@@ -74,8 +76,8 @@ class DraftOptions:
             raise MTPError(f"fused_chunk must be a positive multiple of 8, got {self.fused_chunk!r}")
         if self.row_kernel not in (None, True, False):
             raise MTPError(f"row_kernel must be None, True or False, got {self.row_kernel!r}")
-        if self.bf16 not in (True, False):
-            raise MTPError(f"bf16 must be True or False, got {self.bf16!r}")
+        if self.bf16 not in (None, True, False):
+            raise MTPError(f"bf16 must be None, True or False, got {self.bf16!r}")
         if self.bf16 and not self.compiled:
             raise MTPError("bf16=True (--draft-bf16) runs the compiled draft step's products: it "
                            "needs compiled=True")

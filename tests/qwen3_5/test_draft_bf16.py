@@ -7,6 +7,7 @@ import json
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from mlx.utils import tree_map
 from conftest import draft_accept_draft, reference_greedy
 from support import tiny_checkpoints as tc
 
@@ -120,6 +121,54 @@ def test_output_is_plain_decode_and_an_agreeing_head_is_accepted(tmp_path):
         assert stats.acceptance_rate > 0.5, (bs, stats.acceptance_rate)
 
 
+def _bf16_valued(model) -> None:
+    """Round the head's matrices and the LM head to bfloat16 values in place (float32 still), as
+    a bfloat16 checkpoint cast to float32 on load holds."""
+    head = model.drafter.head
+    head.update(tree_map(lambda a: _rounded(a) if a.ndim == 2 else a, head.parameters()))
+    lm = model.target.lm_head_module
+    lm.weight = _rounded(lm.weight)
+    mx.eval(head.parameters(), lm.weight)
+
+
+def test_by_default_it_runs_where_the_copy_rounds_nothing(dense_dir, monkeypatch):
+    """``bf16=None``: on for a head whose weights are bfloat16 values (a bfloat16 checkpoint), off
+    for a float32 head it would round; off where the kernels cannot run; never with a quantized
+    head or the row kernel asked for."""
+    model = mlx_mtp.load_model(dense_dir)
+    head, target = model.drafter.head, model.target
+    assert model.drafter.describe()["bf16"] is False  # random float32 weights
+    assert QwenMTPDrafter(head, target, DraftOptions(bf16=True)).bf16  # asked: rounds them
+    _bf16_valued(model)
+    assert QwenMTPDrafter(head, target, DraftOptions()).bf16
+    assert not QwenMTPDrafter(head, target, DraftOptions(bf16=False)).bf16
+    assert not QwenMTPDrafter(head, target, DraftOptions(row_kernel=True)).bf16
+    assert not QwenMTPDrafter(head, target, DraftOptions(compiled=False)).bf16
+    # one head matrix off the bfloat16 grid: off
+    fc = head.fc.weight
+    head.fc.weight = fc + mx.where(mx.arange(fc.size).reshape(fc.shape) == 7, 1e-6, 0.0)
+    assert not QwenMTPDrafter(head, target, DraftOptions()).bf16
+    head.fc.weight = fc
+    assert QwenMTPDrafter(head, target, DraftOptions()).bf16
+    # a draft vocabulary: only its rows are copied, so only they are checked
+    lm = target.lm_head_module
+    ids = mx.arange(0, 320, 2).astype(mx.uint32)
+    lm.weight = mx.where((mx.arange(lm.weight.shape[0]) % 2 == 1)[:, None], lm.weight + 1e-6,
+                         lm.weight)
+    assert QwenMTPDrafter(head, target, DraftOptions(), ids).bf16
+    assert not QwenMTPDrafter(head, target, DraftOptions()).bf16
+    monkeypatch.setattr(lazy_kernels, "available", lambda: False)
+    monkeypatch.setattr(lazy_kernels, "reason", lambda: "MLX_MTP_LAZY_KERNELS=0")
+    assert not QwenMTPDrafter(head, target, DraftOptions(), ids).bf16
+
+
+def test_holds_bf16_checks_every_row_block():
+    w = _rounded(mx.random.normal((50, 16), key=mx.random.key(8)))
+    assert row_products.holds_bf16(w, rows=8)
+    bumped = w + mx.where(mx.arange(w.size).reshape(w.shape) == 49 * 16 + 3, 1e-5, 0.0)
+    assert not row_products.holds_bf16(bumped, rows=8)  # in the last, partial block
+
+
 def test_cli_draft_bf16_flag(capsys, dense_dir):
     generate = importlib.import_module("mlx_mtp.generate")  # the CLI module
     assert generate.main(["--model", str(dense_dir), "--max-tokens", "8", "--json",
@@ -144,7 +193,7 @@ def test_where_the_kernels_cannot_run_it_is_an_error(monkeypatch, dense_dir):
      "bf16=True (--draft-bf16) and row_kernel=True both choose the draft step's kernel: pick one"),
     (dict(bf16=True, bits=4),
      "bf16=True (--draft-bf16) and --draft-bits both set the head's weights: pick one"),
-    (dict(bf16="yes"), "bf16 must be True or False, got 'yes'"),
+    (dict(bf16="yes"), "bf16 must be None, True or False, got 'yes'"),
 ])
 def test_bad_options_are_errors(kwargs, msg):
     with pytest.raises(MTPError) as e:

@@ -73,6 +73,18 @@ class MTPHead(nn.Module):
         return self.norm(x)
 
 
+def bf16_candidates(head: MTPHead, target, vocab_ids: Optional[mx.array]) -> list:
+    """The matrices ``DraftOptions.bf16`` copies to bfloat16: the head's and the LM head rows it
+    drafts over; empty where any is quantized (the option is for float heads)."""
+    modules = [m for _, m in head.named_modules()]
+    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+           for m in modules + [target.lm_head_module]):
+        return []
+    matrices = [m.weight for m in modules if isinstance(m, nn.Linear)]
+    lm = target.lm_head_module.weight
+    return matrices + [lm if vocab_ids is None else lm[vocab_ids]]
+
+
 class QwenMTPDrafter(DrafterDefaults):
     """Drafts with the MTP head, recurrently: draft j > 1 feeds the head its own output.
 
@@ -88,7 +100,11 @@ class QwenMTPDrafter(DrafterDefaults):
         self.target = target
         self.options = options
         # The products of the compiled step through the row kernel (with OpenBLAS, by default).
-        self.bf16 = options.bf16 and row_products.resolve_bf16()
+        # The step's products on bfloat16 copies of the weights (by default where that rounds
+        # nothing: a bfloat16 checkpoint), else through the row kernel (with OpenBLAS, by default).
+        self.bf16 = (options.compiled and options.bits is None and options.row_kernel is not True
+                     and row_products.resolve_bf16(
+                         options.bf16, lambda: bf16_candidates(head, target, vocab_ids)))
         self.row_kernel = (options.compiled and not self.bf16
                            and row_products.resolve(options.row_kernel))
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,

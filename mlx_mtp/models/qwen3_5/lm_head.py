@@ -132,7 +132,7 @@ class DraftLMHead:
         rows = full.rows if ids is None else ids.shape[0]
         full.row_kernel = (rows_by_kernel and not fused and full.scales is None
                            and full.bias is None and row_products.fits(rows, full.weight.dtype))
-        if bf16 and full.scales is None:  # ``row_products``: the rows kept as bfloat16
+        if bf16 and full.scales is None and self.whole:  # ``row_products``: bfloat16 rows
             full = full.to_bf16()
         self.tensors = full if ids is None else full.take(self.ids)
         if ids is not None:

@@ -78,15 +78,41 @@ def bf16_threads(weight: mx.array) -> int:
     return kernel_threads(weight.nbytes)
 
 
-def resolve_bf16() -> bool:
-    """``DraftOptions.bf16=True``: True where the bf16 kernel can run, else an error."""
-    why = None
+def bf16_problem() -> Optional[str]:
+    """Why the bf16 kernel cannot run the drafter's products here (None: it can)."""
     if mx.default_device() != mx.cpu:
-        why = "the default device is not the CPU"
-    elif not lazy_kernels.available():
-        why = f"the lazy kernels are unavailable ({lazy_kernels.reason()})"
+        return "the default device is not the CPU"
+    if not lazy_kernels.available():
+        return f"the lazy kernels are unavailable ({lazy_kernels.reason()})"
+    return None
+
+
+def resolve_bf16(option: Optional[bool], weights: Callable[[], list]) -> bool:
+    """``DraftOptions.bf16``: False off; True on (an error where the kernel cannot run); None
+    on where it can and it rounds nothing: every float32 matrix ``weights()`` lists (those the
+    step would copy) holds bfloat16 values, as a checkpoint shipped in bfloat16 and cast to float32
+    on load does, and no matrix is quantized."""
+    if option is False:
+        return False
+    why = bf16_problem()
+    if option is None:
+        if why is not None:
+            return False
+        matrices = weights()
+        return bool(matrices) and all(w.dtype == mx.float32 and holds_bf16(w) for w in matrices)
     if why is not None:
         raise MTPError(f"--draft-bf16 (DraftOptions(bf16=True)): {why}")
+    return True
+
+
+def holds_bf16(w: mx.array, rows: int = 8192) -> bool:
+    """Whether every value of ``w`` is a bfloat16 value (rounding it to bfloat16 changes
+    nothing), checked ``rows`` rows at a time (no full-size temporary)."""
+    w = w.reshape(-1, w.shape[-1])
+    for start in range(0, w.shape[0], rows):
+        part = w[start:start + rows]
+        if not mx.array_equal(part, part.astype(mx.bfloat16).astype(part.dtype)).item():
+            return False
     return True
 
 
