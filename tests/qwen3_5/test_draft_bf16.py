@@ -199,3 +199,15 @@ def test_bad_options_are_errors(kwargs, msg):
     with pytest.raises(MTPError) as e:
         DraftOptions(**kwargs)
     assert str(e.value) == msg
+
+
+def test_bf16_threads_every_core_from_four_mebibytes_unless_the_variable_says(monkeypatch):
+    from mlx_mtp.cpu import blas as cpu_blas
+
+    monkeypatch.delenv("MLX_MTP_VERIFY_THREADS", raising=False)
+    monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 3)
+    small = mx.zeros((1024, 2047), mx.bfloat16)  # just under 4 MiB
+    large = mx.zeros((1024, 2048), mx.bfloat16)
+    assert row_products.bf16_threads(small) == 1 and row_products.bf16_threads(large) == 3
+    monkeypatch.setenv("MLX_MTP_VERIFY_THREADS", "1")
+    assert row_products.bf16_threads(large) == 1

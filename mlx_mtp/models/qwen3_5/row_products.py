@@ -69,13 +69,21 @@ def bf16_weight(weight: mx.array) -> mx.array:
     return w
 
 
+# A bfloat16 weight of at least this many bytes is read by every core this process may use: a
+# draft step's one-row product is bound by the read, and one thread reads 9-10 GB/s where two
+# read 11-18 GB/s from 5 MB up (2-core x86 VM, weights out of cache); at 4 MB the two tie.
+BF16_PARALLEL_BYTES = 4 * 1024 * 1024
+
+
 def bf16_threads(weight: mx.array) -> int:
-    """The bf16 kernel's threads for one product with ``weight``: every usable core from
-    ``row_exact.PARALLEL_WORK_BYTES`` on, as the row kernel's (the draft step's products are one
-    to a few rows; each output is computed by one thread, so the bytes do not depend on it)."""
+    """The bf16 kernel's threads for one product with ``weight``: ``MLX_MTP_VERIFY_THREADS`` if
+    set, as for the row kernel; else every usable core from ``BF16_PARALLEL_BYTES`` on. Each
+    output is computed by one thread, so the bytes do not depend on it."""
     from mlx_mtp.exactness.row_exact import kernel_threads
 
-    return kernel_threads(weight.nbytes)
+    if cpu_blas.verify_threads_set():
+        return kernel_threads()
+    return cpu_blas.usable_cores() if weight.nbytes >= BF16_PARALLEL_BYTES else 1
 
 
 def bf16_problem() -> Optional[str]:
