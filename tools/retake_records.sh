@@ -193,6 +193,9 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
   retake realistic-zipf-pair-blis -- $PY -m benchmarks.bench_mtp --model "$Z" \
     --topic realistic-zipf-pair-blis --block-sizes 2,3,4,6,auto --pairs 2 --max-tokens 96 \
     --synced-runs 1 "${UNITS[@]}"
+  retake realistic-zipf-pair-blis-bf16 -- $PY -m benchmarks.bench_mtp --model "$Z" --draft-bf16 \
+    --topic realistic-zipf-pair-blis-bf16 --block-sizes 2,3,4,6,auto --pairs 2 --max-tokens 96 \
+    --synced-runs 1 "${UNITS[@]}"
   retake drafter-phases-zipf-pair -- $PY -m benchmarks.bench_drafter --model "$Z" \
     --topic drafter-phases-zipf-pair --block-size 4 --pairs 2 --max-tokens 64 --wait-idle 600
   retake trees-zipf-pair -- $PY -m benchmarks.bench_trees --model "$Z" \
