@@ -58,7 +58,8 @@ def run(args) -> dict:
                     q_group_size=args.group_size if q is not None else None,
                     head_group_size=args.group_size, quiet=True)
             ns = argparse.Namespace(
-                model=str(out), drafter=None, topic=args.topic, block_sizes=[args.block_size],
+                model=str(out), drafter=None, draft_bf16=False, topic=args.topic,
+                block_sizes=[args.block_size],
                 pairs=args.pairs, max_tokens=args.max_tokens, prompts=common.DEFAULT_PROMPTS,
                 temp=0.0, top_p=0.0, top_k=0, seed=0, acceptance="auto",
                 max_block_size=DEFAULT_MAX_BLOCK_SIZE, repetition_penalty=None,

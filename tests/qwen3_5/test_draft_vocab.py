@@ -292,4 +292,16 @@ def test_the_demo_pair_ships_its_draft_vocabulary():
     model = mlx_mtp.load_model("mlx_mtp/demo_pair")
     d = model.drafter.describe()
     assert d["reduced_vocab"] and d["vocab_size"] == 4096 and d["compiled"]
-    assert model.drafter.whole_step and model.drafter.lm.tensors.transposed
+    assert model.drafter.whole_step
+    # a bfloat16 checkpoint: by default its 4096 rows are drafted over as bfloat16 copies (where
+    # the CPU kernels run), else transposed for the BLAS
+    from mlx_mtp.models.options import DraftOptions
+    from mlx_mtp.models.qwen3_5 import row_products
+
+    lm = model.drafter.lm.tensors
+    if row_products.bf16_problem() is None:
+        assert d["bf16"] and lm.bf16 and lm.weight.shape == (4096, lm.weight.shape[1])
+    else:
+        assert not d["bf16"] and lm.transposed
+    off = mlx_mtp.load_model("mlx_mtp/demo_pair", draft_options=DraftOptions(bf16=False))
+    assert not off.drafter.describe()["bf16"] and off.drafter.lm.tensors.transposed
