@@ -56,9 +56,6 @@ class HeadTensors:
         ``x @ W.T``), and the copy costs no more memory either way; with ``row_kernel`` they stay
         rows, as the kernel reads them."""
         pick = (lambda a: None if a is None else mx.contiguous(a[ids]))
-        if self.bf16:
-            return HeadTensors(pick(self.weight), bias=pick(self.bias), bf16=True,
-                               threads=row_products.bf16_threads(self.weight[: ids.shape[0]]))
         if self.row_kernel:
             return HeadTensors(pick(self.weight), bias=pick(self.bias), row_kernel=True)
         if self.scales is None and not self.transposed:
@@ -85,10 +82,13 @@ class HeadTensors:
             out = x @ self.weight[s].T
         return out if self.bias is None else out + self.bias[s]
 
-    def to_bf16(self) -> "HeadTensors":
-        """The same rows as a bfloat16 copy for the bf16 kernel (unquantized rows only)."""
-        w = row_products.bf16_weight(self.weight.T if self.transposed else self.weight)
-        return HeadTensors(w, bias=self.bias, bf16=True, threads=row_products.bf16_threads(w))
+    def to_bf16(self, ids: Optional[mx.array] = None) -> "HeadTensors":
+        """Rows ``ids`` (all rows: None) as a bfloat16 copy for the bf16 kernel (unquantized,
+        untransposed rows only); only the rows taken are copied."""
+        w = self.weight if ids is None else self.weight[ids]
+        bias = self.bias if ids is None or self.bias is None else mx.contiguous(self.bias[ids])
+        w = row_products.bf16_weight(w)
+        return HeadTensors(w, bias=bias, bf16=True, threads=row_products.bf16_threads(w))
 
     @property
     def nbytes(self) -> int:
@@ -133,8 +133,9 @@ class DraftLMHead:
         full.row_kernel = (rows_by_kernel and not fused and full.scales is None
                            and full.bias is None and row_products.fits(rows, full.weight.dtype))
         if bf16 and full.scales is None and self.whole:  # ``row_products``: bfloat16 rows
-            full = full.to_bf16()
-        self.tensors = full if ids is None else full.take(self.ids)
+            self.tensors = full.to_bf16(self.ids)
+        else:
+            self.tensors = full if ids is None else full.take(self.ids)
         if ids is not None:
             mx.eval(self.tensors.weight, self.tensors.scales, self.tensors.biases)
 
