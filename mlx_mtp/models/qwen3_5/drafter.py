@@ -112,8 +112,9 @@ class QwenMTPDrafter(DrafterDefaults):
                               bf16=self.bf16)
         # The merged head is built from the weights the head has now (a head quantized later,
         # as ``quantize_drafter`` does to write a folder, is not drafted with).
-        fast = (FusedHead(head, row_kernel=self.row_kernel, bf16=self.bf16) if options.compiled and options.merged
-                and type(head) is MTPHead and fusable(head) else None)
+        fast = (FusedHead(head, row_kernel=self.row_kernel, bf16=self.bf16)
+                if options.compiled and options.merged and type(head) is MTPHead
+                and fusable(head) else None)
         self.compiled = (CompiledHead(head, embed=target.embed, pick=self.lm.pick, fast=fast)
                          if options.compiled else None)
         # The embedding lookup, head and LM head + argmax of a step as one compiled call (not
