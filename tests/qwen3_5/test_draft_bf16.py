@@ -69,6 +69,9 @@ def test_the_drafters_products_run_on_bfloat16_copies(dense_dir):
     mms = [fast.mm_fc] + [getattr(layer, f"mm_{n}") for layer in fast.layers
                           for n in ("qkvg", "o", "gu", "down")]
     assert [m.by_kernel for m in mms] == ["bf16"] * 5
+    # the merged float32 matrices are not kept beside their bfloat16 copies
+    assert all("w_qkvg" not in layer and "w_gu" not in layer for layer in fast.layers)
+    assert all("w_qkvg" in layer for layer in off.compiled.fast.layers)
     lm = on.lm.tensors
     assert lm.bf16 and lm.weight.dtype == mx.bfloat16
     assert bitwise_equal(lm.weight.astype(mx.float32), _rounded(target.lm_head_module.weight))

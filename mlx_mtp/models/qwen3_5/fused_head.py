@@ -76,6 +76,8 @@ class FusedLayer(nn.Module):
         self.mm_qkvg, self.mm_o, self.mm_gu, self.mm_down = (
             row_products.matmul_for(w, row_kernel, bf16)
             for w in (self.w_qkvg, self.w_o, self.w_gu, self.w_down))
+        if bf16:  # the products read bfloat16 copies: the merged float32 matrices are not kept
+            del self.w_qkvg, self.w_gu
 
     def __call__(self, x: mx.array, mask: Optional[mx.array], cache) -> mx.array:
         B, L, _ = x.shape
