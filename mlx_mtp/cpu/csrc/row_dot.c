@@ -42,40 +42,7 @@ static inline float lane_sum(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-/* R rows x C columns (compile-time): rows x[0..R), columns w[0..C) (each K long). R x C
-   accumulators stay in registers (at most 12 of the 16 ymm); more columns at once keep more
-   weight streams in flight, which the memory system needs to reach its bandwidth. */
-#define ROWS_KERNEL(R, C)                                                                       \
-static void rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const float *w, float *y,     \
-                     ptrdiff_t ldy) {                                                           \
-    __m256 a[R][C];                                                                             \
-    _Pragma("GCC unroll 8") for (int t = 0; t < R; t++)                                        \
-        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) a[t][c] = _mm256_setzero_ps();     \
-    const ptrdiff_t K8 = K - K % 8;                                                             \
-    for (ptrdiff_t k = 0; k < K8; k += 8) {                                                     \
-        __m256 v[C];                                                                            \
-        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) v[c] = _mm256_loadu_ps(w + c * K + k); \
-        if (R > 1) /* the next C columns' rows too: more streams in flight (see top) */        \
-            _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                \
-                _mm_prefetch((const char *)(w + (c + C) * K + k), _MM_HINT_T0);                 \
-        _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                  \
-            const __m256 u = _mm256_loadu_ps(x + t * ldx + k);                                  \
-            _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                \
-                a[t][c] = _mm256_fmadd_ps(u, v[c], a[t][c]);                                    \
-        }                                                                                       \
-    }                                                                                           \
-    _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                      \
-        const float *xt = x + t * ldx;                                                          \
-        _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {                                  \
-            float s = lane_sum(a[t][c]);                                                        \
-            const float *wc = w + c * K;                                                        \
-            for (ptrdiff_t k = K8; k < K; k++) s += xt[k] * wc[k];                              \
-            y[t * ldy + c] = s;                                                                 \
-        }                                                                                       \
-    }                                                                                           \
-}
-
-/* The same for bfloat16 weights (w points at 16-bit patterns). */
+/* The bfloat16 weights' reads (w points at 16-bit patterns): 8 at a time, and one. */
 static inline __m256 widen8(const uint16_t *p) {
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -88,9 +55,17 @@ static inline float widen1(uint16_t h) {
     return f;
 }
 
-#define BF16_KERNEL(R, C)                                                                       \
-static void bf16_rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const uint16_t *w,       \
-                          ptrdiff_t cols, float *y, ptrdiff_t ldy) {                            \
+/* R rows x C columns (compile-time): rows x[0..R), columns w[0..C) (each K long, of type WT,
+   read 8 at a time by LOAD8 and the last K % 8 one at a time by LOAD1). R x C accumulators stay
+   in registers (at most 12 of the 16 ymm); more columns at once keep more weight streams in
+   flight, which the memory system needs to reach its bandwidth. LIVE(c, cols): whether column c
+   exists (the bf16 kernel takes a last partial group of `cols` < C columns); PREFETCH(R, k):
+   whether step k also prefetches the next C columns' rows (more streams in flight, see top). */
+#define DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, R, C)                                \
+static void NAME##_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const void *wv,             \
+                       ptrdiff_t cols, float *y, ptrdiff_t ldy) {                               \
+    const WT *w = (const WT *)wv;                                                               \
+    (void)cols;                                                                                 \
     __m256 a[R][C];                                                                             \
     _Pragma("GCC unroll 8") for (int t = 0; t < R; t++)                                        \
         _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) a[t][c] = _mm256_setzero_ps();     \
@@ -98,8 +73,8 @@ static void bf16_rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const uint
     for (ptrdiff_t k = 0; k < K8; k += 8) {                                                     \
         __m256 v[C];                                                                            \
         _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                    \
-            v[c] = c < cols ? widen8(w + c * K + k) : _mm256_setzero_ps();                     \
-        if (k % 32 == 0) /* the next C columns' rows, a cache line (32 weights) at a time */   \
+            v[c] = LIVE(c, cols) ? LOAD8(w + c * K + k) : _mm256_setzero_ps();                 \
+        if (PREFETCH(R, k))                                                                     \
             _Pragma("GCC unroll 8") for (int c = 0; c < C; c++)                                \
                 _mm_prefetch((const char *)(w + (c + C) * K + k), _MM_HINT_T0);                 \
         _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                  \
@@ -111,44 +86,47 @@ static void bf16_rows_##R(const float *x, ptrdiff_t ldx, ptrdiff_t K, const uint
     _Pragma("GCC unroll 8") for (int t = 0; t < R; t++) {                                      \
         const float *xt = x + t * ldx;                                                          \
         _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {                                  \
-            if (c >= cols) break;                                                               \
+            if (!LIVE(c, cols)) break;                                                          \
             float s = lane_sum(a[t][c]);                                                        \
-            const uint16_t *wc = w + c * K;                                                     \
-            for (ptrdiff_t k = K8; k < K; k++) s += xt[k] * widen1(wc[k]);                      \
+            const WT *wc = w + c * K;                                                           \
+            for (ptrdiff_t k = K8; k < K; k++) s += xt[k] * LOAD1(wc[k]);                       \
             y[t * ldy + c] = s;                                                                 \
         }                                                                                       \
     }                                                                                           \
 }
 
-BF16_KERNEL(1, 8)
-BF16_KERNEL(2, 4)
-BF16_KERNEL(3, 4)
-BF16_KERNEL(4, 2)
-BF16_KERNEL(5, 2)
-BF16_KERNEL(6, 2)
-
-typedef void (*bf16_rows_fn)(const float *, ptrdiff_t, ptrdiff_t, const uint16_t *, ptrdiff_t,
-                             float *, ptrdiff_t);
-static const bf16_rows_fn BF16_ROWS[7] = {0, bf16_rows_1, bf16_rows_2, bf16_rows_3,
-                                          bf16_rows_4, bf16_rows_5, bf16_rows_6};
+/* float32: every group whole (N % 8 == 0), prefetching at every step from 2 rows on. */
+#define AS_IS(v) (v)
+#define WHOLE(c, cols) 1
+#define FROM_2_ROWS(R, k) ((R) > 1)
+/* bfloat16: a last partial group too, prefetching a cache line (32 weights) at a time at any
+   row count. */
+#define PRESENT(c, cols) ((c) < (cols))
+#define EVERY_LINE(R, k) ((k) % 32 == 0)
 
 /* Columns per call by rows (8 / 4 / 4 / 2 / 2 / 2; chosen by measurement on AVX2). */
-ROWS_KERNEL(1, 8)
-ROWS_KERNEL(2, 4)
-ROWS_KERNEL(3, 4)
-ROWS_KERNEL(4, 2)
-ROWS_KERNEL(5, 2)
-ROWS_KERNEL(6, 2)
+#define KERNELS(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH)                                          \
+    DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, 1, 8)                                    \
+    DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, 2, 4)                                    \
+    DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, 3, 4)                                    \
+    DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, 4, 2)                                    \
+    DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, 5, 2)                                    \
+    DOT_KERNEL(NAME, WT, LOAD8, LOAD1, LIVE, PREFETCH, 6, 2)
+KERNELS(rows, float, _mm256_loadu_ps, AS_IS, WHOLE, FROM_2_ROWS)
+KERNELS(bf16_rows, uint16_t, widen8, widen1, PRESENT, EVERY_LINE)
 
-typedef void (*rows_fn)(const float *, ptrdiff_t, ptrdiff_t, const float *, float *, ptrdiff_t);
-static const rows_fn ROWS[7] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6};
+typedef void (*rows_fn)(const float *, ptrdiff_t, ptrdiff_t, const void *, ptrdiff_t, float *,
+                        ptrdiff_t);
+static const rows_fn ROWS[2][7] = {
+    {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6},
+    {0, bf16_rows_1, bf16_rows_2, bf16_rows_3, bf16_rows_4, bf16_rows_5, bf16_rows_6}};
 static const int COLS[7] = {0, 8, 4, 4, 2, 2, 2};
 
 #define MAX_ROWS 6
 #define BLOCK_BYTES (256 * 1024) /* a column block of weights shared by row groups (an L2) */
 
 /* Columns [n_begin, n_end) of y = x w^T, single-threaded; `wsize` bytes per weight (4: float32
-   by rows_*, 2: bfloat16 by bf16_rows_*, which also take a last partial group of columns). */
+   by rows_*, 2: bfloat16 by bf16_rows_*). */
 static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const void *w,
                     int wsize, ptrdiff_t n_begin, ptrdiff_t n_end, float *y, ptrdiff_t ldy) {
     const ptrdiff_t groups = (T + MAX_ROWS - 1) / MAX_ROWS;
@@ -162,14 +140,10 @@ static void columns(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, con
         ptrdiff_t t0 = 0;
         for (ptrdiff_t g = 0; g < groups; g++) {
             const ptrdiff_t rows = (T - t0) / (groups - g); /* balanced groups, <= MAX_ROWS */
-            for (ptrdiff_t n = n0; n < n1; n += COLS[rows]) {
-                if (wsize == 2)
-                    BF16_ROWS[rows](x + t0 * ldx, ldx, K, (const uint16_t *)w + n * K, n1 - n,
-                                    y + t0 * ldy + n, ldy);
-                else
-                    ROWS[rows](x + t0 * ldx, ldx, K, (const float *)w + n * K, y + t0 * ldy + n,
-                               ldy);
-            }
+            const rows_fn f = ROWS[wsize == 2][rows];
+            for (ptrdiff_t n = n0; n < n1; n += COLS[rows])
+                f(x + t0 * ldx, ldx, K, (const char *)w + n * K * wsize, n1 - n,
+                  y + t0 * ldy + n, ldy);
             t0 += rows;
         }
     }
