@@ -30,13 +30,9 @@ AUTO_BLAS = ("OpenBLAS",)  # the loaded BLAS libraries ``None`` turns it on for
 
 def problem() -> Optional[str]:
     """Why the row kernel cannot run the drafter's products here (None: it can)."""
-    if mx.default_device() != mx.cpu:
-        return "the default device is not the CPU"
-    if not row_kernel.available():
+    if mx.default_device() == mx.cpu and not row_kernel.available():
         return f"the row kernel is unavailable ({row_kernel.reason()})"
-    if not lazy_kernels.available():
-        return f"the lazy kernels are unavailable ({lazy_kernels.reason()})"
-    return None
+    return bf16_problem()
 
 
 def resolve(option: Optional[bool]) -> bool:
@@ -87,7 +83,8 @@ def bf16_threads(weight: mx.array) -> int:
 
 
 def bf16_problem() -> Optional[str]:
-    """Why the bf16 kernel cannot run the drafter's products here (None: it can)."""
+    """Why the bf16 kernel cannot run the drafter's products here (None: it can): the lazy
+    CPU kernels, which the row kernel's drafter products need too (``problem``)."""
     if mx.default_device() != mx.cpu:
         return "the default device is not the CPU"
     if not lazy_kernels.available():
