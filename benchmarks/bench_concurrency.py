@@ -99,9 +99,13 @@ def level(client, prompts: list, clients: int, per_client: int, max_tokens: int)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = [r for rs in pool.map(one_client, range(clients)) for r in rs]
-    wall = time.perf_counter() - t0
-    return {"wall_s": wall, "tokens": sum(r["tokens"] for r in results),
-            "aggregate_tps": sum(r["tokens"] for r in results) / wall,
+    return run_summary(results, time.perf_counter() - t0)
+
+
+def run_summary(results: list, wall: float) -> dict:
+    """One arm's run at one level: its requests and ``wall`` seconds."""
+    tokens = sum(r["tokens"] for r in results)
+    return {"wall_s": wall, "tokens": tokens, "aggregate_tps": tokens / wall,
             "per_request_tps": statistics.median(r["tps"] for r in results),
             "requests": results}
 
@@ -116,14 +120,8 @@ def alternating(clients: dict, prompts: list, requests: int, max_tokens: int) ->
         order = arms[j % len(arms):] + arms[: j % len(arms)]
         for arm in order:
             results[arm].append(one_request(clients[arm], prompts[j], max_tokens))
-    out = {}
-    for arm, rs in results.items():
-        wall = sum(r["seconds"] for r in rs)
-        out[arm] = {"wall_s": wall, "tokens": sum(r["tokens"] for r in rs),
-                    "aggregate_tps": sum(r["tokens"] for r in rs) / wall,
-                    "per_request_tps": statistics.median(r["tps"] for r in rs),
-                    "alternating": True, "requests": rs}
-    return out
+    return {arm: {**run_summary(rs, sum(r["seconds"] for r in rs)), "alternating": True}
+            for arm, rs in results.items()}
 
 
 def paired_to_serial(raw: dict, arm: str, clients: int = 1):
