@@ -5,11 +5,11 @@ import importlib
 import json
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 from mlx.utils import tree_map
 from conftest import draft_accept_draft, reference_greedy
 from support import tiny_checkpoints as tc
+from support.lm_heads import random_head
 
 import mlx_mtp
 from mlx_mtp import MTPError
@@ -85,16 +85,10 @@ def test_the_drafters_products_run_on_bfloat16_copies(dense_dir):
 
 
 def test_a_reduced_vocabulary_keeps_its_rows_as_bfloat16():
-    H, V = 64, 320
-    lin = nn.Linear(H, V, bias=False)
-    lin.weight = mx.random.normal((V, H), key=mx.random.key(3))
-    x = mx.random.normal((3, H), key=mx.random.key(4))
-
-    class Target:
-        lm_head_module = lin
-
+    H = 64
+    target, lin, x = random_head(H, 320)
     ids = mx.arange(0, 300, 5).astype(mx.uint32)  # 60 ids: not whole groups of 8
-    head = DraftLMHead(Target(), ids=ids, bf16=True)
+    head = DraftLMHead(target, ids=ids, bf16=True)
     t = head.tensors
     assert t.bf16 and not t.transposed and t.weight.shape == (60, H)
     assert t.weight.dtype == mx.bfloat16
@@ -102,7 +96,7 @@ def test_a_reduced_vocabulary_keeps_its_rows_as_bfloat16():
     assert mx.allclose(head.project(x), want, rtol=1e-5, atol=1e-5).item()
     tok, logits = head.pick(x)
     assert tok.tolist() == ids[mx.argmax(want, -1)].tolist()
-    fused = DraftLMHead(Target(), ids=ids, fused=True, chunk=16, bf16=True)
+    fused = DraftLMHead(target, ids=ids, fused=True, chunk=16, bf16=True)
     assert fused.argmax(x, _NoProfiler())[0].tolist() == tok.tolist()
 
 

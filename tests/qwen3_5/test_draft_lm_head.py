@@ -5,6 +5,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from support.lm_heads import LinearTarget
 
 import mlx_mtp
 from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead, HeadTensors, chunked_argmax
@@ -63,16 +64,9 @@ def test_reduced_rows_keep_their_target_ids():
     W, x = weights_with_ties(320)
     lin = nn.Linear(H, 320, bias=False)
     lin.weight = W
-
-    class Target:
-        lm_head_module = lin
-
-        def logits(self, h):
-            return lin(h)
-
     ids = mx.array([0, 3, 5, 70, 200, 318], dtype=mx.uint32)
     for fused in (False, True):
-        head = DraftLMHead(Target(), ids=ids, fused=fused, chunk=8)
+        head = DraftLMHead(LinearTarget(lin), ids=ids, fused=fused, chunk=8)
         tok, logits = head.argmax(x, DraftProfiler())
         sub = x @ W[ids].T
         assert tok.tolist() == ids[mx.argmax(sub, axis=-1)].tolist()

@@ -1,9 +1,9 @@
 """The drafter's products through the row kernel (``mlx_mtp.models.qwen3_5.row_products``)."""
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 from conftest import draft_accept_draft, reference_greedy
+from support.lm_heads import random_head
 
 import mlx_mtp
 from mlx_mtp import MTPError
@@ -71,26 +71,20 @@ def test_products_and_drafts_match_the_blas_ones(dense_dir):
 def test_reduced_rows_stay_rows_for_the_kernel():
     """With the kernel a reduced vocabulary keeps its rows ([N, H], as the kernel reads them);
     one whose size is not a whole number of 8-row groups, or a fused argmax, keeps the BLAS."""
-    H, V = 64, 320
-    lin = nn.Linear(H, V, bias=False)
-    lin.weight = mx.random.normal((V, H), key=mx.random.key(3))
-    x = mx.random.normal((3, H), key=mx.random.key(4))
-
-    class Target:
-        lm_head_module = lin
-
+    H = 64
+    target, lin, x = random_head(H, 320)
     ids = mx.arange(0, 320, 5).astype(mx.uint32)  # 64 ids
-    head = DraftLMHead(Target(), ids=ids, rows_by_kernel=True)
+    head = DraftLMHead(target, ids=ids, rows_by_kernel=True)
     t = head.tensors
     assert t.row_kernel and not t.transposed and t.weight.shape == (64, H)
     want = x @ lin.weight[ids].T
     assert mx.allclose(head.project(x), want, rtol=1e-5, atol=1e-5).item()
     assert mx.argmax(head.project(x), -1).tolist() == mx.argmax(want, -1).tolist()
-    odd = DraftLMHead(Target(), ids=ids[:60], rows_by_kernel=True).tensors
-    fused = DraftLMHead(Target(), ids=ids, fused=True, rows_by_kernel=True).tensors
+    odd = DraftLMHead(target, ids=ids[:60], rows_by_kernel=True).tensors
+    fused = DraftLMHead(target, ids=ids, fused=True, rows_by_kernel=True).tensors
     assert not odd.row_kernel and odd.transposed
     assert not fused.row_kernel and fused.transposed
-    whole = DraftLMHead(Target(), rows_by_kernel=True).tensors  # 320 rows: 40 groups of 8
+    whole = DraftLMHead(target, rows_by_kernel=True).tensors  # 320 rows: 40 groups of 8
     assert whole.row_kernel and mx.allclose(whole.matmul(x), x @ lin.weight.T, rtol=1e-5,
                                             atol=1e-5).item()
 
