@@ -16,6 +16,8 @@ OpenBLAS's own count, which one thread slows down; ``0`` = leave the count alone
 that measures a verify's exactness (``mlx_mtp.exactness.row_exact.install``, the probe's block
 arm) does so too. The row kernel, which computes most of a verify's products on the CPU,
 chooses its own threads by each product's size (``mlx_mtp.exactness.row_exact.kernel_threads``).
+
+``prefill_threads()``: a prompt's prefill runs BLIS on every core (see there).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class BlasState:
     name: str = "bundled"  # "BLIS", "OpenBLAS", "custom", "bundled", "not applicable"
     path: Optional[str] = None
     threads: Optional[int] = None
+    chosen: bool = False  # the thread count is ours (``blis_threads``), not the user's
     error: Optional[str] = None  # a library the user named could not be loaded
 
     def describe(self) -> str:
@@ -127,6 +130,7 @@ def _set_threads(name: str) -> Optional[int]:
         cores = usable_cores()
         if name == "BLIS":
             os.environ["BLIS_JC_NT"] = str(blis_threads(cores))
+            STATE.chosen = True
             return blis_threads(cores)
         os.environ[var] = str(cores)
     return int(os.environ.get(var) or os.environ.get("OMP_NUM_THREADS") or 1)
@@ -241,6 +245,26 @@ def verify_threads():
             _set_ways(*ways)
         else:
             set_(before)
+
+
+@contextmanager
+def prefill_threads():
+    """Run the body (a prompt's prefill, evaluated while the Python thread waits) with BLIS on
+    every usable core, split over output columns, where the thread count is ours: a prefill's
+    products are many rows against each weight, so a second thread nearly halves them, and a
+    split over columns leaves every product bitwise as on one thread (each thread sums its own
+    columns in the same order). Elsewhere (another library, a count the user set) it does
+    nothing."""
+    cores = usable_cores()
+    if STATE.name != "BLIS" or not STATE.chosen or cores <= blis_threads(cores):
+        yield
+        return
+    ways = _blis_ways()
+    _set_ways(cores, 1, 1, 1, 1)
+    try:
+        yield
+    finally:
+        _set_ways(*ways)
 
 
 def _blis_ways():

@@ -106,11 +106,13 @@ def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
     start = 0
     while prompt_len - start > 1:
         stop = min(start + request.prefill_step_size, prompt_len - 1)
-        hidden = target.hidden(prompt[None, start:stop], cache, request.embeddings(start, stop))
-        if drafter is not None:
-            drafter.prefill(hidden, prompt[start + 1 : stop + 1])
-        session.kv.quantize(cache)
-        mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
+        with cpu_blas.prefill_threads():
+            hidden = target.prefill(prompt[None, start:stop], cache,
+                                    request.embeddings(start, stop))
+            if drafter is not None:
+                drafter.prefill(hidden, prompt[start + 1 : stop + 1])
+            session.kv.quantize(cache)
+            mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
         start = stop
         report(start, prompt_len)
         if prompt_len - start > 1:
@@ -123,8 +125,8 @@ def _first_token(session: Session, prompt: mx.array, request: Request
     ``(hidden, token [1], logprobs [1, V], history, cache entries KV quantization replaced)``."""
     target, drafter, cache, draws = session.target, session.drafter, session.cache, session.draws
     prompt_len = session.prompt_len
-    hidden = target.hidden(prompt[None, prompt_len - 1 :], cache,
-                           request.embeddings(prompt_len - 1, prompt_len))
+    hidden = target.prefill(prompt[None, prompt_len - 1 :], cache,
+                            request.embeddings(prompt_len - 1, prompt_len))
     history = prompt if draws.processors else None  # mlx-lm feeds processors the whole history
     logits = target.logits(hidden[:, -1])
     for processor in draws.processors:

@@ -39,6 +39,9 @@ class Target(Protocol):
         """Post-norm hidden states ``[1, T, H]`` for ``ids [1, T]`` (or ``input_embeddings``
         in their place); advances the cache by T."""
 
+    def prefill(self, ids: mx.array, cache: List[Any], input_embeddings=None) -> mx.array:
+        """``hidden`` of a prompt's tokens, bitwise, by the fastest path the target has."""
+
     def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """``hidden`` of one token ``ids [1, 1]``, bitwise, by the cheapest path the target has
         (not undoable): plain decode steps and rounds without drafts."""

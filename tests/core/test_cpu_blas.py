@@ -203,6 +203,47 @@ def test_rounds_run_the_bound_library_with_the_verify_thread_count(lib):
     assert (out["name"], out["inside"]) == ("bundled", None)  # nothing to set
 
 
+PREFILL = """
+import json, mlx_mtp
+import mlx.core as mx
+from mlx_mtp.cpu import blas as cpu_blas
+lib = __import__("ctypes").CDLL(cpu_blas.STATE.path) if cpu_blas.STATE.path else None
+jc = (lambda: lib.bli_thread_get_jc_nt()) if cpu_blas.STATE.name == "BLIS" else (lambda: None)
+mx.random.seed(0)
+W = mx.random.normal((1536, 1024)); X = mx.random.normal((96, 1024))
+outside = X @ W.T
+mx.eval(outside)
+before = jc()
+with cpu_blas.prefill_threads():
+    inside_jc = jc()
+    inside = X @ W.T
+    mx.eval(inside)
+print(json.dumps({"name": cpu_blas.STATE.name, "before": before, "inside": inside_jc,
+                  "after": jc(), "same": bytes(memoryview(inside)) == bytes(memoryview(outside))}))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_prefill_runs_blis_on_every_core_and_its_products_keep_their_bits():
+    """BLIS with the count chosen here: every usable core inside, split over columns, the split
+    put back after, and a many-row product bitwise as on the default count. A count the user
+    set, or another library, is left alone."""
+    blis = next((p for n, p in cpu_blas.find() if n == "BLIS"), None)
+    if blis is None:
+        pytest.fail("BLIS not installed: .ci/run and the README install libblis4-pthread")
+    n = len(os.sched_getaffinity(0))
+    out, _ = run(PREFILL, MLX_MTP_CPU_BLAS=blis)
+    assert out["name"] == "BLIS" and out["same"]
+    assert (out["before"], out["inside"], out["after"]) == (
+        cpu_blas.blis_threads(n), n, cpu_blas.blis_threads(n))
+    out, _ = run(PREFILL, MLX_MTP_CPU_BLAS=blis, BLIS_JC_NT="1")
+    assert (out["before"], out["inside"], out["after"], out["same"]) == (1, 1, 1, True)
+    openblas = next((p for n, p in cpu_blas.find() if n == "OpenBLAS"), None)
+    if openblas is not None:
+        out, _ = run(PREFILL, MLX_MTP_CPU_BLAS=openblas)
+        assert (out["name"], out["inside"], out["same"]) == ("OpenBLAS", None, True)
+
+
 def test_the_rounds_thread_count_defaults_per_library(monkeypatch):
     for name, want in [("BLIS", 1), ("OpenBLAS", 0), ("custom", 1), ("bundled", 1)]:
         monkeypatch.setattr(cpu_blas.STATE, "name", name)

@@ -33,7 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import precise_swiglu
-from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normalize_qk
+from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_delta_ops,
+                                       normalize_qk)
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
@@ -365,3 +366,76 @@ def capture_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
     if choice in (KERNEL_TAPS, KERNEL_CONV):
         return kernel_mixer(layer, qkv, z, b, a, conv_state, state, taps=choice == KERNEL_TAPS)
     return compiled_mixer(layer, qkv, z, b, a, conv_state, state, taps=choice == TAPS)
+
+
+# ------------------------------------------------------------------------------------ prefill
+#
+# A prompt's prefill runs mlx-lm's layer op for op except its recurrence: mlx-lm's ops loop makes
+# 5 passes of elementwise kernels over the state per token, which on a realistic-size layer takes
+# about as long as the layer's products. ``prefill_recurrence`` runs those steps in the C kernel
+# instead, where ``prefill_kernel_applies`` says so.
+
+# Tokens per kernel call in a prefill: the kernel returns every step's state, so a long prompt is
+# fed a block at a time (each block's last state starts the next), keeping the transient states
+# to this many times the recurrent state.
+PREFILL_BLOCK = 64
+_recurrence_checked: Dict[Tuple, bool] = {}  # (shapes, dtypes, device) -> kernel equals the ops
+
+
+def prefill_kernel_applies(layer, inputs: mx.array) -> bool:
+    """Whether a prefill of ``inputs`` ``[B, S, H]`` through this layer runs its recurrence in
+    the C kernel (``prefill_recurrence``): on the CPU where mlx-lm runs its ops recurrence, in
+    float32, where the kernel pays for these many tokens (``kernel_pays``) and where the kernel's
+    steps equal mlx-lm's ops bitwise for this layer's shapes on seeded random inputs (checked
+    once per shape and device)."""
+    if (mx.default_device() != mx.cpu or layer.training or not gdn_kernel.available()
+            or any(x.dtype != mx.float32 for x in (inputs, layer.A_log, layer.dt_bias))
+            or not kernel_pays(layer, inputs)):  # (inputs: the same B and T as its qkv)
+        return False
+    key = (layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim,
+           str(mx.default_device()))
+    if key not in _recurrence_checked:
+        _recurrence_checked[key] = _kernel_equals_ops(layer)
+    return _recurrence_checked[key]
+
+
+def prefill_recurrence(layer, q, k, v, a, b, state, block: Optional[int] = None):
+    """mlx-lm's ``gated_delta_update`` (unmasked, ops recurrence) with its steps in the C kernel,
+    ``block`` tokens a call (default ``PREFILL_BLOCK``): ``(y [B,T,Hv,Dv], the state after the
+    last token)``."""
+    block = block or PREFILL_BLOCK
+    beta = mx.sigmoid(b)
+    g = compute_g(layer.A_log, a, layer.dt_bias)
+    if state is None:
+        state = mx.zeros((q.shape[0], layer.num_v_heads, layer.head_v_dim, layer.head_k_dim),
+                         dtype=mx.float32)
+    ys = []
+    for t in range(0, q.shape[1], block):
+        part = slice(t, t + block)
+        y, steps = gdn_kernel.states(q[:, part], k[:, part], v[:, part], g[:, part],
+                                     beta[:, part], state)
+        ys.append(y)
+        state = steps[-1]
+    return (ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=1)), state
+
+
+def _kernel_equals_ops(layer) -> bool:
+    """``prefill_recurrence`` (in blocks of 2, so a block's last state starting the next is
+    covered) equals mlx-lm's ``gated_delta_ops`` bitwise, output and last state, on seeded
+    inputs of this layer's shapes: normalized q and k, a state with rows of -0.0 and of large
+    values."""
+    Hk, Hv, Dk, Dv, T = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, 5
+    keys = mx.random.split(mx.random.key(2468), 6)
+    q, k = normalize_qk(mx.random.normal((1, T, Hk, Dk), key=keys[0]),
+                        mx.random.normal((1, T, Hk, Dk), key=keys[1]),
+                        inv_scale=Dk**-0.5, eps=1e-6)
+    v = mx.random.normal((1, T, Hv, Dv), key=keys[2])
+    a, b = (mx.random.normal((1, T, Hv), key=key) for key in keys[3:5])
+    state = 0.1 * mx.random.normal((1, Hv, Dv, Dk), key=keys[5])
+    state[..., :2, :] = -0.0
+    state[..., 2, :] = 1e3 * state[..., 2, :]
+    y_ref, state_ref = gated_delta_ops(q, k, v, compute_g(layer.A_log, a, layer.dt_bias),
+                                       mx.sigmoid(b), state)
+    y, state_end = prefill_recurrence(layer, q, k, v, a, b, state, block=2)
+    mx.eval(y_ref, state_ref, y, state_end)
+    return bitwise_equal(y, y_ref) and bitwise_equal(state_end, state_ref)

@@ -30,7 +30,8 @@ from mlx_mtp.models import draft_tree
 from mlx_mtp.models.packed_rows import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.trunk import TrunkTarget
 from mlx_mtp.models.qwen3_5 import layer_block
-from mlx_mtp.models.qwen3_5.gdn_block import capture_mixer, conv_qkv
+from mlx_mtp.models.qwen3_5.gdn_block import (capture_mixer, conv_qkv, prefill_kernel_applies,
+                                              prefill_recurrence)
 
 QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
@@ -40,6 +41,7 @@ class SpecArraysCache(ArraysCache):
     rollback: ``("states", per-token states, conv_input)`` or ``("replay", inputs..., conv_input)``."""
 
     capture = False
+    prefill = False  # a prompt's prefill: the recurrence in the C kernel where it applies
     stash = None
     keep_stash = False  # a prompt-cache turn keeps the last verify's stash for ``rewind``
 
@@ -65,6 +67,11 @@ class _CapturingGDN:
         if isinstance(cache, PackedCache):
             return self._mix_packed(inputs, cache)
         if not getattr(cache, "capture", False):
+            if (getattr(cache, "prefill", False) and mask is None and cache.lengths is None
+                    and getattr(self, "sharding_group", None) is None
+                    and uses_ops_recurrence(self.head_k_dim, not self.training)
+                    and prefill_kernel_applies(self, inputs)):
+                return self._prefill(inputs, cache)
             return super().__call__(inputs, mask, cache)
         if cache.lengths is not None:
             raise NotImplementedError("speculative capture supports batch 1")
@@ -85,6 +92,19 @@ class _CapturingGDN:
         cache.advance(S)
         out = self.out_proj(out.reshape(B, S, -1))
         return out if group is None else mx.distributed.all_sum(out, group=group)
+
+    def _prefill(self, inputs: mx.array, cache: SpecArraysCache) -> mx.array:
+        """The parent's forward, op for op, with its recurrence in the C kernel
+        (``gdn_block.prefill_recurrence``)."""
+        B, S, _ = inputs.shape
+        qkv, z, b, a = self._project(inputs)
+        conv_state = cache[0]
+        if conv_state is None:
+            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
+        _, cache[0], q, k, v = conv_qkv(self, qkv, conv_state)
+        out, cache[1] = prefill_recurrence(self, q, k, v, a, b, cache[1])
+        cache.advance(S)
+        return self.out_proj(self.norm(out, z).reshape(B, S, -1))
 
     def _mix(self, qkv, z, b, a, conv_state, state_in, mask):
         """The block's mixer output, the conv and recurrent states after it, and the stash a
@@ -349,6 +369,18 @@ class Qwen3_5Target(TrunkTarget):
 
     def logits(self, hidden: mx.array) -> mx.array:
         return self.project(hidden)
+
+    def prefill(self, ids: mx.array, cache: List[Any], input_embeddings=None) -> mx.array:
+        """``hidden`` of a prompt's tokens, bitwise, with the GatedDeltaNet recurrence in the C
+        kernel where a check says it equals mlx-lm's ops (``gdn_block.prefill_kernel_applies``)."""
+        flagged = [c for c in cache if isinstance(c, SpecArraysCache)]
+        for c in flagged:
+            c.prefill = True
+        try:
+            return self.hidden(ids, cache, input_embeddings)
+        finally:
+            for c in flagged:
+                c.prefill = False
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
