@@ -50,11 +50,13 @@ def check(record: dict, kind: str) -> str | None:
             "trees": ("arm", "topk", "tps", "tokens_per_round", "nodes_per_round"),
             "verify_ops": ("width", "whole_ms", "split_ms"),
             "concurrency": ("clients", "arm", "aggregate_tps", "per_request_tps"),
+            "prefill": ("prompt_tokens", "arm", "tokens_per_s"),
             "draft_vocab": ("arm", "block_size", "vocab", "tps", "per_position_acceptance",
                             "text_coverage")}[kind]
     script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
               "server": "bench_server.py", "trees": "bench_trees.py",
               "verify_ops": "verify_ops.py", "concurrency": "bench_concurrency.py",
+              "prefill": "bench_prefill.py",
               "draft_vocab": "bench_draft_vocab.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
@@ -370,6 +372,24 @@ def _concurrency(ax, r: dict, key: str, unit: str, what: str) -> None:
     _title(ax, r, what)
 
 
+def _prefill(ax, r: dict) -> None:
+    """Prefill tok/s per prompt length, one bar per arm (bench_prefill.py)."""
+    lengths = sorted({row["prompt_tokens"] for row in r["rows"]})
+    arms = list(dict.fromkeys(row["arm"] for row in r["rows"]))
+    width = 0.8 / len(arms)
+    colors = ("#8c8c8c", COLORS["draft"], COLORS["verify"], COLORS["accept"])
+    for j, (arm, color) in enumerate(zip(arms, colors)):
+        got = {row["prompt_tokens"]: row["tokens_per_s"] for row in r["rows"] if row["arm"] == arm}
+        ax.bar([i + (j - (len(arms) - 1) / 2) * width for i in range(len(lengths))],
+               [got[n] for n in lengths], width, color=color, label=arm)
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("prefill tok/s (median)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    _title(ax, r, "prefill tok/s per arm")
+
+
 def _concurrency_aggregate(ax, r: dict) -> None:
     _concurrency(ax, r, "aggregate_tps", "tok/s, all requests", "aggregate tok/s")
 
@@ -431,6 +451,7 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
                  _drafter_step),
                 ("rounds", "round split per arm", _drafter_rounds)],
     "verify_ops": [("split", "the verify split by op, per width", _verify_ops)],
+    "prefill": [("tps", "prefill tok/s per prompt length and arm", _prefill)],
     "trees": [("tps", "tok/s per arm: chains and trees", _tree_tps),
               ("rounds", "tokens verified and emitted per round, per arm", _tree_rounds)],
     "draft_vocab": [("tps", "tok/s per block size and draft vocabulary", _vocab_tps),

@@ -1,0 +1,140 @@
+"""A prompt's prefill through the target on the CPU: mlx-lm's forward against the target's
+``prefill`` (the GatedDeltaNet recurrence in the C kernel), on the BLAS's default thread count and
+on every core (``mlx_mtp.cpu.blas.prefill_threads``, as the round loop prefills), in one process.
+
+    python -m benchmarks.bench_prefill --model PATH --lengths 32,128,512 --pairs 3
+    python -m benchmarks.bench_prefill --render RECORD.json --summary "..."   # no run
+
+A unit prefills a prompt of fixed random ids of one length into a fresh cache and evaluates its
+hidden states and caches. A pass runs every arm once per length, the arms' order reversed every
+other pass, after a warm-up pass that is not counted. Ratios are paired within a pass. Every arm's
+hidden states and caches are compared with mlx-lm's forward bit for bit. Writes
+benchmark_results/<topic>-<host>-<date>.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import statistics
+import sys
+import time
+
+import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core loads)
+import mlx.core as mx
+
+from benchmarks import common
+from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.models.registry import load_model
+from mlx_mtp.models.trunk import TrunkTarget
+
+MLX_LM, KERNEL, EVERY_CORE = "mlx-lm forward", "kernel recurrence", "kernel, every core"
+ARMS = (MLX_LM, KERNEL, EVERY_CORE)
+
+
+def prompt_ids(n: int, vocab: int, seed: int = 0) -> mx.array:
+    rng = random.Random(seed)
+    return mx.array([[rng.randrange(vocab) for _ in range(n)]])
+
+
+def prefill(target, arm: str, ids: mx.array):
+    """``(seconds, hidden states and cache arrays)`` of one arm's prefill into a fresh cache."""
+    threads = cpu_blas.prefill_threads() if arm == EVERY_CORE else contextlib.nullcontext()
+    forward = target.hidden if arm == MLX_LM else target.prefill
+    cache = target.make_cache()
+    started = time.perf_counter()
+    with threads:
+        hidden = forward(ids, cache)
+        out = [hidden, *target.cache_state(cache)]
+        mx.eval(out)
+    return time.perf_counter() - started, out
+
+
+def same_bits(a, b) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype
+                                    and bytes(memoryview(x)) == bytes(memoryview(y))
+                                    for x, y in zip(a, b))
+
+
+def measure(target, lengths, pairs: int) -> dict:
+    prompts = {n: prompt_ids(n, target.vocab_size, seed=n) for n in lengths}
+    seconds = {n: {arm: [] for arm in ARMS} for n in lengths}
+    identical = {n: {arm: True for arm in ARMS} for n in lengths}
+    for i in range(pairs + 1):  # pass 0 warms every arm up (compiles, checks) and is not kept
+        for n in lengths:
+            outs = {}
+            for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
+                s, outs[arm] = prefill(target, arm, prompts[n])
+                if i > 0:
+                    seconds[n][arm].append(s)
+            for arm in ARMS:
+                identical[n][arm] &= same_bits(outs[MLX_LM], outs[arm])
+    rows = []
+    for n in lengths:
+        base = seconds[n][MLX_LM]
+        for arm in ARMS:
+            got = seconds[n][arm]
+            ratios = [b / s for b, s in zip(base, got)]
+            rows.append({"prompt_tokens": n, "arm": arm,
+                         "ms": 1e3 * statistics.median(got),
+                         "ms_min": 1e3 * min(got), "ms_max": 1e3 * max(got),
+                         "tokens_per_s": n / statistics.median(got),
+                         "speedup": statistics.median(ratios),
+                         "speedup_min": min(ratios), "speedup_max": max(ratios),
+                         "identical": identical[n][arm]})
+    return {"rows": rows}
+
+
+def render(r: dict) -> str:
+    lines = common.setup_lines(r) + [
+        f"- Model: {r['model']}; prompts of fixed random ids, {', '.join(map(str, r['lengths']))}"
+        f" tokens, each into a fresh cache; {r['pairs']} counted passes after a warm-up pass, the "
+        "arms' order reversed every other pass",
+        f"- Arms: `{MLX_LM}` (mlx-lm's model as it is, the BLAS's default threads); "
+        f"`{KERNEL}` (the target's prefill: the GatedDeltaNet recurrence in the C kernel); "
+        f"`{EVERY_CORE}` (that, with the BLAS on every core: what the round loop runs)",
+        "", "## Results", "",
+        "| prompt tokens | arm | ms (median) | min-max | tok/s | vs mlx-lm (paired, min-max) "
+        "| identical to mlx-lm |", "|---|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(
+            f"| {row['prompt_tokens']} | {row['arm']} | {row['ms']:.0f} | "
+            f"{row['ms_min']:.0f}-{row['ms_max']:.0f} | {row['tokens_per_s']:.1f} | "
+            f"{row['speedup']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f}) | "
+            f"{'yes' if row['identical'] else 'NO'} |")
+    lines += common.what_it_says(r)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="a Qwen3.5 target folder (required unless --render)")
+    p.add_argument("--lengths", default="32,128,512", help="prompt lengths, comma separated")
+    p.add_argument("--pairs", type=int, default=3, help="counted passes")
+    p.add_argument("--topic", default="prefill-realistic-pair")
+    common.add_render_arg(p)
+    common.add_record_args(p)
+    args = p.parse_args(argv)
+    rendered = common.render_instead(args, p, render, "prefill")
+    if rendered is not None:
+        return rendered
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError:
+        p.error(f"--lengths must be whole numbers separated by commas, got {args.lengths!r}")
+    if min(lengths) < 1 or args.pairs < 1:
+        p.error("--lengths must be 1 or more tokens, --pairs at least 1")
+    target = load_model(args.model, require_head=False).target
+    if type(target).prefill is TrunkTarget.prefill:
+        sys.exit(f"error: --model {args.model}: bench_prefill compares the hybrid Qwen targets' "
+                 f"prefill, got the {target.family} family")
+    watch = common.watch(args)
+    measured = measure(target, lengths, args.pairs)
+    result = common.record_setup(args.topic)
+    result.update(model=args.model, lengths=lengths, pairs=args.pairs, **measured)
+    return common.finish(args, result, watch, render, "prefill")
+
+
+if __name__ == "__main__":
+    main()
