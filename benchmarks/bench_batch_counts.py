@@ -9,7 +9,8 @@ round were its own: ``BatchRounds.chooser`` set to None), and ``k drafts`` for k
 sequence drafts k, through the same batch as ``auto`` with its choice fixed). Each arm keeps one
 ``BatchRounds`` across its runs, as the server keeps its batch, so ``auto``'s measurements carry
 over. A run starts C sequences on different prompts (``bench_concurrency``'s) and decodes each
-to its budget, T=0: tokens over the run's wall time, prefill included. The first pass warms every
+to its budget, T=0: tokens over the run's wall time, prefill included, and the rounds alone: the
+tokens after the joins (each prompt prefilled, its first token drawn) over the time after them. The first pass warms every
 arm and is not counted; then ``--pairs`` passes, the arms' order reversed every other pass.
 Every arm's tokens are compared with the ``0 drafts`` arm's (plain batched decode). Writes
 benchmark_results/<topic>-<host>-<date>.md and .json.
@@ -58,9 +59,11 @@ def make_batch(model, size: int, arm: str, max_block_size: int) -> BatchRounds:
 
 
 def run(batch: BatchRounds, prompts, max_tokens: int):
-    """Every prompt decoded to its budget in ``batch``: ``(tokens per sequence, seconds)``."""
+    """Every prompt decoded to its budget in ``batch``: ``(tokens per sequence, seconds, seconds
+    of the joins)``: the joins prefill each prompt and draw its first token."""
     t0 = time.perf_counter()
     seqs = [batch.start(p, max_tokens=max_tokens) for p in prompts]
+    joined = time.perf_counter() - t0
     readers = [batch.tokens(s) for s in seqs]
     out = [[] for _ in seqs]
     live = list(range(len(seqs)))
@@ -71,7 +74,7 @@ def run(batch: BatchRounds, prompts, max_tokens: int):
                 live.remove(i)
             else:
                 out[i].append(item[0])
-    return out, time.perf_counter() - t0
+    return out, time.perf_counter() - t0, joined
 
 
 def measure(model, tokenizer, sizes, max_tokens: int, pairs: int, max_block_size: int) -> dict:
@@ -82,16 +85,21 @@ def measure(model, tokenizer, sizes, max_tokens: int, pairs: int, max_block_size
         batches = {arm: make_batch(model, size, arm, max_block_size) for arm in arms}
         texts = {}
         for arm in arms:  # warm-up pass, not counted
-            texts[arm], _ = run(batches[arm], prompts, max_tokens)
+            texts[arm], _, _ = run(batches[arm], prompts, max_tokens)
         runs = {arm: [] for arm in arms}
+        rounds = {arm: [] for arm in arms}  # tokens after the joins over the rounds' time
+        joins = {arm: [] for arm in arms}
         for i in range(pairs):
             for arm in (arms if i % 2 == 0 else arms[::-1]):
-                out, seconds = run(batches[arm], prompts, max_tokens)
+                out, seconds, joined = run(batches[arm], prompts, max_tokens)
                 runs[arm].append(sum(map(len, out)) / seconds)
+                rounds[arm].append((sum(map(len, out)) - len(out)) / (seconds - joined))
+                joins[arm].append(joined / seconds)
                 texts[arm] = texts[arm] if out == texts[arm] else None
         plain = texts[arm_name(0)]
         raw[str(size)] = {
-            arm: {"tps": runs[arm], "identical": texts[arm] is not None and texts[arm] == plain}
+            arm: {"tps": runs[arm], "rounds_tps": rounds[arm], "join_share": joins[arm],
+                  "identical": texts[arm] is not None and texts[arm] == plain}
             for arm in arms}
         raw[str(size)]["auto_choice"] = batches[AUTO].chooser.best.get(size)
     return {"arms": arms, "raw": raw}
@@ -103,14 +111,24 @@ def render(r: dict) -> str:
         f"{', '.join(map(str, r['sizes']))}; {r['pairs']} counted passes per arm after a warm-up "
         "pass, the arms' order reversed every other pass; each arm one BatchRounds across its "
         "runs", "", "## Tokens per second (medians over the passes)", "",
-        "| size | arm | tok/s | vs auto | identical to plain batched decode |",
-        "|---|---|---|---|---|"]
+        "Rounds only: the tokens after the joins over the time after them (the joins prefill "
+        "every prompt and draw its first token; their share of the run's time is given).", "",
+        "| size | arm | tok/s | vs auto | rounds only tok/s | rounds only vs 0 drafts "
+        "| joins' share of the time | identical to plain batched decode |",
+        "|---|---|---|---|---|---|---|---|"]
     for size in r["sizes"]:
         got = r["raw"][str(size)]
         auto = statistics.median(got[AUTO]["tps"])
+        plain = got.get(arm_name(0), {}).get("rounds_tps")
         for arm in r["arms"]:
             tps = statistics.median(got[arm]["tps"])
-            lines.append(f"| {size} | {arm} | {tps:.2f} | {tps / auto:.3f} | "
+            if "rounds_tps" in got[arm]:  # (records taken before rounds were timed apart)
+                rounds = statistics.median(got[arm]["rounds_tps"])
+                extra = (f"{rounds:.2f} | {rounds / statistics.median(plain):.3f} | "
+                         f"{statistics.median(got[arm]['join_share']):.2f}")
+            else:
+                extra = "- | - | -"
+            lines.append(f"| {size} | {arm} | {tps:.2f} | {tps / auto:.3f} | {extra} | "
                          f"{'yes' if got[arm]['identical'] else 'NO'} |")
     lines += ["", "## Auto against the best fixed count", "",
               "| size | auto's choice | best fixed count | auto / best fixed | auto / own choosers |",

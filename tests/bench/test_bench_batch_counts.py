@@ -23,8 +23,13 @@ def test_bench_batch_counts_writes_the_record(tmp_path, ckpt_root):
         # T=0: every arm's tokens are plain batched decode's
         assert all(got[arm]["identical"] for arm in data["arms"])
         assert all(len(got[arm]["tps"]) == 1 and got[arm]["tps"][0] > 0 for arm in data["arms"])
+        for arm in data["arms"]:  # the rounds alone, and the joins' share of the run
+            assert len(got[arm]["rounds_tps"]) == len(got[arm]["join_share"]) == 1
+            assert got[arm]["rounds_tps"][0] > 0
+            assert 0 < got[arm]["join_share"][0] < 1
         assert got["auto_choice"] in (0, 1, 2)
     text = next(out.glob("smoke-*.md")).read_text()
     for section in ("## Tokens per second (medians over the passes)", "| 3 | 2 drafts |",
+                    "| rounds only tok/s | rounds only vs 0 drafts |",
                     "## Auto against the best fixed count", "## What it says"):
         assert section in text
