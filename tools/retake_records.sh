@@ -179,8 +179,13 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
   retake batch-counts-realistic-pair -- $PY -m benchmarks.bench_batch_counts --model "$Q" \
     --sizes 4,8 --pairs 2 --max-tokens 64 --topic batch-counts-realistic-pair --wait-idle 600
   retake concurrency-c1-realistic-pair-auto -- $PY -m benchmarks.bench_concurrency --model "$Q" \
-    --block-size auto --levels 1 --requests 5 --max-tokens 64 \
+    --block-size auto --levels 1 --requests 12 --max-tokens 64 \
     --topic concurrency-c1-realistic-pair-auto --wait-idle 600
+  retake batch-counts-8-realistic-pair -- $PY -m benchmarks.bench_batch_counts --model "$Q" \
+    --sizes 8 --pairs 2 --max-block-size 4 --max-tokens 64 --topic batch-counts-8-realistic-pair \
+    --wait-idle 600
+  retake prefill-realistic-pair -- $PY -m benchmarks.bench_prefill --model "$Q" \
+    --lengths 32,128,512 --pairs 3 --topic prefill-realistic-pair --wait-idle 600
 fi
 
 # The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when
