@@ -103,10 +103,13 @@ def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
     chunks (not after the last)."""
     target, drafter, cache = session.target, session.drafter, session.cache
     prompt_len = session.prompt_len
+    # Every core for the chunk's products, except across split ranks (two ranks on one machine
+    # would run twice as many BLAS threads as cores).
+    threads = cpu_blas.prefill_threads if session.split is None else contextlib.nullcontext
     start = 0
     while prompt_len - start > 1:
         stop = min(start + request.prefill_step_size, prompt_len - 1)
-        with cpu_blas.prefill_threads():
+        with threads():
             hidden = target.prefill(prompt[None, start:stop], cache,
                                     request.embeddings(start, stop))
             if drafter is not None:

@@ -152,3 +152,34 @@ def test_generation_with_a_kernel_prefill_is_identical_to_plain_decode(big_state
                                                    block_size=bs)]
         assert out == ref, bs
         assert kernel_calls.count(len(prompt) - 1) == linear  # the prompt's prefill chunk
+
+
+@pytest.mark.parametrize("split", [None, "a split"])
+def test_prefill_chunks_run_on_every_core_except_across_split_ranks(split, dense_dir,
+                                                                   monkeypatch):
+    """Each prefill chunk's forward and evaluation run inside ``prefill_threads``; a split
+    target's do not (its ranks share the machine's cores)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from mlx_mtp.cpu import blas as cpu_blas
+    from mlx_mtp.decoding import round_steps
+    from mlx_mtp.io.kv_settings import KVSettings
+
+    inside, seen = [False], []
+
+    @contextlib.contextmanager
+    def spy():
+        inside[0] = True
+        yield
+        inside[0] = False
+
+    monkeypatch.setattr(cpu_blas, "prefill_threads", spy)
+    target = target_of(dense_dir)
+    forward = target.prefill
+    monkeypatch.setattr(target, "prefill", lambda *a: seen.append(inside[0]) or forward(*a))
+    session = SimpleNamespace(target=target, drafter=None, cache=target.make_cache(),
+                              prompt_len=9, kv=KVSettings(), split=split)
+    request = SimpleNamespace(prefill_step_size=3, embeddings=lambda start, stop: None)
+    list(round_steps._prefill_chunks(session, ids(9, 5)[0], request, lambda *_: None))
+    assert seen == [split is None] * 3  # 8 tokens in chunks of 3, 3, 2
