@@ -24,6 +24,9 @@ q/k norms, g, beta; after: the gated norm). The kernel evaluates its inputs, a h
 so it is tried only where T x the state's bytes is at least ``KERNEL_MIN_BYTES`` (``kernel_pays``),
 and used only where the same per-signature check passes; else the compiled graph, else the
 reference.
+
+A prompt's prefill (``prefill_recurrence``) runs mlx-lm's layer with only its recurrence in the
+same kernel, checked once per layer shape.
 """
 
 from __future__ import annotations
@@ -379,7 +382,7 @@ def capture_mixer(layer, qkv, z, b, a, conv_state, state) -> Mixed:
 # fed a block at a time (each block's last state starts the next), keeping the transient states
 # to this many times the recurrent state.
 PREFILL_BLOCK = 64
-_recurrence_checked: Dict[Tuple, bool] = {}  # (shapes, dtypes, device) -> kernel equals the ops
+_recurrence_checked: Dict[Tuple, bool] = {}  # (head counts and sizes, device) -> equal to the ops
 
 
 def prefill_kernel_applies(layer, inputs: mx.array) -> bool:

@@ -6,11 +6,14 @@ token of the block, so a partial accept is rolled back by selecting the state at
 large states with the recurrence in a C kernel, where a check says it equals mlx-lm's ops bitwise
 (``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``: norms, residual
 adds, MLP, the attention's parts around its cache update). Where mlx-lm would run its Metal kernel
-instead of the ops recurrence, the inputs are stashed and the kept tokens replayed.
+instead of the ops recurrence, the inputs are stashed and the kept tokens replayed. In a prompt's
+prefill (``Qwen3_5Target.prefill``) the layer runs the parent's forward with its recurrence in the
+same C kernel, where a check says so (``gdn_block.prefill_kernel_applies``).
 
 Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
-``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` pins the
-subclasses to the parents bitwise, so an mlx-lm change that breaks the copy fails there first.
+``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` and
+``test_prefill.py`` pin the subclasses to the parents bitwise, so an mlx-lm change that breaks
+the copy fails there first.
 """
 
 from __future__ import annotations
