@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from benchmarks import common
 from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.exactness.row_exact import bitwise_equal
 from mlx_mtp.models.registry import load_model
 from mlx_mtp.models.trunk import TrunkTarget
 
@@ -52,9 +53,7 @@ def prefill(target, arm: str, ids: mx.array):
 
 
 def same_bits(a, b) -> bool:
-    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype
-                                    and bytes(memoryview(x)) == bytes(memoryview(y))
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(bitwise_equal(x, y) for x, y in zip(a, b))
 
 
 def measure(target, lengths, pairs: int) -> dict:
