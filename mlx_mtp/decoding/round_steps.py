@@ -128,8 +128,12 @@ def _first_token(session: Session, prompt: mx.array, request: Request
     ``(hidden, token [1], logprobs [1, V], history, cache entries KV quantization replaced)``."""
     target, drafter, cache, draws = session.target, session.drafter, session.cache, session.draws
     prompt_len = session.prompt_len
-    hidden = target.prefill(prompt[None, prompt_len - 1 :], cache,
-                            request.embeddings(prompt_len - 1, prompt_len))
+    last = prompt[None, prompt_len - 1 :]
+    embeddings = request.embeddings(prompt_len - 1, prompt_len)
+    # A one-token step, as mlx-lm's first decode step: the target's cheapest bitwise-equal path
+    # for one token (``decode``) unless the step takes input embeddings.
+    hidden = (target.decode(last, cache) if embeddings is None
+              else target.prefill(last, cache, embeddings))
     history = prompt if draws.processors else None  # mlx-lm feeds processors the whole history
     logits = target.logits(hidden[:, -1])
     for processor in draws.processors:

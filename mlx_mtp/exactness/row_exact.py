@@ -17,7 +17,11 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
   BLIS's one-row reduction order for all T rows while it streams the weights once (the last
   N % 8 output columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
   ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
-  weights, for every width 2..max_width.
+  weights, for every width 2..max_width. Where it runs as a lazy op, reads a weight of at least
+  ``ONE_ROW_PARALLEL_BYTES`` on several threads and equals the one-row call at one row too
+  (``kernel_equal_one_row``), it also computes the one-row products of a decode step inside
+  ``verifying()`` (``Target.decode``): the same bytes, read on every core where BLIS's one-row
+  call reads on one.
 - ``transposed_products``: ``(W @ x.T).T``, the verify's rows on the other operand side of one
   BLAS call, where ``transposed_equal_rows`` says it equals the layer's one-row call bitwise for
   every width (OpenBLAS 0.3.21 on one thread: up to 7 rows, where ``x @ W.T`` diverges from 4).
@@ -64,6 +68,7 @@ class _ExactRows:
     """What ``install`` sets on a switched layer, and how the layer computes a verify block."""
 
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
+    one_row_kernel: bool = False  # one-row products too through the kernel, on several threads
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
     use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
     chunk_rows: int = 0  # > 1: the layer's own product on chunks of at most this many rows
@@ -71,7 +76,10 @@ class _ExactRows:
 
     def _exact(self, call, x):
         """``call(x)`` (the layer's own product), its rows computed as one-row products would."""
-        if _verifying and x.ndim >= 2 and x.shape[-2] >= self.exact_from:
+        rows = x.shape[-2] if x.ndim >= 2 else 0
+        if _verifying and rows == 1 and self.one_row_kernel and x.dtype == mx.float32:
+            return kernel_products(self, x)  # the same bytes as the one-row call, read faster
+        if _verifying and rows >= self.exact_from:
             if self.use_kernel and x.dtype == mx.float32:
                 return kernel_products(self, x)
             if self.transposed:
@@ -169,8 +177,10 @@ def kernel_products(layer, x: mx.array) -> mx.array:
     N = weight.shape[0]
     main = N - N % row_kernel.COLUMN_GROUP
     w = weight if lazy_kernels.available() else cached[1]  # the view: checked, eager use
-    out = (row_kernel.products(x, w, main, kernel_threads(weight.nbytes * x.shape[-2]))
-           if main else None)
+    rows = x.shape[-2]
+    threads = (one_row_threads(weight.nbytes) if rows == 1
+               else kernel_threads(weight.nbytes * rows))
+    out = row_kernel.products(x, w, main, threads) if main else None
     if main < N:
         rest = one_row_products(x, weight[main:], N - main)
         out = rest if out is None else mx.concatenate([out, rest], axis=-1)
@@ -196,6 +206,22 @@ def kernel_threads(work_bytes: int = 0) -> int:
     return cpu_blas.usable_cores() if work_bytes >= PARALLEL_WORK_BYTES else 1
 
 
+# A one-row product reads its weight once and does little else, so from this many weight bytes
+# on every usable core reads a share: one thread of a 2-core VM reads at 9-10 GB/s, two up to
+# 18 (chosen by measurement on the realistic calibrated pair's decode step, as the drafter's bf16
+# kernel's ``row_products.BF16_PARALLEL_BYTES``).
+ONE_ROW_PARALLEL_BYTES = 4 * 1024 * 1024
+
+
+def one_row_threads(weight_bytes: int) -> int:
+    """The kernel's threads for a one-row product of a weight of ``weight_bytes``:
+    ``kernel_threads``'s where ``MLX_MTP_VERIFY_THREADS`` is set; else every usable core from
+    ``ONE_ROW_PARALLEL_BYTES`` on, one below."""
+    if cpu_blas.verify_threads_set():
+        return kernel_threads()
+    return cpu_blas.usable_cores() if weight_bytes >= ONE_ROW_PARALLEL_BYTES else 1
+
+
 def threaded(model: nn.Module, width: int) -> bool:
     """Whether a verify of ``width`` rows runs any of ``model``'s kernel products on more than
     one thread (then its threads must not be pinned to one core: ``mlx_mtp.cpu.pin``)."""
@@ -212,6 +238,15 @@ def kernel_equal_rows(fn, layer, max_width: int) -> bool:
     except ValueError:  # a strided view (not [N, K] row-major in memory): not for the kernel
         return False
     return _equal_to_rows(fn, lambda x: kernel_products(layer, x), K, max_width, mx.float32, 2468)
+
+
+def kernel_equal_one_row(fn, layer) -> bool:
+    """Whether ``kernel_products`` of one row equals ``fn`` (the layer's own one-row call)
+    bitwise, on the layer's own weights."""
+    x = mx.random.normal((1, 1, layer.weight.shape[1]), key=mx.random.key(1357))
+    mine, theirs = kernel_products(layer, x), fn(x)
+    mx.eval(mine, theirs)
+    return bitwise_equal(mine, theirs)
 
 
 def transposed_equal_rows(fn, weight: mx.array, max_width: int, dtype) -> bool:
@@ -378,8 +413,13 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             width = first_divergent_width(fn, max_width, in_dims, dtype)
             cols, kernel, chunk, flip = 0, False, 0, False
             plain_float = not quantized and "bias" not in layer
+            one_row = False
             if width and dtype == mx.float32 and plain_float and row_kernel.available():
                 kernel = kernel_equal_rows(fn, layer, max_width)
+                # One-row products (decode steps) through the kernel only as a lazy op (the
+                # eager kernel syncs per call) and where it reads the weight on several threads.
+                one_row = (kernel and lazy_kernels.available()
+                           and kernel_equal_one_row(fn, layer))
             if width and not kernel and plain_float:
                 flip = transposed_equal_rows(fn, layer.weight, max_width, dtype)
             if width > 2 and not (kernel or flip) and chunks_equal_rows(fn, max_width, width - 1,
@@ -391,13 +431,14 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
                     cols = layer.weight.shape[0]  # one block: the one-row calls themselves
                     if not products_equal_rows(fn, layer.weight, cols, max_width, dtype):
                         cols = 0
-            measured[sig] = (width, cols, kernel, chunk, flip)
-        width, cols, kernel, chunk, flip = measured[sig]
+            measured[sig] = (width, cols, kernel, chunk, flip, one_row)
+        width, cols, kernel, chunk, flip, one_row = measured[sig]
         if width:
             layer.__class__ = _SWAP[base]
             layer.exact_from = width
             layer.block_cols = cols
             layer.use_kernel = kernel
+            layer.one_row_kernel = one_row
             layer.chunk_rows = chunk
             layer.transposed = flip
             switched[path] = width
