@@ -186,6 +186,8 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --wait-idle 600
   retake prefill-realistic-pair -- $PY -m benchmarks.bench_prefill --model "$Q" \
     --lengths 32,128,512 --pairs 3 --topic prefill-realistic-pair --wait-idle 600
+  retake decode-step-realistic-pair -- $PY -m benchmarks.bench_decode_step --model "$Q" \
+    --steps 48 --pairs 3 --topic decode-step-realistic-pair --wait-idle 600
 fi
 
 # The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when
