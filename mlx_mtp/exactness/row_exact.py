@@ -17,11 +17,10 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
   BLIS's one-row reduction order for all T rows while it streams the weights once (the last
   N % 8 output columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
   ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
-  weights, for every width 2..max_width. Where it runs as a lazy op, reads a weight of at least
-  ``ONE_ROW_PARALLEL_BYTES`` on several threads and equals the one-row call at one row too
-  (``kernel_equal_one_row``), it also computes the one-row products of a decode step inside
-  ``verifying()`` (``Target.decode``): the same bytes, read on every core where BLIS's one-row
-  call reads on one.
+  weights, for every width 2..max_width. Where it runs as a lazy op and equals the one-row call
+  at one row too (``kernel_equal_one_row``), it also computes the one-row products of a decode
+  step inside ``verifying()`` (``Target.decode``): the same bytes, a weight of at least
+  ``ONE_ROW_PARALLEL_BYTES`` read on every core where BLIS's one-row call reads on one.
 - ``transposed_products``: ``(W @ x.T).T``, the verify's rows on the other operand side of one
   BLAS call, where ``transposed_equal_rows`` says it equals the layer's one-row call bitwise for
   every width (OpenBLAS 0.3.21 on one thread: up to 7 rows, where ``x @ W.T`` diverges from 4).
@@ -68,7 +67,7 @@ class _ExactRows:
     """What ``install`` sets on a switched layer, and how the layer computes a verify block."""
 
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
-    one_row_kernel: bool = False  # one-row products too through the kernel, on several threads
+    one_row_kernel: bool = False  # one-row products too through the kernel (``one_row_threads``)
     block_cols: int = 0  # > 0: one_row_products with blocks of this many output columns
     use_kernel: bool = False  # the compiled one-row-order kernel (``row_kernel``)
     chunk_rows: int = 0  # > 1: the layer's own product on chunks of at most this many rows
@@ -416,8 +415,8 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
             one_row = False
             if width and dtype == mx.float32 and plain_float and row_kernel.available():
                 kernel = kernel_equal_rows(fn, layer, max_width)
-                # One-row products (decode steps) through the kernel only as a lazy op (the
-                # eager kernel syncs per call) and where it reads the weight on several threads.
+                # One-row products (decode steps) through the kernel only as a lazy op: the
+                # eager kernel syncs with the host per call.
                 one_row = (kernel and lazy_kernels.available()
                            and kernel_equal_one_row(fn, layer))
             if width and not kernel and plain_float:

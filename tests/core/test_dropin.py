@@ -226,14 +226,18 @@ def _turns(model, ref, tok, stops, *, ours_cache=None, ref_cache=None, block_siz
     ours_cache = ours_cache if ours_cache is not None else mlx_mtp.make_prompt_cache(model)
     ref_cache = ref_cache if ref_cache is not None else mlx_cache.make_prompt_cache(ref)
     fed = []
-    hidden = model.target.hidden
+    hidden, decode = model.target.hidden, model.target.decode
     counter = {"n": 0}
 
     def counting(ids, cache, input_embeddings=None):
         counter["n"] += ids.shape[1]
         return hidden(ids, cache, input_embeddings)
 
-    model.target.hidden = counting
+    def counting_decode(ids, cache):  # the prompt's last token is a one-token step
+        counter["n"] += ids.shape[1]
+        return decode(ids, cache)
+
+    model.target.hidden, model.target.decode = counting, counting_decode
     got, want = [], []
     try:
         for text, n in zip(TURNS, stops):
@@ -251,7 +255,7 @@ def _turns(model, ref, tok, stops, *, ours_cache=None, ref_cache=None, block_siz
             assert bitwise(model.target.cache_state(ours_cache),
                            model.target.cache_state(ref_cache))
     finally:
-        del model.target.hidden
+        del model.target.hidden, model.target.decode
     return got, want, fed
 
 
