@@ -68,10 +68,11 @@ SETTINGS = (
             "(slower rounds)"),
     Setting("MLX_MTP_VERIFY_THREADS", COUNT, 1,
             "a whole number of threads (0 = leave the BLAS default)",
-            "BLAS and row-kernel threads of a round's multi-row work (unset: the row kernel runs "
-            "products of 16 MB of work or more on every usable core, smaller ones on 1, and the "
-            "drafter's bf16 kernel bfloat16 weights of 4 MiB or more; the BLAS: 1, with OpenBLAS "
-            "its own count; 0: the library's count)"),
+            "BLAS and row-kernel threads of a round's multi-row work and of the row kernel's "
+            "one-row products in one-token steps (unset: the row kernel runs products of 16 MB of "
+            "work or more on every usable core, smaller ones on 1, one-row products of weights of "
+            "4 MiB or more on every usable core, and the drafter's bf16 kernel bfloat16 weights "
+            "of 4 MiB or more; the BLAS: 1, with OpenBLAS its own count; 0: the library's count)"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
