@@ -15,8 +15,8 @@ benchmark_results/<topic>-<host>-<date>.md and .json.
 from __future__ import annotations
 
 import argparse
+import operator
 import random
-import statistics
 import sys
 import time
 
@@ -68,26 +68,17 @@ def measure(model, prompt: mx.array, steps: int, pairs: int) -> dict:
     model.target.prepare(6)  # the row-exact layers a session of auto's widths installs
     layers = [m for _, m in model.mlx_model.named_modules() if getattr(m, "use_kernel", False)]
     one_row = [m for m in layers if m.one_row_kernel]  # what the install chose
-    seconds = {arm: [] for arm in ARMS}
-    identical = {arm: True for arm in ARMS}
-    for i in range(pairs + 1):  # pass 0 warms every arm up and is not kept
-        outs = {}
-        for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
-            s, outs[arm] = (mlx_lm_steps(model, prompt, steps) if arm == MLX_LM
-                            else target_steps(model, prompt, steps, one_row, arm == KERNEL))
-            if i > 0:
-                seconds[arm].append(s)
-        for arm in ARMS:
-            identical[arm] &= outs[arm] == outs[MLX_LM]
+
+    def run(_, arm):
+        return (mlx_lm_steps(model, prompt, steps) if arm == MLX_LM
+                else target_steps(model, prompt, steps, one_row, arm == KERNEL))
+
+    by_unit, same = common.alternating_passes([None], ARMS, run, pairs, operator.eq)
+    seconds, identical = by_unit[None], same[None]  # (one unit: the prompt)
     for m in one_row:  # the install's choice back in place
         m.one_row_kernel = True
-    rows = []
-    for arm in ARMS:
-        ratios = [b / s for b, s in zip(seconds[MLX_LM], seconds[arm])]
-        rows.append({"arm": arm, "ms": 1e3 * statistics.median(seconds[arm]),
-                     "ms_min": 1e3 * min(seconds[arm]), "ms_max": 1e3 * max(seconds[arm]),
-                     "speedup": statistics.median(ratios), "speedup_min": min(ratios),
-                     "speedup_max": max(ratios), "identical": identical[arm]})
+    rows = [{"arm": arm, **common.paired_timing(seconds[arm], seconds[MLX_LM]),
+             "identical": identical[arm]} for arm in ARMS]
     return {"rows": rows, "kernel_layers": len(layers), "one_row_layers": len(one_row)}
 
 

@@ -58,30 +58,11 @@ def same_bits(a, b) -> bool:
 
 def measure(target, lengths, pairs: int) -> dict:
     prompts = {n: prompt_ids(n, target.vocab_size, seed=n) for n in lengths}
-    seconds = {n: {arm: [] for arm in ARMS} for n in lengths}
-    identical = {n: {arm: True for arm in ARMS} for n in lengths}
-    for i in range(pairs + 1):  # pass 0 warms every arm up (compiles, checks) and is not kept
-        for n in lengths:
-            outs = {}
-            for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
-                s, outs[arm] = prefill(target, arm, prompts[n])
-                if i > 0:
-                    seconds[n][arm].append(s)
-            for arm in ARMS:
-                identical[n][arm] &= same_bits(outs[MLX_LM], outs[arm])
-    rows = []
-    for n in lengths:
-        base = seconds[n][MLX_LM]
-        for arm in ARMS:
-            got = seconds[n][arm]
-            ratios = [b / s for b, s in zip(base, got)]
-            rows.append({"prompt_tokens": n, "arm": arm,
-                         "ms": 1e3 * statistics.median(got),
-                         "ms_min": 1e3 * min(got), "ms_max": 1e3 * max(got),
-                         "tokens_per_s": n / statistics.median(got),
-                         "speedup": statistics.median(ratios),
-                         "speedup_min": min(ratios), "speedup_max": max(ratios),
-                         "identical": identical[n][arm]})
+    seconds, identical = common.alternating_passes(  # (the warm-up pass compiles and checks)
+        lengths, ARMS, lambda n, arm: prefill(target, arm, prompts[n]), pairs, same_bits)
+    rows = [{"prompt_tokens": n, "arm": arm, **common.paired_timing(got, seconds[n][MLX_LM]),
+             "tokens_per_s": n / statistics.median(got), "identical": identical[n][arm]}
+            for n in lengths for arm, got in seconds[n].items()]
     return {"rows": rows}
 
 

@@ -296,6 +296,35 @@ def paired_runs(prompts: Dict, arms: Dict, pairs: int, unit, plain):
     return raw, exact, plain_tokens
 
 
+def alternating_passes(units: Sequence, arms: Sequence[str], run, pairs: int, same):
+    """A warm-up pass, not kept, then ``pairs`` counted passes; each pass runs every arm on
+    every unit, the arms' order reversed every other pass. ``run(unit, arm)`` returns
+    ``(seconds, output)``; each output is compared with the first arm's of the same pass by
+    ``same(first, output)``. Returns ``(seconds, identical)``: per unit and arm, the counted
+    runs' seconds, and whether every output equaled the first arm's."""
+    seconds = {u: {arm: [] for arm in arms} for u in units}
+    identical = {u: {arm: True for arm in arms} for u in units}
+    for i in range(pairs + 1):
+        for u in units:
+            outs = {}
+            for arm in (arms if i % 2 == 0 else arms[::-1]):
+                s, outs[arm] = run(u, arm)
+                if i > 0:
+                    seconds[u][arm].append(s)
+            for arm in arms:
+                identical[u][arm] &= same(outs[arms[0]], outs[arm])
+    return seconds, identical
+
+
+def paired_timing(seconds: Sequence[float], base: Sequence[float]) -> dict:
+    """Milliseconds (median, min, max) of ``seconds`` and its speedup over ``base`` run by run
+    (``base[i] / seconds[i]``: median, min, max), for a record's row."""
+    ratios = [b / s for b, s in zip(base, seconds)]
+    return {"ms": 1e3 * statistics.median(seconds), "ms_min": 1e3 * min(seconds),
+            "ms_max": 1e3 * max(seconds), "speedup": statistics.median(ratios),
+            "speedup_min": min(ratios), "speedup_max": max(ratios)}
+
+
 def synced_runs(prompts: Dict, arms: Dict, reps: int, unit) -> List[dict]:
     """``reps`` runs per prompt of every arm (``paired_runs``' ``arms``) with each phase synced
     (MLX_MTP_SYNC_PHASES=1), so the stats' phase split times each phase's own work; each
