@@ -70,9 +70,9 @@ class _CapturingGDN:
         if isinstance(cache, PackedCache):
             return self._mix_packed(inputs, cache)
         if not getattr(cache, "capture", False):
+            # (prefill_kernel_applies holds only on the CPU, where mlx-lm runs its ops recurrence)
             if (getattr(cache, "prefill", False) and mask is None and cache.lengths is None
                     and getattr(self, "sharding_group", None) is None
-                    and uses_ops_recurrence(self.head_k_dim, not self.training)
                     and prefill_kernel_applies(self, inputs)):
                 return self._prefill(inputs, cache)
             return super().__call__(inputs, mask, cache)
@@ -83,9 +83,7 @@ class _CapturingGDN:
         group = getattr(self, "sharding_group", None)
         B, S, _ = inputs.shape
         qkv, z, b, a = self._project(inputs)
-        conv_state = cache[0]
-        if conv_state is None:
-            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
+        conv_state = self._conv_state(cache, inputs)
         rows = draft_tree.current()
         if rows is None:
             out, cache[0], cache[1], cache.stash = self._mix(qkv, z, b, a, conv_state, cache[1],
@@ -96,15 +94,19 @@ class _CapturingGDN:
         out = self.out_proj(out.reshape(B, S, -1))
         return out if group is None else mx.distributed.all_sum(out, group=group)
 
+    def _conv_state(self, cache, inputs: mx.array) -> mx.array:
+        """The cache's conv window, or zeros before the first token (as the parent starts)."""
+        if cache[0] is not None:
+            return cache[0]
+        return mx.zeros((inputs.shape[0], self.conv_kernel_size - 1, self.conv_dim),
+                        dtype=inputs.dtype)
+
     def _prefill(self, inputs: mx.array, cache: SpecArraysCache) -> mx.array:
         """The parent's forward, op for op, with its recurrence in the C kernel
         (``gdn_block.prefill_recurrence``)."""
         B, S, _ = inputs.shape
         qkv, z, b, a = self._project(inputs)
-        conv_state = cache[0]
-        if conv_state is None:
-            conv_state = mx.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype=inputs.dtype)
-        _, cache[0], q, k, v = conv_qkv(self, qkv, conv_state)
+        _, cache[0], q, k, v = conv_qkv(self, qkv, self._conv_state(cache, inputs))
         out, cache[1] = prefill_recurrence(self, q, k, v, a, b, cache[1])
         cache.advance(S)
         return self.out_proj(self.norm(out, z).reshape(B, S, -1))
