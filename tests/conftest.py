@@ -72,6 +72,15 @@ def row_kernel_cache():
 
 
 @pytest.fixture(scope="session")
+def big_state_dir(ckpt_root):
+    """GatedDeltaNet layers of 4 heads of 128 x 128 (256 KB states): the recurrence's C kernel
+    pays from one token on as a lazy op and from two eagerly, without patching its thresholds."""
+    return tc.write_raw_hf(ckpt_root / "big_state", seed=60,
+                           text_overrides={"linear_key_head_dim": 128,
+                                           "linear_value_head_dim": 128})
+
+
+@pytest.fixture(scope="session")
 def next_dir(ckpt_root):
     return tc.write_raw_hf_qwen3_next(ckpt_root / "qwen3_next", seed=30)
 

@@ -7,14 +7,10 @@ import json
 import pytest
 
 from benchmarks import bench_prefill
-from support import tiny_checkpoints as tc
 
 
-def test_bench_prefill_writes_a_record_of_identical_arms(tmp_path, tmp_path_factory):
-    path = tc.write_raw_hf(tmp_path_factory.mktemp("ckpts") / "big_state", seed=62,
-                           text_overrides={"linear_key_head_dim": 128,
-                                           "linear_value_head_dim": 128})
-    bench_prefill.main(["--model", str(path), "--lengths", "3,17", "--pairs", "2",
+def test_bench_prefill_writes_a_record_of_identical_arms(tmp_path, big_state_dir):
+    bench_prefill.main(["--model", str(big_state_dir), "--lengths", "3,17", "--pairs", "2",
                         "--out", str(tmp_path), "--topic", "smoke", "--summary", "smoke",
                         "--allow-busy", "--idle-window", "0.2"])
     data = json.loads(next(tmp_path.glob("smoke-*.json")).read_text())

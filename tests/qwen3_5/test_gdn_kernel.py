@@ -19,7 +19,6 @@ from mlx_lm.utils import load_model as mlx_load_model
 from support.oracle import OracleDrafter
 
 import mlx_mtp
-from support import tiny_checkpoints as tc
 from support.native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
 from support.native_support import conv_sums_taps_in_order
 from mlx_mtp.cpu import blas as cpu_blas
@@ -271,15 +270,6 @@ def test_the_kernel_builds_into_the_shared_cache_folder(monkeypatch, tmp_path, f
     assert gdn_kernel.available(), gdn_kernel.reason()
     files = list((tmp_path / "cache").iterdir())
     assert len(files) == 1 and files[0].name.startswith("gdn_steps-") and files[0].suffix == ".so"
-
-
-@pytest.fixture(scope="module")
-def big_state_dir(tmp_path_factory):
-    """A checkpoint whose GatedDeltaNet layers hold 4 heads of 128 x 128 (256 KB): a verify of 2
-    or more tokens passes over at least ``KERNEL_MIN_BYTES``, so it pays without any patching."""
-    return tc.write_raw_hf(tmp_path_factory.mktemp("ckpts") / "big_state", seed=60,
-                           text_overrides={"linear_key_head_dim": 128,
-                                           "linear_value_head_dim": 128})
 
 
 @pytest.mark.slow

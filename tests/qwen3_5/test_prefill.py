@@ -12,7 +12,6 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 
 import mlx_mtp
-from support import tiny_checkpoints as tc
 from support.native_support import require_kernel
 from mlx_mtp.cpu import native
 from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel
@@ -37,15 +36,6 @@ def kernel_calls(monkeypatch):
     yield calls
     gdn_block._recurrence_checked.clear()
     gdn_block._recurrence_checked.update(saved)
-
-
-@pytest.fixture(scope="module")
-def big_state_dir(tmp_path_factory):
-    """GatedDeltaNet layers of 4 heads of 128 x 128 (256 KB): the kernel pays from one token on
-    as a lazy op, from two eagerly, without patching the thresholds."""
-    return tc.write_raw_hf(tmp_path_factory.mktemp("ckpts") / "big_state", seed=61,
-                           text_overrides={"linear_key_head_dim": 128,
-                                           "linear_value_head_dim": 128})
 
 
 def target_of(path) -> Qwen3_5Target:
