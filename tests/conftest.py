@@ -1,20 +1,15 @@
+"""The session's fixtures: tiny checkpoints written once per run, and the C kernels' cache folder.
+What the tests share beyond fixtures is in ``support/`` (on ``sys.path`` through pyproject.toml's
+``pythonpath``)."""
+
 import os
-import sys
 import tempfile
 from pathlib import Path
 
+import mlx_mtp  # (first: it binds MLX to the system BLAS before mlx.core loads)
 import pytest
 
-import mlx_mtp  # noqa: F401  (first: it binds MLX to the system BLAS before mlx.core loads)
-import mlx.core as mx  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-
-from support import tiny_checkpoints as tc  # noqa: E402
-from mlx_lm.generate import generate_step as mlx_generate_step  # noqa: E402
-from mlx_lm.utils import load_model as mlx_load_model  # noqa: E402
-
-CODE_PROMPT = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x"
+from support import tiny_checkpoints as tc
 
 
 @pytest.fixture(scope="session")
@@ -105,55 +100,3 @@ def soft_dir(ckpt_root):
 def soft_model(soft_dir):
     """Loaded once per test module (a module's tests may share its memo, not another's)."""
     return mlx_mtp.load_model(soft_dir)
-
-
-def run_module(module, *args, check=True):
-    """``python -m module args`` in a fresh interpreter (how a user runs the CLIs)."""
-    import subprocess
-
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    r = subprocess.run([sys.executable, "-m", module, *map(str, args)],
-                       capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
-
-
-def cli(*args, check=True):
-    """``python -m mlx_mtp.generate args`` in a fresh interpreter."""
-    return run_module("mlx_mtp.generate", *args, check=check)
-
-
-def draft_accept_draft(drafter, hidden, prompt):
-    """A drafter's ids over one round trip: prefill, six drafts, their entries trimmed, an accept
-    hook of three rows, six drafts again: ``(first drafts, the hook's seed, second drafts)``."""
-    drafter.prefill(hidden, prompt[1:])
-    first = drafter.draft(6)
-    for c in drafter.cache:
-        c.trim(drafter.in_round)
-    drafter.in_round = 0
-    drafter.accept(hidden[:, :3], prompt[2:5])
-    return first.tolist(), drafter.first_draft.tolist(), drafter.draft(6).tolist()
-
-
-def reference_greedy(path, prompt, max_tokens):
-    """mlx-lm's own plain greedy decode of a pristine copy of the target."""
-    model, _ = mlx_load_model(Path(path))
-    return [t for t, _ in mlx_generate_step(mx.array(prompt), model, max_tokens=max_tokens)]
-
-
-def assert_headless_model_decodes_plainly(path, prompt, n=12):
-    """Loaded without a drafter, a target still decodes plainly (exactly mlx-lm's greedy output),
-    and asking it for MTP is a clear error."""
-    from mlx_mtp import MTPError
-
-    model = mlx_mtp.load_model(path, require_head=False)
-    assert model.drafter is None
-
-    def run(bs):
-        return [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=n,
-                                                    block_size=bs)]
-
-    assert run(1) == reference_greedy(path, prompt, n)
-    with pytest.raises(MTPError, match="this model has no MTP head: load one with drafter="):
-        run(3)

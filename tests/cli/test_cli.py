@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import cli, reference_greedy
+from support.processes import cli
+from support.reference import reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp

@@ -4,7 +4,7 @@ import json
 
 import mlx.core as mx
 import pytest
-from conftest import cli
+from support.processes import cli
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.tokenizer_utils import load as load_tokenizer

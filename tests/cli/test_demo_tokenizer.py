@@ -1,7 +1,6 @@
 """The demo pair's tokenizer files load through mlx-lm / transformers and split text exactly as the
 raw ``tokenizers.Tokenizer`` the pair was trained with (tools/demo_pair/corpus.py) does."""
 
-import sys
 import sysconfig
 import unicodedata
 from pathlib import Path
@@ -15,9 +14,7 @@ from mlx_mtp import demo
 from mlx_mtp.io.checkpoint import load_tokenizer
 from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
 from mlx_mtp.generate import encode_prompt
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "demo_pair"))
-import corpus  # noqa: E402
+from tools.demo_pair import corpus
 
 # Held-out text: written for this test, not from the standard library the pair was trained on.
 # It has what a regex or a normalizer change splits differently: blank lines, a line ending in

@@ -7,7 +7,7 @@ import re
 import shutil
 
 import pytest
-from conftest import cli
+from support.processes import cli
 
 from benchmarks.common import distinct_ngram_share
 from mlx_mtp.cpu import native

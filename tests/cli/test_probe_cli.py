@@ -5,7 +5,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import run_module
+from support.processes import run_module
 from support.perturbed import PerturbedVerify
 
 from mlx_mtp.exactness import block_vs_chain as exactness

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from support import tiny_checkpoints as tc
 from support import tiny_fp8 as tf
-from conftest import run_module
+from support.processes import run_module
 from mlx.utils import tree_flatten
 from mlx_lm.convert import convert as mlx_lm_convert
 from mlx_lm.generate import generate_step as mlx_generate_step

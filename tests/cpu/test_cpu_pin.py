@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from support.native_support import require_lazy
 
 import mlx_mtp

@@ -8,7 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support.chisquare import goodness_of_fit
-from conftest import CODE_PROMPT, cli, reference_greedy
+from support.processes import cli
+from support.reference import CODE_PROMPT, reference_greedy
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model

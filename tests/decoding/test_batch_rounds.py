@@ -6,7 +6,7 @@ import inspect
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx_lm.generate import batch_generate as mlx_batch_generate
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc

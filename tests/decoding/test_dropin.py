@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 from support import tiny_checkpoints as tc
-from conftest import CODE_PROMPT
+from support.reference import CODE_PROMPT
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.generate import stream_generate as mlx_stream_generate
 from mlx_lm.models import cache as mlx_cache
@@ -458,7 +458,7 @@ def test_lora_adapter_as_mlx_lm(dense_dir, tmp_path):
     original MTP head decodes exactly as mlx-lm with the adapter."""
     import json
 
-    from conftest import run_module
+    from support.processes import run_module
 
     data = tmp_path / "data"
     data.mkdir()

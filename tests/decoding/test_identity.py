@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 import pytest
-from conftest import CODE_PROMPT, reference_greedy
+from support.reference import CODE_PROMPT, reference_greedy
 from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 
 import mlx_mtp
 from mlx_mtp import MTPError

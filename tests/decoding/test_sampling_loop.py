@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support.chisquare import goodness_of_fit, two_sample
 from support.plain_sampling import reference
-from conftest import CODE_PROMPT
+from support.reference import CODE_PROMPT
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler

@@ -18,7 +18,7 @@ import signal
 import time
 
 import pytest
-from conftest import run_module
+from support.processes import run_module
 
 from support import tiny_checkpoints as tc
 from benchmarks.harness.server_process import ServerProcess

@@ -8,9 +8,10 @@ import logging
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support.perturbed import BrokenVerify, PerturbedVerify
+from support.processes import CHILD_PYTHONPATH
 
 import mlx_mtp
 from mlx_mtp.exactness import block_vs_chain as exactness
@@ -343,7 +344,6 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
 DECLINING_CLI = """
 import importlib
 import sys
-sys.path.insert(0, {tests!r})
 generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
 from mlx_mtp.models import registry as loading
 from support.perturbed import PerturbedVerify
@@ -365,12 +365,10 @@ def test_cli_logs_the_decline_as_one_stderr_line(dense_dir):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    tests = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=str(Path(tests).parent))
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH)
     env.pop(ENV, None)
-    r = subprocess.run([sys.executable, "-c", DECLINING_CLI.format(tests=tests), "--model",
+    r = subprocess.run([sys.executable, "-c", DECLINING_CLI, "--model",
                         str(dense_dir), "--max-tokens", "6", "--json"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr

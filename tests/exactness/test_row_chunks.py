@@ -23,6 +23,7 @@ import pytest
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.cpu import row_kernel
+from support.processes import CHILD_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENBLAS = next((p for name, p in cpu_blas.find() if name == "OpenBLAS"), None)
@@ -158,7 +159,6 @@ def test_install_keeps_blocked_products_where_neither_form_equals(monkeypatch, n
 
 VERIFY_CHECK = """
 import json, sys
-sys.path.insert(0, "tests")
 import mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
@@ -208,7 +208,7 @@ def run_openblas(code, *args, **extra_env):
     env = {k: v for k, v in os.environ.items()
            if k not in ("BLIS_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                         *cpu_blas.BLIS_WAYS)}
-    env.update(extra_env, MLX_MTP_CPU_BLAS=OPENBLAS, PYTHONPATH=str(ROOT))
+    env.update(extra_env, MLX_MTP_CPU_BLAS=OPENBLAS, PYTHONPATH=CHILD_PYTHONPATH)
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr

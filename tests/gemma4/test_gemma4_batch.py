@@ -5,7 +5,7 @@ output for every sequence."""
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from support.packed import assert_packed_verify_equals_alone
 from support.tiny_gemma4 import WINDOW, Checkpoints
 

@@ -3,7 +3,7 @@ acceptance length, bitwise caches after every round, and mutations the suite mus
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
 from support.commits import committed, drafter_fed

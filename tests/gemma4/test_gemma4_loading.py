@@ -7,7 +7,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import assert_headless_model_decodes_plainly, cli, reference_greedy
+from support.processes import cli
+from support.reference import assert_headless_model_decodes_plainly, reference_greedy
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support.tiny_gemma4 import Checkpoints

@@ -5,7 +5,7 @@ output."""
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx_lm.utils import load_model as mlx_load_model
 from support.commits import committed
 from support.oracle import OracleTreeDrafter

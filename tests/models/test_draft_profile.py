@@ -5,7 +5,7 @@ import json
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from support.oracle import OracleDrafter
 
 import mlx_mtp

@@ -2,7 +2,8 @@
 
 import mlx.core as mx
 import pytest
-from conftest import draft_accept_draft, reference_greedy
+from support.head_round_trip import draft_accept_draft
+from support.reference import reference_greedy
 from mlx_lm.models.cache import KVCache
 
 import mlx_mtp

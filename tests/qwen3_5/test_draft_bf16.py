@@ -7,7 +7,8 @@ import json
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_map
-from conftest import draft_accept_draft, reference_greedy
+from support.head_round_trip import draft_accept_draft
+from support.reference import reference_greedy
 from support import tiny_checkpoints as tc
 from support.lm_heads import random_head
 

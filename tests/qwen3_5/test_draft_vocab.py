@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support import tiny_checkpoints as tc
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 import mlx_mtp

@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from support import tiny_checkpoints as tc
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer

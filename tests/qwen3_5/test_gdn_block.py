@@ -12,13 +12,13 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
 from support.native_support import blas_bindings, conv_sums_taps_in_order
+from support.processes import CHILD_PYTHONPATH
 
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.models.qwen3_5 import gdn_block
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
 
 
@@ -221,7 +221,6 @@ import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.models.qwen3_5 import gdn_block
-sys.path.insert(0, sys.argv[2])
 from support.native_support import conv_sums_taps_in_order
 gdn_block.kernel_pays = lambda *a: False  # the C kernel's choice: test_gdn_kernel's
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
@@ -248,8 +247,8 @@ print(json.dumps({"blas": cpu_blas.STATE.name, "checks": out, "in_order": all(in
 def test_the_compiled_mixer_equals_the_reference_with_every_blas_binding(name, value):
     """On the demo pair's layers (their own weights), in a fresh process per binding."""
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
-    env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
-    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO), str(ROOT / "tests")],
+    env.update({cpu_blas.ENV: value, "PYTHONPATH": CHILD_PYTHONPATH})
+    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import CODE_PROMPT, reference_greedy
+from support.reference import CODE_PROMPT, reference_greedy
 from mlx_lm.models.gated_delta import compute_g
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
@@ -21,6 +21,7 @@ from support.oracle import OracleDrafter
 import mlx_mtp
 from support.native_support import blas_bindings, require_kernel, require_lazy, gdn_inputs as inputs
 from support.native_support import conv_sums_taps_in_order
+from support.processes import CHILD_PYTHONPATH
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import native
@@ -28,7 +29,6 @@ from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
 
 
@@ -324,7 +324,6 @@ import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.models.qwen3_5 import gdn_block
-sys.path.insert(0, sys.argv[2])
 from support.native_support import conv_sums_taps_in_order
 gdn_block.KERNEL_MIN_BYTES = 0
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
@@ -351,8 +350,8 @@ def test_the_kernel_mixer_is_chosen_with_every_blas_binding(name, value):
     conv as taps where MLX's conv sums them in order)."""
     needs_kernel()
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
-    env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
-    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO), str(ROOT / "tests")],
+    env.update({cpu_blas.ENV: value, "PYTHONPATH": CHILD_PYTHONPATH})
+    r = subprocess.run([sys.executable, "-c", CHECK, str(DEMO)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -3,7 +3,7 @@
 import mlx.core as mx
 import pytest
 from support import tiny_checkpoints as tc
-from conftest import reference_greedy
+from support.reference import reference_greedy
 
 import mlx_mtp
 import mlx_mtp.models.qwen3_5.loading as loading

@@ -13,12 +13,13 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import CODE_PROMPT, reference_greedy
+from support.reference import CODE_PROMPT, reference_greedy
 from mlx_lm.models.qwen3_next import Qwen3NextMLP
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
 from support.native_support import blas_bindings
 from support.pieces import in_graph
+from support.processes import CHILD_PYTHONPATH
 
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
@@ -26,7 +27,6 @@ from mlx_mtp.exactness import row_exact
 from mlx_mtp.models.qwen3_5 import layer_block
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
 KINDS = ["dense", "next", "moe", "wide", "q4", "demo"]
 
@@ -302,7 +302,6 @@ import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.models.qwen3_5 import layer_block
-sys.path.insert(0, sys.argv[2])
 from support.pieces import expected_choices
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 t = model.target
@@ -345,8 +344,8 @@ def test_the_pieces_equal_the_ops_with_every_blas_binding(name, value):
     and every check chose a compiled piece, with a layer's products inside wherever the forms
     this host's measurement chose for them are plain MLX ops (``support.pieces``)."""
     env = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV}
-    env.update({cpu_blas.ENV: value, "PYTHONPATH": str(ROOT)})
-    r = subprocess.run([sys.executable, "-c", BINDING_CHECK, str(DEMO), str(ROOT / "tests")],
+    env.update({cpu_blas.ENV: value, "PYTHONPATH": CHILD_PYTHONPATH})
+    r = subprocess.run([sys.executable, "-c", BINDING_CHECK, str(DEMO)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

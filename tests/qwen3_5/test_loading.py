@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from support import tiny_checkpoints as tc
-from conftest import assert_headless_model_decodes_plainly, reference_greedy
+from support.reference import assert_headless_model_decodes_plainly, reference_greedy
 from mlx.utils import tree_flatten
 
 import mlx_mtp

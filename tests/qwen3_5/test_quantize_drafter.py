@@ -6,7 +6,7 @@ import json
 import mlx.core as mx
 import pytest
 from support import tiny_checkpoints as tc
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from mlx.utils import tree_flatten
 
 import mlx_mtp

@@ -3,7 +3,7 @@ makes the session draft chains, say why, and keep mlx-lm's output."""
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from support.perturbed import one_ulp
 
 import mlx_mtp

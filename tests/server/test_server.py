@@ -13,7 +13,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import run_module
+from support.processes import run_module
 
 from benchmarks.harness.server_process import ServerProcess
 from mlx_mtp.demo import DEMO_MODEL_ID

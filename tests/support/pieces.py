@@ -6,7 +6,7 @@ A piece puts a projection inside its compiled graph where the projection's produ
 ops at that width: a layer not switched to row-exact products, one below its first divergent
 width, or one computed as transposed products or row chunks. The row kernel, column blocks and
 one-row calls run outside the graph. Run in the tests' processes and in the fresh interpreters of
-the BLAS-binding checks (``sys.path`` holding ``tests/``)."""
+the BLAS-binding checks (``support.processes.CHILD_PYTHONPATH`` holding ``tests/``)."""
 
 from __future__ import annotations
 
