@@ -3,6 +3,7 @@ What the tests share beyond fixtures is in ``support/`` (on ``sys.path`` through
 ``pythonpath``)."""
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -10,6 +11,18 @@ import mlx_mtp  # (first: it binds MLX to the system BLAS before mlx.core loads)
 import pytest
 
 from support import tiny_checkpoints as tc
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``bench`` tests run only when ``-m`` names the marker (``-m bench``, ``-m "bench or not
+    bench"``): any other run, with or without ``-m``, leaves them out, as if ``not bench`` were
+    added to its expression."""
+    if re.search(r"\bbench\b", config.getoption("markexpr") or ""):
+        return
+    bench = [item for item in items if item.get_closest_marker("bench")]
+    if bench:
+        config.hook.pytest_deselected(items=bench)
+        items[:] = [item for item in items if not item.get_closest_marker("bench")]
 
 
 @pytest.fixture(scope="session")
