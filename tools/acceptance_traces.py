@@ -83,9 +83,9 @@ class Recorder(BlockChooser):
             return super().choose(limit)
         return min(self.fixed, self.max_drafts if limit is None else limit)
 
-    def observe(self, drafts, accepted, wall_s):
+    def record_round(self, drafts, accepted, wall_s):
         self.rounds.append((drafts, accepted))
-        super().observe(drafts, accepted, wall_s)
+        super().record_round(drafts, accepted, wall_s)
 
 
 def check(model, prompt, text, L, n, K):

@@ -6,8 +6,8 @@ costs) bring ``auto`` closer to the best fixed block size, and on which prompts,
 wall-clock run? Wall-clock runs on a small shared machine are too noisy to tune a chooser by; at
 T=0 the drafts are a function of the text (``tools.acceptance_traces`` records L(p), the drafts kept of K
 made at output position p, and the output ids, which auto's chooser is shown as the loop shows
-them: ``BlockChooser.see``), so only the costs need a model. A round of k drafts at position p
-keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.decoding.rounds):
+them: ``BlockChooser.see_tokens``), so only the costs need a model. A round of k drafts at
+position p keeps a = min(L(p), k) and costs, as the round loop spends it (mlx_mtp.decoding.rounds):
 
     verify(k + 1) + residual                                    k = 0 (auto defers the accept hook)
     verify(k + 1) + (k - 1) * draft_step + accept(a + 1) + finalize + residual      k >= 1
@@ -16,7 +16,7 @@ with accept(n) = accept_base + accept_per_pair * n (never falling with n). Under
 without drafts hand their pairs to the drafter at the next drafting round, outside the chooser's
 measured time: accept(pairs) then; and a choice of no drafts that commits to a stretch of more
 than one round (``BlockChooser.undrafted_stretch``) runs it as the loop does, pipelined one-token
-steps at ``plain_step`` each, which the chooser observes at their mean when the stretch ends.
+steps at ``plain_step`` each, which the chooser records at their mean when the stretch ends.
 Fixed block 1 is the plain path (``plain_step`` per token). Each round's time (what both the
 clock and the chooser see) is multiplied by a seeded lognormal factor exp(sigma * N(0, 1));
 ``--spike-every`` adds a rare stall (x ``--spike``) on top. ``--sigma record`` takes sigma from
@@ -195,8 +195,8 @@ def cut_traces(traces: dict, max_tokens: int) -> dict:
 class JudgeAll(BlockChooser):
     """A chooser that learns as if every drafting round had drafted and verified all its
     ``max_drafts`` drafts, for free: ``replay`` sets ``oracle`` to the kept length of K drafts at
-    the round's position (min(L(p), K)) before each ``observe``, and the round's judgments count
-    that instead of its own (its cost and context stay its own). An upper bound on what measuring
+    the round's position (min(L(p), K)) before each ``record_round``, and the round's judgments
+    count that instead of its own (its cost and context stay its own). An upper bound on what measuring
     acceptance could tell a chooser (``--judge-all``)."""
 
     oracle: Optional[int] = None
@@ -222,8 +222,8 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
            tokens: Optional[List[int]] = None) -> dict:
     """One generation of ``n`` tokens (the first from the prefill, untimed, as the record's
     tok/s): ``fixed`` block size, or the ``chooser``'s rounds. ``tokens``: the trace's output
-    ids, which the chooser sees as the loop shows them (``BlockChooser.see``); None (synthetic
-    traces) shows none. Returns tok/s and widths used."""
+    ids, which the chooser sees as the loop shows them (``BlockChooser.see_tokens``); None
+    (synthetic traces) shows none. Returns tok/s and widths used."""
     widths: Dict[int, int] = {}
     if chooser is None:
         if fixed == 1:
@@ -238,16 +238,16 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
     emitted, p, total, deferred, seen = 1, 0, 0.0, 0, 0
     while emitted < n:
         if tokens is not None:  # up to the round's first token, the bonus at p
-            chooser.see(tokens[seen : p + 1])
+            chooser.see_tokens(tokens[seen : p + 1])
             seen = p + 1
         k = chooser.choose(min(max_drafts, n - emitted - 1))
         steps = min(chooser.undrafted_stretch(), n - emitted) if k == 0 else 0
-        if steps > 1:  # a stretch: pipelined one-token steps, observed at their mean as the
-            # loop observes them (a pipelined step has no time of its own)
+        if steps > 1:  # a stretch: pipelined one-token steps, recorded at their mean as the
+            # loop records them (a pipelined step has no time of its own)
             stretch = sum(noise(costs.plain_step) for _ in range(steps))
             total += stretch
             for _ in range(steps):
-                chooser.observe(0, 0, stretch / steps / 1e3)
+                chooser.record_round(0, 0, stretch / steps / 1e3)
             deferred += steps
             widths[1] = widths.get(1, 0) + steps
             emitted += steps
@@ -261,7 +261,7 @@ def replay(L: List[int], n: int, costs: Costs, noise: Noise, fixed: Optional[int
             chooser.oracle = min(L[p], chooser.max_drafts)
         wall = noise(costs.round_ms(k, a))
         total += wall
-        chooser.observe(k, a, wall / 1e3)
+        chooser.record_round(k, a, wall / 1e3)
         deferred += k == 0
         widths[k + 1] = widths.get(k + 1, 0) + 1
         emitted += a + 1

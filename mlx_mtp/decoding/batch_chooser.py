@@ -26,7 +26,7 @@ from mlx_mtp.errors import MTPError
 
 class BatchChooser:
     """Chooses each batched round's draft count (``choose``) and learns from its outcome
-    (``observe``). ``max_drafts``: the most drafts of any sequence (K)."""
+    (``record_round``). ``max_drafts``: the most drafts of any sequence (K)."""
 
     def __init__(self, max_drafts: int, *, first_drafts: int = 1, window: int = 4,
                  stale_rounds: int = 24):
@@ -66,7 +66,7 @@ class BatchChooser:
                 return j
         return k
 
-    def observe(self, size: int, drafts: int, tokens: int, wall_s: float) -> None:
+    def record_round(self, size: int, drafts: int, tokens: int, wall_s: float) -> None:
         """A round of ``size`` sequences, each drafting ``drafts`` (fewer where its budget ended
         sooner), emitted ``tokens`` in ``wall_s`` seconds."""
         self.round += 1

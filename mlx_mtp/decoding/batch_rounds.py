@@ -208,26 +208,26 @@ class BatchRounds:
                          for s, p, b, l in zip(seqs, proposals, blocks, logits)]
                 hosts = host_read(drawn)
             done = []
-            feeds = []  # (sequence, hidden rows, ids) its drafter accepts
+            accepts = []  # (sequence, hidden rows, ids) its drafter accepts
             for s, plan, proposal, h, d, host in zip(seqs, plans, proposals, hidden, drawn,
                                                       hosts):
                 s.stats.host_syncs += 1
                 verified = walk(s.session, plan, proposal, h, d, host, verify_start)
-                fed = []
-                commit(s.session, s.progress, plan, verified, feed=fed)
-                feeds += [(s, *pair) for pair in fed]
+                pending = []
+                commit(s.session, s.progress, plan, verified, pending_accepts=pending)
+                accepts += [(s, *pair) for pair in pending]
                 if plan.drafts == 0:  # nothing to roll back: drop what a rollback keeps
                     target.rollback(s.session.cache, fed=1, keep=1)
                 done.append((s, plan, verified))
-            self._accept(feeds)
+            self._accept(accepts)
             for s, plan, verified in done:
                 record_round(s.session, plan, verified, timed=self.chooser is None)
                 s.out.extend(emit(s.session, s.progress, verified))
             chosen = {p.drafts for p in plans}
             if self.chooser is not None and len(chosen) == 1:  # (all drafted alike: a count's)
-                self.chooser.observe(len(seqs), chosen.pop(),
-                                     sum(v.accepted + 1 for _, _, v in done),
-                                     time.perf_counter() - started)
+                self.chooser.record_round(len(seqs), chosen.pop(),
+                                          sum(v.accepted + 1 for _, _, v in done),
+                                          time.perf_counter() - started)
 
     def _choose(self, seqs: List[BatchedSequence], started: float) -> list:
         """Per sequence, the batch chooser's drafts for the round, at most what its budget allows
@@ -260,19 +260,19 @@ class BatchRounds:
                 seqs[i].stats.draft_syncs += 1
         return proposals
 
-    def _accept(self, feeds) -> None:
+    def _accept(self, accepts) -> None:
         """The drafters' accept hooks for this round's kept pairs, batched where the family
         batches them (``accept_batch``)."""
-        if not feeds:
+        if not accepts:
             return
-        seqs = [s for s, _, _ in feeds]
+        seqs = [s for s, _, _ in accepts]
         with _phases(seqs, "accept"):
-            if hasattr(self.model.drafter, "accept_batch") and len(feeds) > 1:
+            if hasattr(self.model.drafter, "accept_batch") and len(accepts) > 1:
                 self.model.drafter.accept_batch([s.session.drafter for s in seqs],
-                                                [h for _, h, _ in feeds],
-                                                [ids for _, _, ids in feeds])
+                                                [h for _, h, _ in accepts],
+                                                [ids for _, _, ids in accepts])
             else:
-                for s, h, ids in feeds:
+                for s, h, ids in accepts:
                     s.session.drafter.accept(h, ids)
             mx.async_eval([a for s in seqs for a in s.session.drafter.state_arrays()])
 

@@ -10,7 +10,7 @@ Both come from the session's own rounds; nothing is assumed about the device.
   round first fades all counts by ``decay``. The estimate shrinks them towards ``prior`` (draft
   1) or the previous position's estimate, worth ``prior_weight`` rounds. Two finer tables refine
   it: per context (the drafts the previous round kept, shrunk with ``context_weight``) and per
-  key (the last ``token_context`` ids the run emitted, fed by ``see``, shrunk with
+  key (the last ``token_context`` ids the run emitted, fed by ``see_tokens``, shrunk with
   ``token_weight``); each decays on its own rounds only, and ``None`` switches it off.
 - Cost: per width, the median of its last ``cost_window`` round times, only ever lowered towards
   the line through its measured drafting neighbours (worth ``pooling`` samples); an unmeasured
@@ -113,7 +113,8 @@ class RoundCosts:
 
 
 class BlockChooser:
-    """Chooses the drafts of each round (``choose``) and learns from its outcome (``observe``).
+    """Chooses the drafts of each round (``choose``) and learns from its outcome
+    (``record_round``).
 
     Pass one as ``block_size`` to ``generate_step`` to tune these settings; ``"auto"`` makes a
     default one with ``max_drafts = max_block_size - 1``.
@@ -383,11 +384,11 @@ class BlockChooser:
     def undrafted_stretch(self) -> int:
         """After ``choose`` gave no drafts: the rounds in a row, this one first, that it commits
         to drafting nothing, up to the next probe (1 where the choice only re-measured width 1 or
-        met the token budget). The loop runs them as pipelined one-token steps and observes each
+        met the token budget). The loop runs them as pipelined one-token steps and records each
         at the stretch's mean when it ends."""
         return max(1, self._stretch)
 
-    def see(self, ids: Sequence[int]) -> None:
+    def see_tokens(self, ids: Sequence[int]) -> None:
         """The ids the run just emitted, in order: the loop passes the prompt's first token and
         every round's (and step's) tokens. The last ``token_context`` of them, when the next
         round is chosen, are its key (``context_acceptance``)."""
@@ -397,9 +398,9 @@ class BlockChooser:
         """Counts a drafting round's judgments (``drafts`` > 0 made, the first ``accepted`` kept;
         those past the first rejection unjudged): every position's counts fade by ``decay``,
         then the round's count, in the pooled table, the undecayed ``judged`` and the tables of
-        the context and the key the round was chosen in (those tables alone fade). ``observe``
-        calls it; ``tools/simulate_chooser.py --judge-all`` overrides it to count every
-        draft."""
+        the context and the key the round was chosen in (those tables alone fade).
+        ``record_round`` calls it; ``tools/simulate_chooser.py --judge-all`` overrides it to
+        count every draft."""
         judged = range(min(accepted + 1, drafts))
         tables = [(self.hits, self.tests)]
         if self.context is not None and self.context_weight is not None:
@@ -417,7 +418,7 @@ class BlockChooser:
         for j in judged:
             self.judged[j] += 1
 
-    def observe(self, drafts: int, accepted: int, wall_s: Optional[float]) -> None:
+    def record_round(self, drafts: int, accepted: int, wall_s: Optional[float]) -> None:
         """A round of ``drafts`` drafts kept ``accepted`` of them and took ``wall_s`` seconds
         (None: a batched round, whose time is the batch's, not this width's: only the
         judgments count, and the widths' measurements age)."""

@@ -20,7 +20,7 @@ def pipelined_steps(session: Session, progress: Progress, count: int, *, stretch
     (``mx.async_eval``) before step i's token is read, so building the graph overlaps the
     compute. No capture, no rollback, one host read per token. Each step is what a round without
     drafts computes (``target.decode`` of the last token, the draw at its position: keyed under
-    ``auto``). ``stretch``: an ``auto`` stretch, whose steps the chooser sees and observes and
+    ``auto``). ``stretch``: an ``auto`` stretch, whose steps the chooser sees and records and
     whose (hidden, id) pairs the drafter gets later (``progress.deferred``). Leaves ``progress``
     at the last step's token.
 
@@ -28,8 +28,8 @@ def pipelined_steps(session: Session, progress: Progress, count: int, *, stretch
     returns once most of its work is done, so the time between two host reads is mostly the
     next step's, and the first step's is spent before the first read. Each step is recorded with
     the time since the previous read (the first since the stretch began: the sum is the
-    stretch's time), and the chooser observes every step of the stretch at the stretch's mean,
-    once it ends: a step's own read-to-read time would leave the first step unobserved and make
+    stretch's time), and the chooser records every step of the stretch at the stretch's mean,
+    once it ends: a step's own read-to-read time would leave the first step unrecorded and make
     the last one look nearly free."""
     if count < 1:
         return
@@ -57,13 +57,13 @@ def pipelined_steps(session: Session, progress: Progress, count: int, *, stretch
         last_read = now
         if chooser is not None:
             stats.undrafted_steps += 1
-            chooser.see((token_id,))
+            chooser.see_tokens((token_id,))
         stats.generation_tokens = first + i + 1
         session.note_generation_time()
         yield token_id, logprobs[0], False
     if chooser is not None:  # every step of the stretch at its mean (docstring)
         for _ in range(count):
-            chooser.observe(0, 0, (last_read - stretch_start) / count)
+            chooser.record_round(0, 0, (last_read - stretch_start) / count)
     session.note_generation_time()
     progress.bonus, progress.history, progress.emitted = token, history, first + count
 

@@ -134,7 +134,7 @@ class Session:
     max_tokens: int
     max_drafts: int  # the widest chain less one (a tree's depth)
     prompt_len: int
-    settle: Callable[..., None]  # mx.async_eval, or mx.eval with MLX_MTP_SYNC_PHASES=1
+    queue: Callable[..., None]  # mx.async_eval, or mx.eval with MLX_MTP_SYNC_PHASES=1
     split: Optional[Any]  # mlx_mtp.models.distributed.Split of a split target
     crossings: Callable[[], None]  # brings the split's collective counts in stats up to date
     tree: Optional[TreeShape] = None  # draft trees instead of chains
@@ -179,11 +179,11 @@ def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Opti
     as mlx-lm's generate_step builds step n + 1 while step n computes. The round's one host read
     waits for all of it; only the timing split changes (``SYNC_PHASES_ENV``)."""
     stats.phases_synced = env.flag(SYNC_PHASES_ENV)
-    settle = mx.eval if stats.phases_synced else mx.async_eval
+    queue = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
     session = Session(model, cache, kv, turn, drafter, draws, stats, request.chooser,
-                      request.max_tokens, request.block_size - 1, prompt_len, settle, split,
+                      request.max_tokens, request.block_size - 1, prompt_len, queue, split,
                       crossings, tree=request.tree,
                       shapes=(ShapeChooser(request.block_size - 1)
                               if request.tree is not None and request.chooser is not None

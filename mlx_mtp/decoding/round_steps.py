@@ -222,7 +222,7 @@ def _feed_deferred(session: Session, progress: Progress) -> None:
     with session.stats.phase("accept"):
         session.drafter.accept(mx.concatenate([d[0] for d in progress.deferred], axis=1),
                                mx.concatenate([d[1] for d in progress.deferred]))
-        session.settle(session.drafter.state_arrays())
+        session.queue(session.drafter.state_arrays())
     progress.deferred = []
 
 
@@ -268,7 +268,7 @@ def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
                                             draws.processors, progress.history)
             drafter.draft_sampled(plan.drafts, sampler)
             proposal.ids, proposal.probs, proposal.prob_ids = sampler.result()
-        session.settle(proposal.ids, proposal.probs if proposal.probs is not None else [])
+        session.queue(proposal.ids, proposal.probs if proposal.probs is not None else [])
         stats.draft_syncs += 1 + drafter.syncs - syncs
     return proposal
 
@@ -386,8 +386,9 @@ def walk(session: Session, plan: RoundPlan, proposal: Draft, hidden: mx.array, d
 
 def _walk_tree(session: Session, tree: DraftTree, hidden: mx.array, logprobs: mx.array,
                target_ids: mx.array, host: list) -> Verified:
-    """The greedy walk down a verified tree; the rows of the walked path, root first."""
-    path = draft_tree.walk(tree, host[: len(tree.parents)])
+    """The walk down a verified tree (a child kept while it equals its parent's draw); the rows
+    of the walked path, root first."""
+    path = draft_tree.accepted_path(tree, host[: len(tree.parents)])
     session.stats.record_tree(tree, path)
     out_ids = [tree.tokens[n - 1] for n in path[1:]] + [host[path[-1]]]
     rows = mx.array(path, dtype=mx.uint32)
@@ -405,12 +406,12 @@ def _pinned(session: Session, plan: RoundPlan):
 
 
 def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Verified,
-           feed: Optional[list] = None) -> None:
+           pending_accepts: Optional[list] = None) -> None:
     """Keep the ``accepted + 1`` verified rows: roll the target's caches back, quantize, feed
-    the drafter (or defer it), and report the round to a prompt cache's turn. With ``feed`` (a
-    batched round, whose drafters accept together) the drafter's pairs are appended to it
-    instead of fed. The drafter is not fed when no later round drafts (at most one token of
-    the budget left after this round) and no prompt cache keeps it."""
+    the drafter (or defer it), and report the round to a prompt cache's turn. With
+    ``pending_accepts`` (a batched round, whose drafters accept together) the drafter's pairs
+    are appended to it instead of fed. The drafter is not fed when no later round drafts (at
+    most one token of the budget left after this round) and no prompt cache keeps it."""
     target, drafter, cache, stats = session.target, session.drafter, session.cache, session.stats
     accepted, hidden = verified.accepted, verified.hidden
     if plan.drafts > 0:  # selecting the kept states is graph work: evaluated with the next round
@@ -427,16 +428,17 @@ def commit(session: Session, progress: Progress, plan: RoundPlan, verified: Veri
     progress.history = sampling.append_history(progress.history, verified.new_ids)
     # Once at most one plain step is left nothing reads the drafter, unless a prompt cache keeps it.
     drafts_again = session.max_tokens - (progress.emitted + accepted + 1) > 1
-    fed = drafter is not None and (drafts_again or session.turn is not None)
-    if fed and session.chooser is not None and plan.drafts == 0 and session.turn is None:
+    drafter_current = drafter is not None and (drafts_again or session.turn is not None)
+    if (drafter_current and session.chooser is not None and plan.drafts == 0
+            and session.turn is None):
         # (a prompt cache's turn needs the drafter current at every round: no deferral)
         progress.deferred.append((hidden[:, :1], verified.new_ids))  # fed if it drafts again
-    elif fed and feed is not None:
-        feed.append((hidden[:, : accepted + 1], verified.new_ids))
-    elif fed:
+    elif drafter_current and pending_accepts is not None:
+        pending_accepts.append((hidden[:, : accepted + 1], verified.new_ids))
+    elif drafter_current:
         with stats.phase("accept"):
             drafter.accept(hidden[:, : accepted + 1], verified.new_ids)
-            session.settle(drafter.state_arrays())
+            session.queue(drafter.state_arrays())
     if session.turn is not None:
         session.turn.round_done(progress.emitted, hidden[:, : accepted + 1], accepted,
                                 progress.bonus, replaced)
@@ -450,11 +452,11 @@ def record_round(session: Session, plan: RoundPlan, verified: Verified,
     ended = time.perf_counter()
     session.stats.record_round(plan.drafts, verified.accepted, ended - plan.started)
     if session.chooser is not None and not plan.tree:  # its widths are chains'
-        session.chooser.observe(plan.drafts, verified.accepted,
-                                ended - plan.chosen_at if timed else None)
+        session.chooser.record_round(plan.drafts, verified.accepted,
+                                     ended - plan.chosen_at if timed else None)
     if session.shapes is not None and plan.drafts > 0:
-        session.shapes.observe(plan.tree, verified.accepted + 1, ended - plan.chosen_at,
-                               plan.drafts)
+        session.shapes.record_round(plan.tree, verified.accepted + 1, ended - plan.chosen_at,
+                                    plan.drafts)
 
 
 # ------------------------------------------------------------------------------------ emit
@@ -464,7 +466,7 @@ def emit(session: Session, progress: Progress, verified: Verified) -> Iterator[E
     """The round's tokens, up to the token budget."""
     count = min(verified.accepted + 1, session.max_tokens - progress.emitted)
     if session.chooser is not None:
-        session.chooser.see(verified.out_ids[:count])
+        session.chooser.see_tokens(verified.out_ids[:count])
     progress.emitted += count
     session.stats.generation_tokens = progress.emitted
     session.note_generation_time()

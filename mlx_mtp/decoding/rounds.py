@@ -154,7 +154,7 @@ def speculative_generate_step(
     kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start).check(model.target)
     cache = _session_cache(model, prompt_cache, max_kv_size)
     drafter = _drafter(model, block_size)
-    # The caller's cache must end holding exactly the tokens yielded (``Turn.settle``).
+    # The caller's cache must end holding exactly the tokens yielded (``Turn.finish``).
     turn = Turn(model, cache, kv, drafter) if prompt_cache is not None else None
     request = Request(max_tokens, sampler, logits_processors, prefill_step_size,
                       prompt_progress_callback, input_embeddings, block_size, chooser, seed,
@@ -164,7 +164,7 @@ def speculative_generate_step(
         tokens = _rounds(prompt, model, cache, kv, turn, drafter, request)
         if getattr(model, "split", None) is not None:
             tokens = model.split.guard(tokens)
-        yield from _settled(tokens, turn)
+        yield from _finish_turn(tokens, turn)
 
 
 def check_tree(model: MTPModel, draft_topk, draft_tokens, block_size: int,
@@ -226,23 +226,23 @@ def _drafter(model: MTPModel, block_size: int) -> Optional[Drafter]:
     return drafter
 
 
-def _settled(tokens: Generator[Emitted, None, None], turn: Optional[Turn]
-             ) -> Generator[Emitted, None, None]:
-    """``tokens``, then a prompt cache's turn settled to exactly the tokens yielded: when they
+def _finish_turn(tokens: Generator[Emitted, None, None], turn: Optional[Turn]
+                 ) -> Generator[Emitted, None, None]:
+    """``tokens``, then a prompt cache's turn finished at exactly the tokens yielded: when they
     ran out or the caller closed the generator; an error leaves the cache as mlx-lm would."""
     yielded = 0
-    settle = turn is not None
+    finish = turn is not None
     try:
         for item in tokens:
             yielded += 1
             yield item
     except BaseException as e:
-        settle = settle and isinstance(e, GeneratorExit)
+        finish = finish and isinstance(e, GeneratorExit)
         raise
     finally:
         tokens.close()
-        if settle:
-            turn.settle(yielded)
+        if finish:
+            turn.finish(yielded)
 
 
 def check_no_draft_model(draft_model, num_draft_tokens) -> None:
@@ -267,7 +267,7 @@ def generate_step(prompt: mx.array, model: MTPModel, stream=None, **kwargs
         for token, logprobs, _ in steps:
             yield token, logprobs
     finally:
-        steps.close()  # a prompt cache settles to exactly the tokens yielded (GeneratorExit)
+        steps.close()  # a prompt cache ends at exactly the tokens yielded (GeneratorExit)
 
 
 generate_step.__signature__ = inspect.signature(speculative_generate_step).replace(
@@ -340,7 +340,7 @@ def start_generation(session: Session, first_token: int) -> None:
     session.generation_start = time.perf_counter()
     session.stats.generation_tokens = 1
     if session.chooser is not None:
-        session.chooser.see((first_token,))
+        session.chooser.see_tokens((first_token,))
 
 
 def _decode_plainly(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSettings,

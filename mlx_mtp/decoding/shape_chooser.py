@@ -54,7 +54,7 @@ class ShapeChooser:
         self.leader, self.probing = best, self.since[not best] >= self.gap
         return (not best) if self.probing else best
 
-    def observe(self, tree: bool, tokens: int, seconds: float, drafts: int = 0) -> None:
+    def record_round(self, tree: bool, tokens: int, seconds: float, drafts: int = 0) -> None:
         """A drafting round of the shape emitted ``tokens`` in ``seconds``; a chain round's
         ``drafts`` become the next tree's depth."""
         if seconds > 0:

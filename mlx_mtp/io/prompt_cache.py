@@ -4,7 +4,7 @@ prompts and every token yielded), and the caller passes only the new tokens.
 A round loop holds state that plain decode does not: the bonus token is yielded before the target
 has seen it, a verify may keep drafts the caller never reads (it stopped at an EOS or a stop
 string mid-round), and the MTP head pairs the target's hidden state at position p with the token
-at p + 1. ``Turn.settle`` (run when a generation ends or is closed) brings the cache to exactly
+at p + 1. ``Turn.finish`` (run when a generation ends or is closed) brings the cache to exactly
 what mlx-lm's cache would hold after the same yields: it rewinds kept-but-unread rows, or feeds
 the last yielded token as the single-token decode step mlx-lm ran for it. The target's hidden
 state at the last position stays in the cache (``hidden``) and the next turn pairs it with its
@@ -117,7 +117,7 @@ class Turn:
                    replaced=()) -> None:
         self.last = _Round(start, hidden, accepted, bonus, list(replaced))
 
-    def settle(self, yielded: int) -> None:
+    def finish(self, yielded: int) -> None:
         """After ``yielded`` tokens in all: the cache holds the prompt and exactly those tokens,
         as mlx-lm's would; ``hidden`` is the target's state at the last of them."""
         r = self.last

@@ -157,9 +157,9 @@ class TreeSearch:
         return DraftTree(mx.array(tokens, dtype=mx.uint32), tokens, parents, ranks)
 
 
-def walk(tree: DraftTree, picks: Sequence[int]) -> List[int]:
-    """The greedy walk: from the root, go to the child whose token is the target's pick at the
-    current node, while there is one. Returns the path of kept nodes (root first)."""
+def accepted_path(tree: DraftTree, picks: Sequence[int]) -> List[int]:
+    """The walk down a verified tree: from the root, go to the child whose token is the target's
+    pick at the current node, while there is one. Returns the path of kept nodes (root first)."""
     children = {}
     for i in range(1, len(tree.parents)):
         children.setdefault(tree.parents[i], []).append(i)

@@ -328,11 +328,11 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
     judgments; its cost samples and context stay the round's."""
     c = sim.JudgeAll(3)
     c.oracle = 2  # of 3 drafts here, the target would keep 2
-    c.observe(1, 1, 0.01)  # the round drafted 1 and kept it
+    c.record_round(1, 1, 0.01)  # the round drafted 1 and kept it
     assert (c.tests, c.hits, c.judged) == ([1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1, 1, 1])
     assert c.context == 1 and list(c.samples[2]) == [0.01]
     own = BlockChooser(3)
-    own.observe(1, 1, 0.01)
+    own.record_round(1, 1, 0.01)
     assert (own.tests, own.hits, own.judged) == ([1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1, 0, 0])
     # replayed: every drafting round's judgments reach draft 5 on a trace that keeps all five
     chooser = sim.JudgeAll(5)

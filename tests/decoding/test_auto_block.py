@@ -103,9 +103,9 @@ def test_the_chooser_sees_every_emitted_id_in_order(dense_dir):
     prompt = code_prompt(dense_dir)
 
     class Watching(StretchChooser):
-        def see(self, ids):
+        def see_tokens(self, ids):
             self.seen.extend(ids)
-            super().see(ids)
+            super().see_tokens(ids)
 
         def choose(self, limit=None):
             self.keys.append((tuple(self.seen[-2:]), tuple(self.recent)))
@@ -131,9 +131,9 @@ def test_a_stretch_is_observed_at_its_mean_and_counted_whole(dense_dir):
     prompt = code_prompt(dense_dir)
 
     class Logged(StretchChooser):
-        def observe(self, drafts, accepted, wall_s):
+        def record_round(self, drafts, accepted, wall_s):
             self.walls.append(wall_s)
-            super().observe(drafts, accepted, wall_s)
+            super().record_round(drafts, accepted, wall_s)
 
     chooser, stats = Logged(5, [("stretch", 4), 2, ("stretch", 3), 1]), RunStats()
     chooser.walls, recorded = [], []

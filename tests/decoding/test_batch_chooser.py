@@ -15,7 +15,7 @@ def climb(chooser, size, seconds, rounds):
     for _ in range(rounds):
         k = chooser.choose(size)
         chosen.append(k)
-        chooser.observe(size, k, 2 * size, seconds[k])
+        chooser.record_round(size, k, 2 * size, seconds[k])
     return chosen
 
 
@@ -47,7 +47,7 @@ def test_a_new_batch_size_starts_from_the_nearest_sizes_choice():
 def test_a_counts_rate_is_its_mean_tokens_over_its_median_time():
     chooser = BatchChooser(2, window=3)
     for tokens, seconds in [(9, 9.0), (4, 0.2), (6, 0.3), (8, 0.4)]:  # the first leaves
-        chooser.observe(2, 1, tokens, seconds)
+        chooser.record_round(2, 1, tokens, seconds)
     assert chooser.rate(2, 1) == pytest.approx(6 / 0.3)
     assert chooser.rate(2, 0) is None and chooser.rate(3, 1) is None
 
@@ -62,15 +62,15 @@ def test_what_the_batch_chooser_refuses():
 
 
 def test_a_sequences_chooser_in_a_batch_counts_judgments_not_times():
-    """``observe`` without a time (a batched round): the judgments count and the widths'
+    """``record_round`` without a time (a batched round): the judgments count and the widths'
     measurements age, no width gets a sample; ``batched_round`` keys the round's judgments as
     ``choose`` does."""
     chooser = BlockChooser(3, token_context=2)
-    chooser.see([4, 5])
-    chooser.observe(0, 0, 0.1)  # width 1 timed alone
+    chooser.see_tokens([4, 5])
+    chooser.record_round(0, 0, 0.1)  # width 1 timed alone
     chooser.batched_round()
     assert chooser.key == (4, 5)
-    chooser.observe(2, 1, None)
+    chooser.record_round(2, 1, None)
     assert {w: len(s) for w, s in chooser.samples.items()} == {1: 1, 2: 0, 3: 0, 4: 0}
     assert chooser.tests[:2] == [1.0, 1.0] and chooser.hits[:2] == [1.0, 0.0]
     assert chooser.token_tests[(4, 5)][:2] == [1.0, 1.0]

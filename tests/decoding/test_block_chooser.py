@@ -47,13 +47,13 @@ def test_best_drafts_from_least_drafts():
 def test_acceptance_estimate_decays_and_shrinks_to_the_previous_position():
     c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.95)
     assert c.acceptance() == [0.5, 0.5, 0.5]
-    c.observe(3, 1, 0.01)  # draft 1 kept, draft 2 rejected, draft 3 never judged
+    c.record_round(3, 1, 0.01)  # draft 1 kept, draft 2 rejected, draft 3 never judged
     assert c.acceptance() == pytest.approx([(1 + 0.5) / 2, (0 + 0.75) / 2, 0.375])
-    c.observe(1, 1, 0.01)  # a drafting round: every position's old counts x 0.95 ...
+    c.record_round(1, 1, 0.01)  # a drafting round: every position's old counts x 0.95 ...
     a1 = (1.95 + 0.5) / (1.95 + 1)
     a2 = (0 + a1) / (0.95 + 1)  # ... position 2's too, though this round did not judge it
     assert c.acceptance() == pytest.approx([a1, a2, a2])
-    c.observe(0, 0, 0.01)  # a round without drafts leaves the counts as they are
+    c.record_round(0, 0, 0.01)  # a round without drafts leaves the counts as they are
     assert c.acceptance() == pytest.approx([a1, a2, a2])
     # the choice adds optimism / (n_j + 1) ** 0.75 (n_j: the rounds that judged draft j, not
     # decayed)
@@ -68,13 +68,13 @@ def test_acceptance_in_context_shrinks_that_contexts_counts_to_the_pooled_estima
     kept): that context's own decayed counts, shrunk towards the pooled estimate of the same
     position with ``context_weight`` rounds."""
     c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=1.0)
-    c.observe(3, 1, 0.01)  # the first round: no context (nothing drafted before it)
+    c.record_round(3, 1, 0.01)  # the first round: no context (nothing drafted before it)
     assert c.context == 1 and c.context_tests == {}
     assert c.context_acceptance() == c.acceptance() == [0.75, 0.375, 0.375]  # no counts in 1
-    c.observe(2, 2, 0.01)  # chosen in context 1: both drafts kept
+    c.record_round(2, 2, 0.01)  # chosen in context 1: both drafts kept
     assert c.context_hits == {1: [1.0, 1.0, 0.0]} and c.context_tests == {1: [1.0, 1.0, 0.0]}
-    c.observe(1, 0, 0.01)  # chosen in context 2: rejected
-    c.observe(1, 0, 0.01)  # chosen in context 0: rejected; context 0 again
+    c.record_round(1, 0, 0.01)  # chosen in context 2: rejected
+    c.record_round(1, 0, 0.01)  # chosen in context 0: rejected; context 0 again
     assert c.context_tests == {1: [1.0, 1.0, 0.0], 2: [1.0, 0.0, 0.0], 0: [1.0, 0.0, 0.0]}
     assert c.context_hits[0] == c.context_hits[2] == [0.0, 0.0, 0.0]
     # pooled: hits (1, 0, 0) -> (1.5, 1, 0) -> (0.75, 0.5, 0) -> (0.375, 0.25, 0), tests
@@ -85,11 +85,11 @@ def test_acceptance_in_context_shrinks_that_contexts_counts_to_the_pooled_estima
     # context 0: one rejection of draft 1, worth as much as the pooled estimate (weight 1)
     assert c.context_acceptance() == pytest.approx([(0 + a1) / 2, a2, a2])
     assert c.optimistic_acceptance()[0] == pytest.approx(a1 / 2)  # what the choice uses
-    c.observe(0, 0, 0.01)  # no drafts: no context, the pooled estimate
+    c.record_round(0, 0, 0.01)  # no drafts: no context, the pooled estimate
     assert c.context is None and c.context_acceptance() == pytest.approx([a1, a2, a2])
     off = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=None)
     for k, a in ((3, 1), (2, 2), (1, 0), (1, 0)):
-        off.observe(k, a, 0.01)
+        off.record_round(k, a, 0.01)
     assert off.context_tests == {} and off.context_acceptance() == pytest.approx([a1, a2, a2])
 
 
@@ -116,39 +116,39 @@ def test_acceptance_keyed_by_the_ids_a_round_starts_from():
     ``token_weight`` rounds."""
     c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=None,
                      token_weight=1.0, token_context=2)
-    c.see([7])
+    c.see_tokens([7])
     c.choose()
     assert c.key is None  # one id seen: no key yet
-    c.observe(3, 1, 0.01)
+    c.record_round(3, 1, 0.01)
     assert c.token_tests == {}
-    c.see([8, 9])  # the round's two tokens
+    c.see_tokens([8, 9])  # the round's two tokens
     c.choose()
     assert c.key == (8, 9)
-    c.observe(3, 3, 0.01)  # all three kept
+    c.record_round(3, 3, 0.01)  # all three kept
     assert c.token_hits == {(8, 9): [1.0, 1.0, 1.0]} and c.token_tests == c.token_hits
-    c.see([5, 6, 3, 4])
+    c.see_tokens([5, 6, 3, 4])
     c.choose()
     assert c.key == (3, 4)
-    c.observe(2, 0, 0.01)  # the first draft rejected
+    c.record_round(2, 0, 0.01)  # the first draft rejected
     # each table fades on its own rounds: (8, 9)'s counts as they were
     assert c.token_tests == {(8, 9): [1.0, 1.0, 1.0], (3, 4): [1.0, 0.0, 0.0]}
     assert c.token_hits == {(8, 9): [1.0, 1.0, 1.0], (3, 4): [0.0, 0.0, 0.0]}
     a1, a2, a3 = c.acceptance()
     assert c.context_acceptance() == pytest.approx([(0 + a1) / 2, a2, a3])  # key (3, 4)
-    c.see([8, 9])
+    c.see_tokens([8, 9])
     c.choose()
     assert c.context_acceptance() == pytest.approx([(1 + a) / 2 for a in (a1, a2, a3)])
-    c.see([1, 2])  # a key not met before: the estimate below it
+    c.see_tokens([1, 2])  # a key not met before: the estimate below it
     c.choose()
     assert c.context_acceptance() == pytest.approx([a1, a2, a3])
     # on top of the context's estimate, not the pooled one
     c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=1.0,
                      token_weight=2.0)
     for ids, (k, a) in (([1, 2], (3, 1)), ([3, 4], (2, 2)), ([1, 2], (3, 2))):
-        c.see(ids)
+        c.see_tokens(ids)
         c.choose()
-        c.observe(k, a, 0.01)
-    c.see([5, 1, 2])  # key (1, 2) again, in context 2 (the last round kept 2)
+        c.record_round(k, a, 0.01)
+    c.see_tokens([5, 1, 2])  # key (1, 2) again, in context 2 (the last round kept 2)
     c.choose()
     hits, tests = c.token_hits[(1, 2)], c.token_tests[(1, 2)]
     # its two rounds: tests (1, 1, 0) x 0.5 + (1, 1, 1), hits (1, 0, 0) x 0.5 + (1, 1, 0)
@@ -160,9 +160,9 @@ def test_acceptance_keyed_by_the_ids_a_round_starts_from():
     assert c.context_acceptance() == pytest.approx(
         [(h + 2.0 * b) / (t + 2.0) for h, t, b in zip(hits, tests, below)])
     off = BlockChooser(3, token_weight=None)
-    off.see([1, 2, 3])
+    off.see_tokens([1, 2, 3])
     off.choose()
-    off.observe(3, 3, 0.01)
+    off.record_round(3, 3, 0.01)
     assert off.key is None and off.token_tests == {}
 
 
@@ -185,11 +185,11 @@ def test_on_looping_text_the_ids_tell_the_rounds_apart():
 def test_first_rounds_measure_widths_one_and_two_then_go_straight_to_the_lines_choice():
     c = BlockChooser(5, prior=0.5, prior_weight=1.0)
     assert c.choose() == 0
-    c.observe(0, 0, 0.010)
+    c.record_round(0, 0, 0.010)
     # width 1 alone measured: width 2 is valued at its cost; wider ones have no estimate yet
     assert c.costs() == [0.010, 0.010, None, None, None, None]
     assert c.choose() == 1  # 1.5 / 0.010 > 1 / 0.010
-    c.observe(1, 1, 0.012)
+    c.record_round(1, 1, 0.012)
     # a_1 = (1 + 0.5) / 2 = 0.75; a_2.. = a_1 never judged, valued at 0.75 + 0.4 / 1 ** 0.75, at
     # most 1; the unmeasured widths on the line through widths 1 and 2 (2 ms a width)
     assert c.optimistic_acceptance() == [0.75, 1.0, 1.0, 1.0, 1.0]
@@ -199,7 +199,7 @@ def test_first_rounds_measure_widths_one_and_two_then_go_straight_to_the_lines_c
     assert c.choose() == 5
     assert c.choose(limit=2) == 2  # the token budget bounds it
     w6 = 0.070 / 3
-    c.observe(5, 0, w6)  # a dear width 6 that kept nothing
+    c.record_round(5, 0, w6)  # a dear width 6 that kept nothing
     # width 6, the widest measured, has one measured drafting width below it (width 1's round
     # is the plain step, no point on the drafting widths' line): no line to pool it with, its
     # median as measured; widths 3-5 on the line from 2 to 6
@@ -248,7 +248,7 @@ def simulate(chooser, acceptance, cost, rounds, cost_of=None):
         k = chooser.choose()
         accepted = next((j for j in range(k) if not acceptance[j]), k)
         wall = cost_of(r, k + 1) if cost_of else cost[k]
-        chooser.observe(k, accepted, wall)
+        chooser.record_round(k, accepted, wall)
         choices.append(k)
     return choices
 
@@ -302,7 +302,7 @@ def test_an_early_rejection_does_not_stop_drafting():
     c, choices, drafted = BlockChooser(5), [], 0
     for _ in range(40):
         k = c.choose()
-        c.observe(k, 0 if (k and not drafted) else k, cost[k])
+        c.record_round(k, 0 if (k and not drafted) else k, cost[k])
         drafted += k > 0
         choices.append(k)
     # after the kept draft a_1 = (1 + 2.1) / (0.98 + 1 + 3) = 0.622 at every position, which
@@ -315,7 +315,7 @@ def test_an_early_rejection_does_not_stop_drafting():
     c, choices, drafted = BlockChooser(5, min_evidence=0), [], 0
     for _ in range(40):
         k = c.choose()
-        c.observe(k, 0 if (k and not drafted) else k, cost[k])
+        c.record_round(k, 0 if (k and not drafted) else k, cost[k])
         drafted += k > 0
         choices.append(k)
     assert choices == [0, 1, 0, 0, 0, 0, 1, 3] + [5] * 32
@@ -352,11 +352,11 @@ def test_stopping_weighs_draft_1_at_least_at_the_pooled_estimate():
     own rounds only: an opening's rejections would stop drafting for good)."""
     def session(**kw):
         c = BlockChooser(1, **kw)
-        c.observe(0, 0, 0.010)
+        c.record_round(0, 0, 0.010)
         for _ in range(4):
-            c.observe(1, 1, 0.015)  # kept (contexts: none, then 1)
-        c.observe(1, 0, 0.015)  # chosen in context 1: rejected
-        c.observe(1, 0, 0.015)  # chosen in context 0: rejected
+            c.record_round(1, 1, 0.015)  # kept (contexts: none, then 1)
+        c.record_round(1, 0, 0.015)  # chosen in context 1: rejected
+        c.record_round(1, 0, 0.015)  # chosen in context 0: rejected
         return c
 
     c = session()
@@ -374,17 +374,17 @@ def test_stopping_weighs_draft_1_at_least_at_the_pooled_estimate():
     # judged there 4 times (decayed: 3.882, the last a kept draft): the context's own estimate
     # would stop, the pooled one keeps drafting
     c = session()
-    c.observe(1, 0, 0.015)  # context 0 again: rejected
-    c.observe(1, 0, 0.015)  # context 0 again: rejected
-    c.observe(1, 1, 0.015)  # context 0: kept, next context 1
-    c.observe(1, 0, 0.015)  # context 1: rejected, back in context 0
+    c.record_round(1, 0, 0.015)  # context 0 again: rejected
+    c.record_round(1, 0, 0.015)  # context 0 again: rejected
+    c.record_round(1, 1, 0.015)  # context 0: kept, next context 1
+    c.record_round(1, 0, 0.015)  # context 1: rejected, back in context 0
     assert c.context_tests[0] == [pytest.approx(1 + 0.98 + 0.98 ** 2 + 0.98 ** 3)]
     a = c.context_acceptance()[0]
     assert (1 + a) / 0.015 < 1 / 0.010 < (1 + c.acceptance()[0]) / 0.015
     assert c.choose() == 1
     # once the pooled estimate falls below what drafting needs too, no drafts
     for _ in range(3):
-        c.observe(1, 0, 0.015)
+        c.record_round(1, 0, 0.015)
     assert (1 + c.acceptance()[0]) / 0.015 < 1 / 0.010
     assert c.choose() == 0
 
@@ -462,7 +462,7 @@ def test_pooled_cost_is_the_median_or_the_line_through_its_neighbours_if_cheaper
     observed = [(1, 0.010), (2, 0.030), (3, 0.020), (3, 0.022), (4, 0.040), (5, 0.090)]
     c = BlockChooser(4, pooling=1.0)
     for w, wall in observed:
-        c.observe(w - 1, w - 1, wall)
+        c.record_round(w - 1, w - 1, wall)
     # width 1 is no point on the line (its round is the plain step, without drafts), so width 2,
     # the narrowest drafting width, has no line through neighbours on both sides: 0.030
     # width 3, between 2 (0.030) and 4 (0.040): the line says 0.035, dearer: its median 0.021
@@ -472,13 +472,13 @@ def test_pooled_cost_is_the_median_or_the_line_through_its_neighbours_if_cheaper
     assert c.costs() == pytest.approx([0.010, 0.030, 0.021, 0.040, 0.0745])
     raw = BlockChooser(4, pooling=0.0)
     for w, wall in observed:
-        raw.observe(w - 1, w - 1, wall)
+        raw.record_round(w - 1, w - 1, wall)
     assert raw.pooled() == pytest.approx({1: 0.010, 2: 0.030, 3: 0.021, 4: 0.040, 5: 0.090})
     # extrapolated to the widest, the line never falls below the nearer width's median: through
     # widths 2 (0.016) and 3 (0.014) it says 0.012 at width 4, taken as 0.014: (0.020 + 0.014) / 2
     down = BlockChooser(3, pooling=1.0)
     for w, wall in [(1, 0.010), (2, 0.016), (3, 0.014), (4, 0.020)]:
-        down.observe(w - 1, w - 1, wall)
+        down.record_round(w - 1, w - 1, wall)
     assert down.pooled() == pytest.approx({1: 0.010, 2: 0.016, 3: 0.014, 4: 0.017})
 
 
@@ -491,10 +491,10 @@ def test_a_cold_first_round_does_not_make_wide_rounds_look_cheap():
     widths' line: width 6 keeps its own median, and narrower widths are chosen."""
     c = BlockChooser(5, prior=0.5, prior_weight=1.0)
     for drafts, kept, wall in [(0, 0, 0.018), (1, 1, 0.0125), (5, 3, 0.021)]:
-        c.observe(drafts, kept, wall)
+        c.record_round(drafts, kept, wall)
     assert c.pooled() == pytest.approx({1: 0.018, 2: 0.0125, 6: 0.021})
     for _ in range(4):  # four more width-6 rounds keeping drafts 1-3 only
-        c.observe(5, 3, 0.021)
+        c.record_round(5, 3, 0.021)
     assert c.pooled()[6] == pytest.approx(0.021)
     # drafts 4 and 5 were judged in all five width-6 rounds and never kept: a_4 is near 0, and
     # width 6 (21 ms, 4 tokens at most) loses to width 4 (on the line from 2 to 6: 16.75 ms)
@@ -529,11 +529,11 @@ def replay_trace(chooser, L, n=128, tokens=None):
     emitted, p, choices, seen = 1, 0, [], 0
     while emitted < n:
         if tokens is not None:
-            chooser.see(tokens[seen : p + 1])
+            chooser.see_tokens(tokens[seen : p + 1])
             seen = p + 1
         k = chooser.choose(min(chooser.max_drafts, n - emitted - 1))
         a = min(L[p], k)
-        chooser.observe(k, a, RECORD_COST[k])
+        chooser.record_round(k, a, RECORD_COST[k])
         choices.append(k)
         emitted += a + 1
         p += a + 1
@@ -578,7 +578,7 @@ def test_a_choice_without_drafts_commits_to_the_rounds_before_the_next_probe():
         k = c.choose()
         choices.append(k)
         stretches.append(c.undrafted_stretch() if k == 0 else None)
-        c.observe(k, 0, cost[k])
+        c.record_round(k, 0, cost[k])
     for i, (k, n) in enumerate(zip(choices, stretches)):
         if k == 0 and i + n < len(choices):
             assert choices[i : i + n] == [0] * n and choices[i + n] == 1, i  # then a probe
@@ -590,7 +590,7 @@ def test_round_costs_carry_a_sessions_measurements_into_its_next_generation():
     first = BlockChooser(5, round_costs=shared)
     for drafts, wall in [(0, 0.010), (1, 0.012), (5, 0.021), (5, 0.020), (5, 0.019), (5, 0.020),
                          (5, 0.020)]:
-        first.observe(drafts, drafts, wall)
+        first.record_round(drafts, drafts, wall)
     assert list(shared.of(6)) == [0.020, 0.019, 0.020, 0.020]  # the last 4 of width 6
     assert (list(shared.of(1)), list(shared.of(2)), list(shared.of(3))) == ([0.010], [0.012], [])
     # the next generation starts from those samples, as old as they are: widths 1 and 2 were
@@ -605,7 +605,7 @@ def test_round_costs_carry_a_sessions_measurements_into_its_next_generation():
     assert second.costs() == pytest.approx([0.010, 0.012, 0.014, 0.016, 0.018, 0.020])
     assert second.choose() == 5
     assert BlockChooser(5).choose() == 0  # a generation on its own measures width 1 first
-    second.observe(5, 5, 0.030)  # and adds its own samples for the next one
+    second.record_round(5, 5, 0.030)  # and adds its own samples for the next one
     assert list(shared.of(6)) == [0.019, 0.020, 0.020, 0.030]
     assert (shared.rounds, shared.measured_at[6]) == (8, 8)
     # a width not timed for stale_rounds rounds of the session is re-measured: width 1 here
@@ -620,8 +620,8 @@ def test_round_costs_of_no_generation_change_nothing():
     for wall in (0.010, 0.012, 0.011, 0.013):
         k = fresh.choose()
         assert shared.choose() == k
-        fresh.observe(k, 0, wall)
-        shared.observe(k, 0, wall)
+        fresh.record_round(k, 0, wall)
+        shared.record_round(k, 0, wall)
     assert shared.median == fresh.median and shared.measured_at == fresh.measured_at
 
 

@@ -14,7 +14,7 @@ def run(chooser, rounds, rate):
     for _ in range(rounds):
         tree = chooser.choose()
         shapes.append(tree)
-        chooser.observe(tree, 3, 3 / rate[tree], drafts=2)
+        chooser.record_round(tree, 3, 3 / rate[tree], drafts=2)
     return shapes
 
 
@@ -58,11 +58,11 @@ def test_the_rate_is_mean_tokens_over_median_time():
     median of per-round rates would say 100."""
     c = ShapeChooser(depth=3)
     for tokens, seconds in [(1, 0.5), (1, 0.01), (1, 0.01), (6, 0.01), (1, 0.01)]:
-        c.observe(CHAIN, tokens, seconds)
+        c.record_round(CHAIN, tokens, seconds)
     assert c.rate(CHAIN) == 2 / 0.01 and c.rate(TREE) == 0.0
 
 
 def test_a_round_without_time_counts_but_gives_no_rate():
     c = ShapeChooser(depth=2)
-    c.observe(TREE, 3, 0.0)
+    c.record_round(TREE, 3, 0.0)
     assert c.rate(TREE) == 0.0 and c.rounds[TREE] == 1 and c.since[CHAIN] == 1

@@ -120,8 +120,8 @@ def first_child_walk(tree, picks):
 def test_the_same_test_rejects_a_walk_biased_to_first_children(soft_model, plain_reference,
                                                                monkeypatch):
     exact, plain, _ = plain_reference
-    monkeypatch.setattr(draft_tree, "walk", first_child_walk)
-    assert round_steps.draft_tree.walk is first_child_walk
+    monkeypatch.setattr(draft_tree, "accepted_path", first_child_walk)
+    assert round_steps.draft_tree.accepted_path is first_child_walk
     draws = tree_draws(soft_model, N_MTP, RunStats())
     assert two_sample(draws, plain)[2] < ALPHA
     assert goodness_of_fit(draws, exact)[2] < ALPHA

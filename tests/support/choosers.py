@@ -17,9 +17,9 @@ class ScriptedChooser(BlockChooser):
         self.asked += 1
         return min(k, self.max_drafts if limit is None else limit)
 
-    def observe(self, drafts, accepted, wall_s):
+    def record_round(self, drafts, accepted, wall_s):
         self.observed.append(drafts)
-        super().observe(drafts, accepted, wall_s)
+        super().record_round(drafts, accepted, wall_s)
 
 
 class StretchChooser(ScriptedChooser):
@@ -52,6 +52,6 @@ class ScriptedBatchChooser(BatchChooser):
         self.asked += 1
         return k
 
-    def observe(self, size, drafts, tokens, wall_s):
+    def record_round(self, size, drafts, tokens, wall_s):
         self.observed.append((size, drafts, tokens))
-        super().observe(size, drafts, tokens, wall_s)
+        super().record_round(size, drafts, tokens, wall_s)
