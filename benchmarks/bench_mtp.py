@@ -39,8 +39,9 @@ from benchmarks import common
 from benchmarks.common import mtp_decode, plain_decode
 from mlx_lm.sample_utils import make_logits_processors
 
+from mlx_mtp.decoding.acceptance import REQUESTABLE_RULES
 from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
-from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
+from mlx_mtp.decoding.sampling import make_sampler
 from mlx_mtp.decoding.stats import PHASES
 from mlx_mtp.generate import encode_prompt
 from mlx_mtp.models.options import DraftOptions

@@ -25,11 +25,12 @@ from mlx_mtp.cli import (Parser, block_size, block_size_or_auto, cli_main, draft
                          unit_interval)
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops, native
+from mlx_mtp.decoding.acceptance import REQUESTABLE_RULES
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.decoding.plain import plain_generate_step
 from mlx_mtp.decoding.rounds import (MAX_BLOCK_SIZE, check_no_draft_model, generate_step,
                                      speculative_generate_step)
-from mlx_mtp.decoding.sampling import REQUESTABLE_RULES, make_sampler
+from mlx_mtp.decoding.sampling import make_sampler
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.demo import (DEMO_DECODE, REPETITION_CONTEXT_SIZE, model_or_demo,
                           repetition_settings)

@@ -1,11 +1,11 @@
 """Rounds for several sequences at once: every round drafts for each sequence, verifies all
 their blocks in one target forward, then walks, rolls back and emits per sequence.
 
-Each sequence is a generation of its own (``round_session``: its request, draws, stats, caches,
-drafter and chooser); only the target forward and its LM head are shared, their rows packed
-(``mlx_mtp.models.packed_rows``), and the drafter's head steps where the family batches them
-(``Drafter.draft_batch``). A sequence joins between rounds (its prompt prefilled alone) and leaves
-when its consumer stops reading. At temperature 0 each sequence's tokens are what it decodes
+Each sequence is a generation of its own (``round_session``: its request, acceptance rule,
+stats, caches, drafter and chooser); only the target forward and its LM head are shared, their
+rows packed (``mlx_mtp.models.packed_rows``), and the drafter's head steps where the family
+batches them (``Drafter.draft_batch``). A sequence joins between rounds (its prompt prefilled
+alone) and leaves when its consumer stops reading. At temperature 0 each sequence's tokens are what it decodes
 alone, byte for byte, where the batch-vs-alone probe (``mlx_mtp.exactness.batch_vs_alone``)
 passes on this device; ``BatchRounds`` refuses to start where it does not.
 """
@@ -22,14 +22,14 @@ from typing import Callable, Deque, Iterator, List, Optional
 import mlx.core as mx
 
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.decoding import keyed_sampling, sampling
+from mlx_mtp.decoding.acceptance import Draft, choose_rule
 from mlx_mtp.decoding.batch_chooser import BatchChooser
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
-from mlx_mtp.decoding.round_session import (Progress, Request, Session, choose_draws,
-                                            open_session, start_stats)
-from mlx_mtp.decoding.round_steps import (Draft, EarlyChoice, Emitted, commit, draft,
-                                          draft_limit, draw_rows, emit, host_read, plan_round,
-                                          prefill_steps, record_round, round_block, walk)
+from mlx_mtp.decoding.round_session import (Progress, Request, Session, open_session,
+                                            start_stats)
+from mlx_mtp.decoding.round_steps import (EarlyChoice, Emitted, commit, draft, draft_limit, emit,
+                                          host_read, plan_round, prefill_steps, record_round,
+                                          round_block, verify_rows, walk)
 from mlx_mtp.decoding.rounds import (checked_max_tokens, checked_prompt, resolve_block_size,
                                      run_round, start_generation)
 from mlx_mtp.decoding.stats import RunStats
@@ -138,14 +138,13 @@ class BatchRounds:
         request = Request(max_tokens, sampler, logits_processors, prefill_step_size, progress,
                           None, block_size, chooser, seed, acceptance, stats)
         drafter = copy.copy(model.drafter)  # its own head cache and drafts; the weights shared
-        draws = choose_draws(model.target, drafter, request)
-        stats = start_stats(request, draws.rule)
-        decision = gate.apply(model, request.widest, stats,
-                              sampling=draws.rule != sampling.GREEDY)
+        rule = choose_rule(request, drafter, model.target.vocab_size)
+        stats = start_stats(request, rule)
+        decision = gate.apply(model, request.widest, stats, sampling=rule.samples)
         if not decision.mtp_enabled:
             raise MTPError(f"batched rounds: the exactness gate declined MTP: "
                            f"{decision.reason}")
-        session = open_session(model, make_prompt_cache(model), KVSettings(), None, drafter, draws,
+        session = open_session(model, make_prompt_cache(model), KVSettings(), None, drafter, rule,
                                stats, request, prompt.size)
         seq = BatchedSequence(session, prefill_steps(session, prompt, request, exact=True))
         seq.join_step()
@@ -204,15 +203,15 @@ class BatchRounds:
                 widths = [b.shape[0] for b in blocks]
                 logits = split_rows(target.logits(mx.concatenate(hidden, axis=1)[0]), widths,
                                     axis=0)
-                drawn = [draw_rows(s.session, s.progress, p, b, l)
-                         for s, p, b, l in zip(seqs, proposals, blocks, logits)]
-                hosts = host_read(drawn)
+                rows = [verify_rows(s.session, s.progress, p, b, l)
+                        for s, p, b, l in zip(seqs, proposals, blocks, logits)]
+                hosts = host_read(rows)
             done = []
             accepts = []  # (sequence, hidden rows, ids) its drafter accepts
-            for s, plan, proposal, h, d, host in zip(seqs, plans, proposals, hidden, drawn,
+            for s, plan, proposal, h, r, host in zip(seqs, plans, proposals, hidden, rows,
                                                       hosts):
                 s.stats.host_syncs += 1
-                verified = walk(s.session, plan, proposal, h, d, host, verify_start)
+                verified = walk(s.session, plan, proposal, h, r, host, verify_start)
                 pending = []
                 commit(s.session, s.progress, plan, verified, pending_accepts=pending)
                 accepts += [(s, *pair) for pair in pending]
@@ -241,12 +240,11 @@ class BatchRounds:
                 for s in seqs]
 
     def _draft(self, seqs: List[BatchedSequence], plans) -> List[Draft]:
-        """Every sequence's drafts: the greedy drafters' head steps batched, where the family
-        batches them (``draft_batch``); a sampling drafter drafts on its own."""
+        """Every sequence's drafts: the argmax drafts' head steps batched, where the family
+        batches them (``draft_batch``); a rule that samples its drafts drafts on its own."""
         proposals = [Draft() for _ in seqs]
         together = [i for i, (s, p) in enumerate(zip(seqs, plans))
-                    if p.drafts > 0 and s.session.draws.rule != keyed_sampling.COUPLED
-                    and s.session.draws.streams is None]
+                    if p.drafts > 0 and s.session.rule.drafts_argmax]
         batched = hasattr(self.model.drafter, "draft_batch") and len(together) > 1
         for i, (s, plan) in enumerate(zip(seqs, plans)):
             if not (batched and i in together):

@@ -1,19 +1,16 @@
 """Sampling keyed by output position, so that sampled output does not depend on the drafts.
 
-With ``block_size="auto"`` the number of drafts per round follows wall-clock measurements, which
-differ run to run. Sampled output must not: with a seed it is reproducible. So under ``auto`` the
-token at output position n is always the target's own draw
+Under ``block_size="auto"`` the drafts per round follow wall-clock measurements, which differ
+run to run; seeded sampled output must not. So there the token at output position n is always
     t_n = argmax(logits_n + G_n),   G_n = Gumbel noise from the key of (seed, n)
-(the Gumbel-max form of sampling from softmax(logits_n); ``logits_n`` are the user's processed,
-filtered, temperature-scaled logits, as ``mlx_mtp.decoding.sampling.Sampler.logits``). A draft
-is kept while it equals that draw. t_n depends on the tokens before n and on G_n only, never on
-how the rounds were cut, so the output is plain sampling with per-position keys whatever the
-widths.
+(the Gumbel-max form of sampling from softmax(logits_n), ``logits_n`` as
+``mlx_mtp.decoding.sampling.Sampler.logits``). A draft is kept while it equals that draw; t_n
+depends on the tokens before n and on G_n only, never on how the rounds were cut.
 
-Drafts: ``point-mass`` uses the drafter's greedy drafts; ``gumbel-coupled`` draws draft n with
-the same G_n from the drafter's own distribution q_n, so a draft is kept exactly when the two
-Gumbel-max draws agree (always when q_n == p_n; Gumbel coupling, the "coupling without
-communication" of Daliri et al. 2024). Neither rule needs q's probabilities.
+Drafts (``mlx_mtp.decoding.acceptance``): ``point-mass`` takes the drafter's greedy drafts;
+``gumbel-coupled`` draws draft n with the same G_n from the drafter's own q_n
+(``CoupledDraftSampler``), so a draft is kept exactly when the two Gumbel-max draws agree (always
+when q_n == p_n; the "coupling without communication" of Daliri et al. 2024).
 """
 
 from __future__ import annotations
@@ -23,9 +20,6 @@ from typing import Optional, Sequence
 import mlx.core as mx
 
 from mlx_mtp.decoding import sampling
-from mlx_mtp.errors import MTPError
-
-COUPLED = "gumbel-coupled"
 
 
 class PositionKeys:
@@ -88,18 +82,3 @@ class CoupledDraftSampler(sampling.DraftSampler):
     def drafts(self) -> mx.array:
         return mx.concatenate(self.ids)
 
-
-def choose_rule(sampler, drafter, requested: str) -> str:
-    """The acceptance rule of an ``auto`` block-size run: greedy at temperature 0; else
-    ``gumbel-coupled`` when the drafter can sample and the sampler says what it samples from,
-    ``point-mass`` otherwise or on request. Speculative sampling is refused: its draws depend on
-    how many drafts each round made, which ``auto`` decides from timings."""
-    rule = sampling.choose_rule(sampler, drafter, requested)
-    if rule == sampling.SPECULATIVE:
-        if requested == sampling.SPECULATIVE:
-            raise MTPError(
-                "acceptance speculative-sampling cannot be reproduced with block size auto (its "
-                "draws depend on the drafts per round, which auto picks from timings): use a "
-                "fixed block size, or acceptance auto (gumbel-coupled) or point-mass")
-        return COUPLED
-    return rule

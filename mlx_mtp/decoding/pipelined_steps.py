@@ -8,7 +8,6 @@ from typing import Generator, Optional, Tuple
 
 import mlx.core as mx
 
-from mlx_mtp.decoding import keyed_sampling
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.round_session import Progress, Session, logprobs_of
 from mlx_mtp.decoding.round_steps import Emitted
@@ -71,14 +70,10 @@ def pipelined_steps(session: Session, progress: Progress, count: int, *, stretch
 def _step(session: Session, token: mx.array, history: Optional[mx.array], position: int
           ) -> Tuple[mx.array, mx.array, mx.array]:
     """One decode step, lazy: ``(hidden, next token [1], logprobs [1, V])``."""
-    target, draws = session.target, session.draws
+    target, rule = session.target, session.rule
     hidden = target.decode(token[None], session.cache)
     logits = target.logits(hidden[0])
-    if draws.processors:
-        logits = sampling.process_rows(logits, history, token, draws.processors)
+    if rule.processors:
+        logits = sampling.process_rows(logits, history, token, rule.processors)
     logprobs = logprobs_of(logits)
-    if draws.keys is not None:
-        drawn = keyed_sampling.draw(draws.sampler, logprobs, draws.keys, position, logits=logits)
-    else:
-        drawn = draws.sampler(logprobs)
-    return hidden, drawn, logprobs
+    return hidden, rule.draw_token(logits, logprobs, position), logprobs

@@ -1,11 +1,11 @@
 """What one generation of the round loop (``mlx_mtp.decoding.rounds``) works with: the request,
-how its tokens are drawn, the session's fixed parts, and where the output stands.
+the session's fixed parts, and where the output stands.
 
-``Request`` is what the caller asked for; ``Draws`` how tokens are drawn (acceptance rule,
-sampler, logits processors, key streams or per-position keys); ``Session`` the fixed parts of a
-generation once the exactness gate let it run as rounds; ``Progress`` what changes between rounds
-(the bonus token not yet fed to the target, the token history, tokens emitted, and the rounds
-without drafts whose pairs the drafter has not consumed yet).
+``Request`` is what the caller asked for; ``Session`` the fixed parts of a generation once the
+exactness gate let it run as rounds (among them its acceptance rule, ``decoding.acceptance``:
+how tokens are drafted, drawn and kept); ``Progress`` what changes between rounds (the bonus
+token not yet fed to the target, the token history, tokens emitted, and the rounds without
+drafts whose pairs the drafter has not consumed yet).
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
 import mlx.core as mx
-from mlx_lm.sample_utils import greedy_sampler
 
 from mlx_mtp import config as env
-from mlx_mtp.decoding import keyed_sampling
-from mlx_mtp.decoding import sampling
+from mlx_mtp.decoding.acceptance import AcceptanceRule
 from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
 from mlx_mtp.decoding.shape_chooser import ShapeChooser
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.errors import MTPError
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.io.prompt_cache import PromptCache, Turn
 from mlx_mtp.models.draft_tree import TreeShape
@@ -67,53 +64,12 @@ class Request:
         return self.input_embeddings[None, start:stop]
 
 
-@dataclass
-class Draws:
-    """How a generation draws its tokens. At most one of ``streams`` (speculative sampling with a
-    fixed block size) and ``keys`` (sampled under ``auto``: one key per output position, so the
-    output does not depend on the chooser's widths) is set; neither at temperature 0."""
-
-    rule: str  # sampling.GREEDY / POINT_MASS / SPECULATIVE, or keyed_sampling.COUPLED
-    sampler: Sampler
-    processors: List[LogitsProcessor]
-    streams: Optional[sampling.RandomStreams] = None
-    keys: Optional[keyed_sampling.PositionKeys] = None
-
-
-def choose_draws(target: Target, drafter: Optional[Drafter], request: Request) -> Draws:
-    """The acceptance rule for the request's sampler and drafter, and the randomness it needs
-    (the seed drawn from mlx's global random state when none was given)."""
-    chooser = request.chooser
-    rule = (sampling.choose_rule if chooser is None else keyed_sampling.choose_rule)(
-        request.sampler, drafter, request.acceptance)
-    if request.tree is not None and rule == sampling.SPECULATIVE:
-        # A tree's siblings are the head's top-k, not draws from q: each node's target draw is
-        # kept when it equals one of them (the point-mass rule, over siblings).
-        if request.acceptance == sampling.SPECULATIVE:
-            raise MTPError("acceptance speculative-sampling drafts chains: a draft tree "
-                           "(draft_topk above 1) is walked by the point-mass rule")
-        rule = sampling.POINT_MASS
-    if isinstance(request.sampler, sampling.Sampler):
-        request.sampler.check_vocab(target.vocab_size)
-    draws = Draws(rule, request.sampler or greedy_sampler,  # argmax over the last axis
-                  list(request.logits_processors or []))
-    if rule == sampling.SPECULATIVE or (chooser is not None and rule != sampling.GREEDY):
-        seed = request.seed
-        if seed is None:
-            seed = mx.random.randint(0, 2**31 - 1).item()
-        if chooser is None:
-            draws.streams = sampling.RandomStreams(seed)
-        else:
-            draws.keys = keyed_sampling.PositionKeys(seed)
-    return draws
-
-
-def start_stats(request: Request, rule: str) -> RunStats:
+def start_stats(request: Request, rule: AcceptanceRule) -> RunStats:
     """The caller's ``RunStats`` (or a fresh one) with the session's block size and rule."""
     stats = request.stats if request.stats is not None else RunStats()
     stats.block_size = request.block_size if request.chooser is None else AUTO
     stats.max_block_size = request.block_size
-    stats.acceptance_rule = rule
+    stats.acceptance_rule = rule.name
     if request.tree is not None:
         stats.draft_topk, stats.draft_tokens = request.tree.topk, request.tree.nodes
     return stats
@@ -128,7 +84,7 @@ class Session:
     kv: KVSettings
     turn: Optional[Turn]  # a caller's prompt cache: reported to after the prefill and each round
     drafter: Optional[Drafter]  # None at block size 1
-    draws: Draws
+    rule: AcceptanceRule
     stats: RunStats
     chooser: Optional[BlockChooser]  # ``auto``: chooses each round's drafts
     max_tokens: int
@@ -156,7 +112,7 @@ class Session:
     def plain_decode(self) -> bool:
         """Block size 1 without anything a round must do: no verify block, no keyed draws, no
         prompt-cache turn, no KV quantization, no split. Decodes as mlx-lm does."""
-        return (self.drafter is None and self.draws.keys is None and self.turn is None
+        return (self.drafter is None and not self.rule.keyed and self.turn is None
                 and not self.kv.enabled and self.split is None)
 
     @property
@@ -172,7 +128,8 @@ class Session:
 
 
 def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Optional[Turn],
-                 drafter: Optional[Drafter], draws: Draws, stats: RunStats, request: Request,
+                 drafter: Optional[Drafter], rule: AcceptanceRule, stats: RunStats,
+                 request: Request,
                  prompt_len: int) -> Session:
     """The session once the gate let MTP run. The draft and the accept hook are queued
     (``mx.async_eval``), not waited for: the verify graph is built in Python while they compute,
@@ -182,7 +139,7 @@ def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Opti
     queue = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
-    session = Session(model, cache, kv, turn, drafter, draws, stats, request.chooser,
+    session = Session(model, cache, kv, turn, drafter, rule, stats, request.chooser,
                       request.max_tokens, request.block_size - 1, prompt_len, queue, split,
                       crossings, tree=request.tree,
                       shapes=(ShapeChooser(request.block_size - 1)

@@ -17,8 +17,8 @@ import mlx.core as mx
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import pin as cpu_pin
-from mlx_mtp.decoding import keyed_sampling
 from mlx_mtp.decoding import sampling
+from mlx_mtp.decoding.acceptance import Draft
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
 from mlx_mtp.io.prompt_cache import forget_drafter
@@ -126,7 +126,7 @@ def _first_token(session: Session, prompt: mx.array, request: Request
                  ) -> Tuple[mx.array, mx.array, mx.array, Optional[mx.array], list]:
     """The prompt's last token through the target, and the first token drawn from it:
     ``(hidden, token [1], logprobs [1, V], history, cache entries KV quantization replaced)``."""
-    target, drafter, cache, draws = session.target, session.drafter, session.cache, session.draws
+    target, drafter, cache, rule = session.target, session.drafter, session.cache, session.rule
     prompt_len = session.prompt_len
     last = prompt[None, prompt_len - 1 :]
     embeddings = request.embeddings(prompt_len - 1, prompt_len)
@@ -134,17 +134,12 @@ def _first_token(session: Session, prompt: mx.array, request: Request
     # for one token (``decode``) unless the step takes input embeddings.
     hidden = (target.decode(last, cache) if embeddings is None
               else target.prefill(last, cache, embeddings))
-    history = prompt if draws.processors else None  # mlx-lm feeds processors the whole history
+    history = prompt if rule.processors else None  # mlx-lm feeds processors the whole history
     logits = target.logits(hidden[:, -1])
-    for processor in draws.processors:
+    for processor in rule.processors:
         logits = processor(history, logits)
     logprobs = logprobs_of(logits)
-    if draws.keys is not None:
-        token = keyed_sampling.draw(draws.sampler, logprobs, draws.keys, 0, logits=logits)
-    elif draws.streams is None:
-        token = draws.sampler(logprobs)
-    else:
-        token = draws.sampler.sample(logprobs, draws.streams.target())
+    token = rule.draw_token(logits, logprobs, 0)
     history = sampling.append_history(history, token)
     if drafter is not None:
         drafter.prefill(hidden, token)
@@ -229,45 +224,23 @@ def _feed_deferred(session: Session, progress: Progress) -> None:
 # ------------------------------------------------------------------------------------ draft
 
 
-@dataclass
-class Draft:
-    """A round's drafts on the device, and what the acceptance rule needs of them."""
-
-    ids: Optional[mx.array] = None  # [k] uint32; None without drafts
-    probs: Optional[mx.array] = None  # speculative sampling: the drafter's q rows
-    prob_ids: Optional[mx.array] = None  # the target ids of q's columns (a draft vocabulary)
-    noise: tuple = ()  # coupled drafts' G_n, reused by the target's draws at those positions
-    tree: Optional[DraftTree] = None  # a draft tree: ``ids`` are its nodes, breadth first
-
-
 def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
-    """The drafter's ``plan.drafts`` proposals, queued as the block's one evaluation."""
-    proposal = Draft()
+    """The drafter's ``plan.drafts`` proposals (a chain by the acceptance rule, or a tree),
+    queued as the block's one evaluation."""
     if plan.drafts == 0:
-        return proposal
-    drafter, draws, stats = session.drafter, session.draws, session.stats
-    vocab_size = session.target.vocab_size
+        return Draft()
+    drafter, stats = session.drafter, session.stats
     with stats.phase("draft"):
         syncs = drafter.syncs
-        if draws.rule == keyed_sampling.COUPLED:
-            sampler = keyed_sampling.CoupledDraftSampler(
-                draws.sampler, draws.keys, progress.emitted, vocab_size, draws.processors,
-                progress.history)
-            drafter.draft_sampled(plan.drafts, sampler)
-            proposal.ids, proposal.noise = sampler.drafts(), sampler.noise
-        elif plan.tree:
+        if plan.tree:  # (trees run with the rules that keep drafts equal to the target's draws)
             nodes = session.tree.nodes
             if session.shapes is not None:  # auto: the budget scales with the round's depth
                 nodes = min(nodes, session.tree.topk * plan.drafts)
-            proposal.tree = drafter.draft_tree(session.tree.topk, nodes, plan.drafts)
-            proposal.ids = proposal.tree.ids
-        elif draws.streams is None:
-            proposal.ids = drafter.draft(plan.drafts)
+            tree = drafter.draft_tree(session.tree.topk, nodes, plan.drafts)
+            proposal = Draft(ids=tree.ids, tree=tree)
         else:
-            sampler = sampling.DraftSampler(draws.sampler, draws.streams.draft(), vocab_size,
-                                            draws.processors, progress.history)
-            drafter.draft_sampled(plan.drafts, sampler)
-            proposal.ids, proposal.probs, proposal.prob_ids = sampler.result()
+            proposal = session.rule.draft(drafter, plan.drafts, progress.history,
+                                          progress.emitted, session.target.vocab_size)
         session.queue(proposal.ids, proposal.probs if proposal.probs is not None else [])
         stats.draft_syncs += 1 + drafter.syncs - syncs
     return proposal
@@ -306,10 +279,10 @@ def verify_and_walk(session: Session, progress: Progress, plan: RoundPlan, propo
             hidden = target.verify(block[None], session.cache)
         else:
             hidden = target.decode(block[None], session.cache)
-        drawn = draw_rows(session, progress, proposal, block, target.logits(hidden[0]))
-        host = host_read([drawn])[0]
+        rows = verify_rows(session, progress, proposal, block, target.logits(hidden[0]))
+        host = host_read([rows])[0]
         stats.host_syncs += 1
-    return walk(session, plan, proposal, hidden, drawn, host, verify_start)
+    return walk(session, plan, proposal, hidden, rows, host, verify_start)
 
 
 def round_block(progress: Progress, proposal: Draft) -> mx.array:
@@ -319,44 +292,36 @@ def round_block(progress: Progress, proposal: Draft) -> mx.array:
 
 
 @dataclass
-class Drawn:
-    """A verified block's rows drawn from, on the device (nothing read yet)."""
+class VerifyRows:
+    """A verified block's rows and the target's draws from them, on the device (nothing read
+    yet)."""
 
     logprobs: mx.array  # [w, V]: processed, as yielded
     target_ids: mx.array  # [w]: the target's draw at every row
     host: mx.array  # what the walk reads: the target's picks, the drafts, any verdicts
 
 
-def draw_rows(session: Session, progress: Progress, proposal: Draft, block: mx.array,
-              logits: mx.array) -> Drawn:
-    """The target's draw at every row of a verified block from its ``logits [w, V]``, and what
-    the walk will read of it."""
-    draws = session.draws
-    if draws.processors:
+def verify_rows(session: Session, progress: Progress, proposal: Draft, block: mx.array,
+                logits: mx.array) -> VerifyRows:
+    """The target's draw at every row of a verified block from its ``logits [w, V]`` (by the
+    acceptance rule), and what the walk will read of it."""
+    rule = session.rule
+    if rule.processors:
         paths = (None if proposal.tree is None
                  else [proposal.tree.path(i) for i in range(len(proposal.tree.parents))])
-        logits = sampling.process_rows(logits, progress.history, block, draws.processors,
+        logits = sampling.process_rows(logits, progress.history, block, rule.processors,
                                        paths)
     logprobs = logprobs_of(logits)
-    parts = [] if proposal.ids is None else [proposal.ids]
-    if draws.keys is not None:
-        target_ids = keyed_sampling.draw(draws.sampler, logprobs, draws.keys,
-                                         progress.emitted, logits=logits,
-                                         noise=proposal.noise)
-    elif draws.streams is None:
-        target_ids = draws.sampler(logprobs)
-    else:  # p from the logits: the logprobs stay lazy (computed if read)
-        verdicts, target_ids = sampling.rejection_sample(
-            draws.sampler.probs(logits), proposal.probs, block[1:], draws.streams.target(),
-            proposal.prob_ids)
-        parts.append(verdicts.astype(mx.uint32))
-    return Drawn(logprobs, target_ids, mx.concatenate([target_ids, *parts]))
+    drafts = [] if proposal.ids is None else [proposal.ids]
+    target_ids, verdicts = rule.draw_targets(logits, logprobs, proposal, block,
+                                             progress.emitted)
+    return VerifyRows(logprobs, target_ids, mx.concatenate([target_ids, *drafts, *verdicts]))
 
 
-def host_read(drawn: List[Drawn]) -> List[list]:
+def host_read(rows: List[VerifyRows]) -> List[list]:
     """What the walks of one or more verified blocks read, in one read."""
-    sizes = [d.host.shape[0] for d in drawn]
-    flat = mx.concatenate([d.host.astype(mx.uint32) for d in drawn]).tolist()
+    sizes = [r.host.shape[0] for r in rows]
+    flat = mx.concatenate([r.host.astype(mx.uint32) for r in rows]).tolist()
     out, first = [], 0
     for n in sizes:
         out.append(flat[first : first + n])
@@ -364,20 +329,18 @@ def host_read(drawn: List[Drawn]) -> List[list]:
     return out
 
 
-def walk(session: Session, plan: RoundPlan, proposal: Draft, hidden: mx.array, drawn: Drawn,
-         host: list, verify_start: float) -> Verified:
-    """The walk over a verified block (its verify timed from ``verify_start``)."""
+def walk(session: Session, plan: RoundPlan, proposal: Draft, hidden: mx.array,
+         rows: VerifyRows, host: list, verify_start: float) -> Verified:
+    """The walk over a verified block (its verify timed from ``verify_start``): the drafts the
+    acceptance rule keeps, or a tree's accepted path."""
     drafts = plan.drafts
-    logprobs, target_ids = drawn.logprobs, drawn.target_ids
+    logprobs, target_ids = rows.logprobs, rows.target_ids
     width = 1 if proposal.ids is None else proposal.ids.shape[0] + 1
     session.stats.record_verify(width, time.perf_counter() - verify_start)
     if proposal.tree is not None:
         return _walk_tree(session, proposal.tree, hidden, logprobs, target_ids, host)
     picks, drafted = host[: drafts + 1], host[drafts + 1 : 2 * drafts + 1]
-    if session.draws.streams is None:  # greedy / point-mass: drafts equal to the target's picks
-        accepted = sampling.accepted_length([d == t for d, t in zip(drafted, picks)])
-    else:
-        accepted = sampling.accepted_length(host[2 * drafts + 1 :])
+    accepted = session.rule.accepted(picks, drafted, host[2 * drafts + 1 :])
     out_ids = drafted[:accepted] + picks[accepted : accepted + 1]
     new_ids = (target_ids[:1] if accepted == 0
                else mx.concatenate([proposal.ids[:accepted], target_ids[accepted : accepted + 1]]))

@@ -32,12 +32,13 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 
 from mlx_mtp import config as env
 from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.decoding.acceptance import AcceptanceRule, choose_rule
 from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE, BlockChooser
 from mlx_mtp.decoding.pipelined_steps import pipelined_steps
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.plain import plain_generate_step
-from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Draws, Progress, Request, Session,
-                                            choose_draws, open_session, start_stats)
+from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Progress, Request, Session,
+                                            open_session, start_stats)
 from mlx_mtp.decoding.round_steps import (Emitted, choose_ahead, commit, draft, emit, plan_round,
                                           prefill, record_round, verify_and_walk)
 from mlx_mtp.decoding.stats import RunStats
@@ -133,7 +134,7 @@ def speculative_generate_step(
     (``mlx_mtp.decoding.keyed_sampling``), so it does not depend on the choices. ``sampler`` and
     ``logits_processors`` have mlx-lm's meaning; ``logprobs`` are the processed ones, as mlx-lm
     yields them. ``acceptance``: ``auto``, ``point-mass`` or ``speculative-sampling`` (see
-    ``mlx_mtp.decoding.sampling``; temperature 0 is always ``greedy``). ``seed`` seeds the key
+    ``mlx_mtp.decoding.acceptance``; temperature 0 is always ``greedy``). ``seed`` seeds the key
     streams of speculative sampling, or under ``auto`` the per-position keys (default: drawn
     from mlx's global random state). ``draft_topk`` above 1 drafts a tree per round instead of a
     chain (``mlx_mtp.models.draft_tree``): ``draft_topk`` children considered per node, at most
@@ -280,25 +281,25 @@ def _rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSetting
             turn: Optional[Turn], drafter: Optional[Drafter], request: Request
             ) -> Generator[Emitted, None, None]:
     """The generation: the exactness gate, the prefill, then rounds until ``max_tokens``."""
-    draws = choose_draws(model.target, drafter, request)
-    stats = start_stats(request, draws.rule)
+    rule = choose_rule(request, drafter, model.target.vocab_size)
+    stats = start_stats(request, rule)
     profiler = draft_profile.attach(drafter)  # MLX_MTP_DRAFT_PROFILE: checked before any work
     # At T=0 exact or not at all: where a verify block is not byte-identical to single-token
     # decode on this device, the gate declines and the target decodes plainly. A rule that
     # samples promises the distribution: no probe (mlx_mtp.exactness.gate).
     decision = gate.apply(model, request.widest, stats, kv=kv if kv.enabled else None,
-                          sampling=draws.rule != sampling.GREEDY)
+                          sampling=rule.samples)
     if not decision.mtp_enabled:
-        yield from _decode_plainly(prompt, model, cache, kv, turn, draws, stats, request)
+        yield from _decode_plainly(prompt, model, cache, kv, turn, rule, stats, request)
         return
-    if (request.tree is not None and draws.rule == sampling.GREEDY
+    if (request.tree is not None and not rule.samples
             and not gate.apply_tree(model, request.tree.topk, request.tree.nodes,
                                     request.block_size - 1, stats,
                                     kv=kv if kv.enabled else None)):
         request.tree = None  # the tree probe declined: chains, as the stats say
         stats.draft_topk, stats.draft_tokens = 1, None
     stats.draft_profiler = profiler
-    session = open_session(model, cache, kv, turn, drafter, draws, stats, request, prompt.size)
+    session = open_session(model, cache, kv, turn, drafter, rule, stats, request, prompt.size)
     progress, first = prefill(session, prompt, request, exact=decision.exact_verify)
     gate.report_verify(model, stats)
     start_generation(session, first[0])
@@ -344,7 +345,8 @@ def start_generation(session: Session, first_token: int) -> None:
 
 
 def _decode_plainly(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: KVSettings,
-                    turn: Optional[Turn], draws: Draws, stats: RunStats, request: Request
+                    turn: Optional[Turn], rule: AcceptanceRule, stats: RunStats,
+                    request: Request
                     ) -> Iterator[Emitted]:
     """The gate declined: mlx-lm's own decode (``plain_generate_step``), no drafter."""
     stats.acceptance_rule = None
@@ -352,7 +354,7 @@ def _decode_plainly(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: K
         forget_drafter(cache)
         turn.last = None  # mlx-lm's own generate_step keeps the cache as mlx-lm does
     yield from plain_generate_step(prompt, model, max_tokens=request.max_tokens,
-                                   sampler=draws.sampler, logits_processors=draws.processors,
+                                   sampler=rule.sampler, logits_processors=rule.processors,
                                    prefill_step_size=request.prefill_step_size, stats=stats,
                                    prompt_cache=cache, kv=kv, progress=request.progress,
                                    input_embeddings=request.input_embeddings)

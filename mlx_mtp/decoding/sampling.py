@@ -1,27 +1,17 @@
-"""Sampling at temperature > 0 without changing the target's distribution.
+"""Sampling at temperature > 0 without changing the target's distribution: the maths of the
+acceptance rules (``mlx_mtp.decoding.acceptance``). Speculative sampling: the drafter samples
+d_j ~ q_j (``DraftSampler``); the target verifies the block jointly (``rejection_sample``, block
+verification, Sun et al. 2024), keeping the longest prefix that passes and emitting a draw from
+its residual, or the bonus from p after a full accept: lossless like token-by-token verification
+(Leviathan et al. 2023; Chen et al. 2023), never fewer drafts kept on average.
 
-Three acceptance rules, chosen per run by ``choose_rule``:
-  greedy                temperature 0: keep a draft while it equals the target's argmax.
-  point-mass            the drafter proposes deterministically (``draft(k)``) and the target
-                        samples t_i ~ p_i with the user's sampler; a draft is kept while it equals
-                        t_i. This is speculative sampling for a one-hot q (accept w.p. p(d), else
-                        a draw from p without d) and works with any per-row sampler function.
-  speculative-sampling  the drafter samples d_j ~ q_j (``draft_sampled``) and reports q_j; the
-                        target verifies the drafted block jointly (block verification, Sun et al.
-                        2024): it keeps the longest prefix that passes its test and emits a draw
-                        from that prefix's residual, or the bonus from p at the last row after a
-                        full accept. Lossless like token-by-token verification (Leviathan et al.
-                        2023; Chen et al. 2023) and never keeps fewer drafts on average.
-
-p is what mlx-lm's own sampler draws from: the logits after the user's logits processors
-(repetition penalty and friends, fed the token history including the in-block drafted prefix),
-then top-p, min-p, top-k, then temperature, exactly in ``mlx_lm.sample_utils.make_sampler``'s
-order and with its functions.
+p is what mlx-lm's own sampler draws from (``Sampler``): the logits after the user's logits
+processors (fed the history including the in-block drafted prefix, ``process_rows``), then
+top-p, min-p, top-k, then temperature, in ``mlx_lm.sample_utils.make_sampler``'s order.
 
 Cost: on a CPU a pass over the vocabulary with a transcendental (exp, log, random bits) is dear
-next to the rest of a small round, so the speculative-sampling pieces make one exp pass per row
-and draw by inverse CDF (``draw_rows``: one uniform and one running sum per row) instead of
-Gumbel-max over random bits per column.
+next to the rest of a small round, so these pieces make one exp pass per row and draw by inverse
+CDF (``draw_rows``: one uniform and one running sum per row), not Gumbel-max per column.
 """
 
 from __future__ import annotations
@@ -34,10 +24,6 @@ from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 
 from mlx_mtp.errors import MTPError
 
-GREEDY = "greedy"
-POINT_MASS = "point-mass"
-SPECULATIVE = "speculative-sampling"
-REQUESTABLE_RULES = ("auto", POINT_MASS, SPECULATIVE)
 
 
 class Sampler:
@@ -151,31 +137,6 @@ def is_argmax(sampler) -> bool:
     if isinstance(sampler, Sampler):
         return sampler.is_argmax
     return sampler is None or sampler is greedy_sampler
-
-
-def choose_rule(sampler, drafter, requested: str = "auto") -> str:
-    """Which acceptance rule a run uses; ``requested`` is ``auto``, ``point-mass`` or
-    ``speculative-sampling``."""
-    if requested not in REQUESTABLE_RULES:
-        raise MTPError(f"acceptance must be one of {', '.join(REQUESTABLE_RULES)}, "
-                       f"got {requested!r}")
-    if is_argmax(sampler):
-        if requested == SPECULATIVE:
-            raise MTPError("acceptance speculative-sampling needs a temperature above 0")
-        return GREEDY
-    if requested == POINT_MASS:
-        return POINT_MASS
-    knows_p = isinstance(sampler, Sampler)
-    drafts_q = drafter is not None and callable(getattr(drafter, "draft_sampled", None))
-    if requested == SPECULATIVE:
-        if not knows_p:
-            raise MTPError("acceptance speculative-sampling needs a sampler from "
-                           "mlx_mtp.make_sampler: a plain sampler function does not say which "
-                           "distribution it samples from")
-        if not drafts_q:
-            raise MTPError(f"acceptance speculative-sampling needs a drafter with draft_sampled; "
-                           f"{type(drafter).__name__} only drafts greedily")
-    return SPECULATIVE if knows_p and drafts_q else POINT_MASS
 
 
 def accepted_length(accepted: Sequence) -> int:

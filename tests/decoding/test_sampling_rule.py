@@ -12,6 +12,7 @@ from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 
 from mlx_mtp import MTPError
+from mlx_mtp.decoding import acceptance as A
 from mlx_mtp.decoding import sampling as S
 
 
@@ -401,14 +402,14 @@ class CanSample(GreedyOnly):
 
 def test_rule_choice():
     hot = S.make_sampler(temp=0.8)
-    assert S.choose_rule(None, CanSample()) == S.GREEDY
-    assert S.choose_rule(S.make_sampler(), CanSample()) == S.GREEDY
-    assert S.choose_rule(hot, CanSample()) == S.SPECULATIVE
-    assert S.choose_rule(hot, GreedyOnly()) == S.POINT_MASS
-    assert S.choose_rule(hot, None) == S.POINT_MASS
-    assert S.choose_rule(mlx_make_sampler(temp=0.8), CanSample()) == S.POINT_MASS
-    assert S.choose_rule(hot, CanSample(), "point-mass") == S.POINT_MASS
-    assert S.choose_rule(S.make_sampler(), CanSample(), "point-mass") == S.GREEDY
+    assert A.rule_name(None, CanSample()) == A.GREEDY
+    assert A.rule_name(S.make_sampler(), CanSample()) == A.GREEDY
+    assert A.rule_name(hot, CanSample()) == A.SPECULATIVE
+    assert A.rule_name(hot, GreedyOnly()) == A.POINT_MASS
+    assert A.rule_name(hot, None) == A.POINT_MASS
+    assert A.rule_name(mlx_make_sampler(temp=0.8), CanSample()) == A.POINT_MASS
+    assert A.rule_name(hot, CanSample(), "point-mass") == A.POINT_MASS
+    assert A.rule_name(S.make_sampler(), CanSample(), "point-mass") == A.GREEDY
 
 
 @pytest.mark.parametrize("sampler,drafter,requested,message", [
@@ -425,7 +426,7 @@ def test_rule_choice():
 ])
 def test_rule_choice_errors(sampler, drafter, requested, message):
     with pytest.raises(MTPError) as e:
-        S.choose_rule(sampler, drafter, requested)
+        A.rule_name(sampler, drafter, requested)
     assert str(e.value) == message
 
 
