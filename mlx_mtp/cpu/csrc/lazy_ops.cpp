@@ -1,5 +1,5 @@
-// mlx_mtp's C kernels (row_dot.c: the row kernel and the bf16 kernel; gdn_steps.c) as lazy
-// MLX graph ops (CPU only).
+// mlx_mtp's C kernels (row_dot.c: the row kernel, the bf16 kernel and the expert kernel;
+// gdn_steps.c) as lazy MLX graph ops (CPU only).
 //
 // The eager ctypes path (mlx_mtp/cpu/row_kernel.py, mlx_mtp/models/qwen3_5/gdn_kernel.py)
 // evaluates each kernel's inputs (a host sync), converts them to numpy, runs the C function and
@@ -32,6 +32,10 @@ int row_dot_f32(const float* x, std::ptrdiff_t T, std::ptrdiff_t ldx, std::ptrdi
 int bf16_dot_f32(const float* x, std::ptrdiff_t T, std::ptrdiff_t ldx, std::ptrdiff_t K,
                  const std::uint16_t* w, std::ptrdiff_t N, float* y, std::ptrdiff_t ldy,
                  int threads);
+int expert_dot(const float* x, std::ptrdiff_t ldx, std::ptrdiff_t K, const std::uint32_t* idx,
+               std::ptrdiff_t n, std::ptrdiff_t per_row, const void* w, int wsize,
+               std::ptrdiff_t expert_stride, std::ptrdiff_t E, std::ptrdiff_t N, float* y,
+               int threads);
 int gdn_steps_f32_each(const float* q, const float* k, const float* v, const float* g,
                        const float* beta, const float* state, float* y, float* const* states,
                        std::ptrdiff_t B, std::ptrdiff_t T, std::ptrdiff_t Hk, std::ptrdiff_t Hv,
@@ -43,7 +47,7 @@ using namespace mlx::core;
 
 namespace {
 
-constexpr int LAZY_OPS_ABI = 2;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
+constexpr int LAZY_OPS_ABI = 3;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
 
 Stream cpu_stream() { return default_stream(Device::cpu); }
 
@@ -115,6 +119,57 @@ class RowDot : public UnaryPrimitive {
   bool bf16_;
 };
 
+// y [X * k, N]: entry i = (row i / k, slot i % k) is x's row times the transpose of expert
+// idx[i]'s weight (w [E, N, K], each expert's [N, K] row-major; the experts may sit at any
+// stride, as the halves of a fused gate/up stack do), grouped by expert so each expert's weight
+// streams once for all its rows (row_dot.c's expert_dot; float32 or bfloat16 weights).
+class ExpertDot : public UnaryPrimitive {
+ public:
+  ExpertDot(Stream s, int threads) : UnaryPrimitive(s), threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    const array& x = inputs[0];
+    const array& idx = inputs[1];
+    const array& w = inputs[2];
+    check_dense(x, "the expert kernel's input");
+    if (idx.dtype() != uint32 || !idx.flags().row_contiguous)
+      throw std::invalid_argument(
+          "mlx_mtp lazy kernel: the expert kernel's indices must be row-contiguous uint32");
+    const std::ptrdiff_t E = w.shape(0), N = w.shape(1), K = w.shape(2);
+    if ((w.dtype() != float32 && w.dtype() != bfloat16) || w.strides()[2] != 1 ||
+        w.strides()[1] != K)
+      throw std::invalid_argument(
+          "mlx_mtp lazy kernel: the expert kernel's weight must be float32 or bfloat16 "
+          "[E, N, K] with each expert's rows contiguous");
+    out.set_data(allocator::malloc(out.nbytes()));
+    auto& encoder = cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(idx);
+    encoder.set_input_array(w);
+    encoder.set_output_array(out);
+    const float* xp = x.data<float>();
+    const std::uint32_t* ip = idx.data<std::uint32_t>();
+    const void* wp = w.data<void>();
+    float* yp = out.data<float>();
+    const std::ptrdiff_t X = x.shape(0), k = idx.shape(1), stride = w.strides()[0];
+    const int wsize = w.dtype() == bfloat16 ? 2 : 4, threads = threads_;
+    encoder.dispatch([=]() {
+      if (expert_dot(xp, K, K, ip, X * k, k, wp, wsize, stride, E, N, yp, threads))
+        throw std::runtime_error("mlx_mtp expert kernel failed");
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("mlx_mtp's expert kernel runs on the CPU only");
+  }
+  const char* name() const override { return "MlxMtpExpertDot"; }
+  bool is_equivalent(const Primitive& other) const override {
+    return threads_ == static_cast<const ExpertDot&>(other).threads_;
+  }
+
+ private:
+  int threads_;
+};
+
 // The GatedDeltaNet recurrence over T tokens (gdn_steps.c): outputs y and the T states.
 class GdnSteps : public Primitive {
  public:
@@ -171,6 +226,20 @@ array bf16_dot(const array& x, const array& w, int threads) {
                std::make_shared<RowDot>(s, w.shape(0), threads, true), {xs, ws});
 }
 
+array expert_dot_op(const array& x, const array& idx, const array& w, int threads) {
+  if (x.ndim() != 2 || idx.ndim() != 2 || w.ndim() != 3 || idx.shape(0) != x.shape(0) ||
+      w.shape(2) != x.shape(1) || (w.dtype() != float32 && w.dtype() != bfloat16) ||
+      (w.dtype() == float32 && w.shape(1) % 8))
+    throw std::invalid_argument(
+        "mlx_mtp expert kernel: needs x [X, K], idx [X, k], w [E, N, K] float32 (N a multiple "
+        "of 8) or bfloat16");
+  auto s = cpu_stream();
+  auto xs = dense_f32(x, s);
+  auto is = contiguous(astype(idx, uint32, s), false, s);
+  return array({x.shape(0) * idx.shape(1), w.shape(1)}, float32,
+               std::make_shared<ExpertDot>(s, threads), {xs, is, w});
+}
+
 std::vector<array> gdn_steps(const array& q, const array& k, const array& v, const array& g,
                              const array& beta, const array& state) {
   if (q.ndim() != 4 || v.ndim() != 4 || k.shape() != q.shape() || q.shape(1) < 1)
@@ -195,6 +264,10 @@ NB_MODULE(_mlx_mtp_lazy, m) {
         "x @ w[:columns].T (x [R, K], w [N, K]) in BLIS's one-row order, lazily");
   m.def("bf16_dot", &bf16_dot, nb::arg("x"), nb::arg("w"), nb::arg("threads"),
         "x @ w.T (x [R, K] float32, w [N, K] bfloat16) summed in float32, lazily");
+  m.def("expert_dot", &expert_dot_op, nb::arg("x"), nb::arg("idx"), nb::arg("w"),
+        nb::arg("threads"),
+        "[X * k, N]: row i // k of x [X, K] times expert idx[i]'s weight of w [E, N, K] "
+        "transposed, in BLIS's one-row order, grouped by expert, lazily");
   m.def("gdn_steps", &gdn_steps, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("state"),
         "[y, state_1, ..., state_T] of the GatedDeltaNet recurrence, lazily");

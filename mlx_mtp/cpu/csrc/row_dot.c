@@ -24,12 +24,18 @@
    widened to float32 exactly (the bits shifted up 16) as it is read and summed in float32: the
    sums of the bf16-valued weights, in the one-row order above, reading half the bytes. Any N.
    Every row count prefetches the next columns' rows (a one-row product from one thread reads
-   its weights about 1.4x as fast with it). */
+   its weights about 1.4x as fast with it).
+
+   expert_dot: the products of a mixture of experts' verify. Entry i multiplies an input row by
+   the weight of expert idx[i] (one [N, K] slice of an [E, N, K] stack); the entries are grouped
+   by expert, so each expert's weight streams once for all the rows routed to it, each output in
+   the one-row order above (float32 or bfloat16 weights). */
 
 #include <immintrin.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROW_DOT_ABI 2
@@ -212,4 +218,109 @@ int bf16_dot_f32(const float *x, ptrdiff_t T, ptrdiff_t ldx, ptrdiff_t K, const 
                  ptrdiff_t N, float *y, ptrdiff_t ldy, int threads) {
     if (T < 0 || K < 0 || N < 0) return -1;
     return split_columns(x, T, ldx, K, w, 2, N, y, ldy, threads);
+}
+
+/* ---- grouped expert products -------------------------------------------------------------- */
+
+typedef struct {
+    ptrdiff_t expert, first, count; /* entries [first, first + count) of the sorted order */
+} group_t;
+
+typedef struct {
+    const float *xb; /* the entries' input rows in sorted order, [n, K] */
+    const void *w;
+    int wsize;
+    ptrdiff_t K, N, stride; /* stride: elements from one expert's weight to the next */
+    const group_t *groups;
+    float *yb; /* the entries' outputs in sorted order, [n, N] */
+    ptrdiff_t begin, end; /* a range of the groups' columns laid end to end (group g: g*N..) */
+} expert_job_t;
+
+static void *run_expert_job(void *arg) {
+    const expert_job_t *j = (const expert_job_t *)arg;
+    for (ptrdiff_t p = j->begin; p < j->end;) {
+        const ptrdiff_t g = p / j->N, c0 = p % j->N;
+        const ptrdiff_t c1 = (g + 1) * j->N <= j->end ? j->N : j->end - g * j->N;
+        const group_t *G = &j->groups[g];
+        columns(j->xb + G->first * j->K, G->count, j->K, j->K,
+                (const char *)j->w + G->expert * j->stride * (ptrdiff_t)j->wsize, j->wsize, c0,
+                c1, j->yb + G->first * j->N, j->N);
+        p = g * j->N + c1;
+    }
+    return NULL;
+}
+
+/* y [n, N]: entry i is x[i / per_row] (rows of K, stride ldx) times the transpose of expert
+   idx[i]'s weight, w + idx[i] * expert_stride elements ([N, K] row-major; float32 when wsize is
+   4, bfloat16 patterns when 2; float32 needs N a multiple of 8). Entries are sorted by expert
+   (stably), each expert's rows computed in one pass over its weight, and the outputs written
+   back in entry order. Threads split the experts' columns laid end to end, in whole groups of
+   8 (each output is computed by one thread, so the bytes do not depend on the count). Returns
+   0; -1 on a bad size, -2 on an expert index >= E, -3 when memory runs out. */
+int expert_dot(const float *x, ptrdiff_t ldx, ptrdiff_t K, const uint32_t *idx, ptrdiff_t n,
+               ptrdiff_t per_row, const void *w, int wsize, ptrdiff_t expert_stride, ptrdiff_t E,
+               ptrdiff_t N, float *y, int threads) {
+    if (n < 0 || K < 0 || N < 0 || E < 1 || per_row < 1 || (wsize != 2 && wsize != 4) ||
+        (wsize == 4 && N % 8))
+        return -1;
+    for (ptrdiff_t i = 0; i < n; i++)
+        if ((ptrdiff_t)idx[i] >= E) return -2;
+    if (n == 0 || N == 0) return 0;
+    ptrdiff_t *start = calloc((size_t)E + 1, sizeof *start);
+    ptrdiff_t *order = malloc((size_t)n * sizeof *order);
+    group_t *groups = malloc((size_t)n * sizeof *groups);
+    float *xb = malloc((size_t)(n * K + n * N) * sizeof *xb);
+    int rc = 0;
+    if (!start || !order || !groups || !xb) {
+        rc = -3;
+        goto done;
+    }
+    float *yb = xb + n * K;
+    for (ptrdiff_t i = 0; i < n; i++) start[idx[i] + 1]++;
+    for (ptrdiff_t e = 0; e < E; e++) start[e + 1] += start[e];
+    ptrdiff_t G = 0;
+    for (ptrdiff_t e = 0; e < E; e++)
+        if (start[e + 1] > start[e]) groups[G++] = (group_t){e, start[e], start[e + 1] - start[e]};
+    for (ptrdiff_t i = 0; i < n; i++) { /* stable: an expert's entries keep their order */
+        const ptrdiff_t s = start[idx[i]]++;
+        order[s] = i;
+        memcpy(xb + s * K, x + (i / per_row) * ldx, (size_t)K * sizeof *xb);
+    }
+    const ptrdiff_t total = G * N;
+    ptrdiff_t most = total * K / MIN_THREAD_FLOATS;
+    if (threads > most) threads = (int)most;
+    if (threads > total / 8) threads = (int)(total / 8);
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads < 1) threads = 1;
+    expert_job_t jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    ptrdiff_t edge = 0;
+    for (int t = 0; t < threads; t++) {
+        ptrdiff_t end = total;
+        if (t + 1 < threads) { /* a whole group of 8 columns inside a group */
+            end = total * (t + 1) / threads;
+            end -= (end % N) % 8;
+            if (end < edge) end = edge;
+        }
+        jobs[t] = (expert_job_t){xb, w, wsize, K, N, expert_stride, groups, yb, edge, end};
+        edge = end;
+    }
+    for (int t = 1; t < threads; t++)
+        started[t] = pthread_create(&ids[t], NULL, run_expert_job, &jobs[t]) == 0;
+    run_expert_job(&jobs[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            run_expert_job(&jobs[t]);
+    }
+    for (ptrdiff_t s = 0; s < n; s++)
+        memcpy(y + order[s] * N, yb + s * N, (size_t)N * sizeof *y);
+done:
+    free(start);
+    free(order);
+    free(groups);
+    free(xb);
+    return rc;
 }
