@@ -222,7 +222,7 @@ def write_drafter_folder(path: Path, head_params: Dict[str, mx.array], config: d
 
 
 def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
-                              layers: int = 4) -> Path:
+                              layers: int = 4, moe: bool = False) -> Path:
     """A raw HF checkpoint whose MTP head is built to agree with its target.
 
     The target mostly maps token x to f(x) for a fixed permutation f (its layers only perturb the
@@ -235,9 +235,10 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
 
     ``lm_scale`` < 1 shrinks the (shared) LM head so both distributions are soft: the head then
     agrees with the target in its mode but not in every probability (for sampling tests).
+    ``moe``: the Qwen3.5-MoE layout (the target's and the head's experts perturb as the MLPs do).
     """
     rng = np.random.default_rng(seed)
-    config = qwen3_5_config(layers=layers)
+    config = qwen3_5_config(layers=layers, moe=moe)
     mx.random.seed(seed)
     model = build_target(config)
     params = dict(tree_flatten(model.parameters()))
@@ -259,7 +260,8 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
         elif head[k].ndim == 1 and is_zero_centred_norm(k):
             head[k] = mx.ones_like(head[k])
     head["pre_fc_norm_hidden.weight"] = mx.full((H,), 0.1)
-    return write_raw_hf(path, seed=seed, layers=layers, target_params=params, head_params=head)
+    return write_raw_hf(path, seed=seed, layers=layers, target_params=params, head_params=head,
+                        moe=moe)
 
 
 def qwen3_next_config(layers: int = 4, hidden: int = 64, vocab: int = VOCAB) -> dict:

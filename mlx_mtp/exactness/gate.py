@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from mlx_mtp import config as env
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import grouped_experts, row_exact
 from mlx_mtp.exactness.block_vs_chain import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
 from mlx_mtp.exactness.tree_vs_chain import probe_tree_exactness
 from mlx_mtp.exactness.device import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
@@ -261,4 +261,7 @@ def table_rows(result: dict) -> list:
     layers = row_exact_summary(exactness)
     if layers is not None:
         rows.append(("row-exact layers", layers))
+    experts = (exactness.get("row_exact") or {}).get("experts")
+    if experts:
+        rows.append(("expert layers", grouped_experts.summary(experts)))
     return rows

@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import gather_last_axis
 
 from mlx_mtp import config as env
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import grouped_experts, row_exact
 
 ROW_EXACT_ENV = "MLX_MTP_ROW_EXACT"  # 0: verify with the plain multi-row products
 
@@ -26,6 +26,7 @@ class TrunkTarget:
         self.trunk = self.lm.model  # returns the post-final-norm hidden states
         self.exact_width = 1  # verify widths made row-exact so far (see ``prepare``)
         self.row_exact_layers = {}
+        self.grouped_expert_layers = {}  # mixture-of-experts layers verified grouped by expert
         self.exact = True  # False: verify without the exactness-only fallbacks (``prepare``)
 
     @property
@@ -73,7 +74,8 @@ class TrunkTarget:
 
     def prepare(self, max_width: int, exact: bool = True) -> None:
         """Before verifying blocks of up to ``max_width`` tokens: make the linear layers whose
-        kernel is not row-invariant at those widths compute verify rows one at a time.
+        kernel is not row-invariant at those widths compute verify rows one at a time, and the
+        mixture-of-experts layers read each routed expert once (``grouped_experts``).
         ``exact=False`` (sampling, whose promise is the distribution; or the gate overridden by
         MLX_MTP_ALLOW_INEXACT=1), or MLX_MTP_ROW_EXACT=0: verify with the plain multi-row
         kernels, no row-exact products, no per-row attention."""
@@ -82,6 +84,7 @@ class TrunkTarget:
         if exact and max_width > self.exact_width:
             self.row_exact_layers = row_exact.install(self.model, max_width,
                                                       tied_head=self.tied_head)
+            self.grouped_expert_layers = grouped_experts.install(self.model, max_width)
             self.exact_width = max_width
 
     def project(self, hidden: mx.array) -> mx.array:
