@@ -2,18 +2,22 @@
 with it the way the Qwen3.5 head does.
 
 The target is a ``gemma4_text`` model in the 26B/31B layout (five sliding-window layers, then one
-full-attention layer with K = V and one global KV head), untied LM head. Gemma 4 normalises each
-residual branch before adding it (``post_attention_layernorm``, ``post_feedforward_layernorm``), so
-the residual scale C is simply those norms' weight: the last hidden state is the current token's
-scaled embedding plus a context-dependent perturbation of relative size about C, and the target
-mostly maps token x to f(x) = argmax(lm_head . norm(embed(x))).
+full-attention layer with K = V and one global KV head) whose LM head is its embedding table
+(tied) with the final logit softcap, as Gemma 4's checkpoints have them; with ``--moe`` every layer
+also has the 26B-A4B's expert block (a router, experts in HF's fused ``experts.gate_up_proj`` /
+``experts.down_proj`` stacks) beside its dense MLP. A tied head would map a token to itself, so
+the first layer's MLP branch is large (``FIRST_MLP_SCALE``): the last hidden state is mostly that
+branch, a random function u(x) of the token, and the target mostly maps token x to
+f(x) = argmax(embed . norm(u(x))). Gemma 4 normalises each residual branch before adding it, so
+the residual scale C is those norms' weight (relative to the stream: ``set_scale``): the other
+branches perturb the last hidden state by about C, and the context flips f's choice.
 
-The assistant (``gemma4_assistant``, four layers as the published ones, as wide as the target: real
-assistants are 1024 wide, and so is this target) computes f exactly: ``pre_projection`` = [I | 0] keeps the drafted
-token's embedding and drops the recurrent state, its layers add nothing (zero ``o_proj`` and
-``down_proj``; they still read the target's K/V, so a draft step costs what a real one does), and
-its tied head is the target's LM head. A draft is then accepted where the context does not flip
-the target's choice, about equally at every depth.
+The assistant (``gemma4_assistant``, four layers as the published ones, as wide as the target)
+computes f: ``pre_projection`` = [I | 0] keeps the drafted token's scaled embedding and drops the
+recurrent state, its first layer's MLP is a copy of the target's first (so its MLP is as wide as
+the target's dense one), its other layers add nothing (zero ``o_proj`` and ``down_proj``; they
+still read the target's K/V, so a draft step costs what a real one does), and its tied head is the
+target's table. A draft is then accepted where the context does not flip the target's choice.
 """
 
 from __future__ import annotations
@@ -27,10 +31,15 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
 
+from benchmarks import realistic_moe
+
 SLIDING, FULL = "sliding_attention", "full_attention"
 ROPE = {FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
         SLIDING: {"rope_theta": 10000.0, "rope_type": "default"}}
-POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
+# The first layer's MLP branch, per coordinate, against the scaled embedding's 1: a token's own
+# row then wins its tied logit about 0.1% of the time (a fixed point of f), where the branch's
+# random part beats the self-product sqrt(H)
+FIRST_MLP_SCALE = 64.0
 
 
 def text_config(a) -> dict:
@@ -40,19 +49,21 @@ def text_config(a) -> dict:
         "global_head_dim": 2 * a.head_dim, "num_key_value_heads": a.kv_heads,
         "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 0,
         "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": a.vocab,
-        "use_double_wide_mlp": False, "enable_moe_block": False, "vocab_size": a.vocab,
+        "use_double_wide_mlp": False, "enable_moe_block": a.moe, "vocab_size": a.vocab,
         "sliding_window": a.sliding_window, "rope_parameters": ROPE,
         "layer_types": [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(a.layers)],
-        "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
         "max_position_embeddings": 131072, "hidden_activation": "gelu_pytorch_tanh",
         "architectures": ["Gemma4ForCausalLM"], "eos_token_id": 0,
+        **({"num_experts": a.experts, "top_k_experts": a.top_k,
+            "moe_intermediate_size": a.expert_width} if a.moe else {}),
     }
 
 
 def assistant_config(a) -> dict:
     text = {
         "model_type": "gemma4_text", "hidden_size": a.hidden, "num_hidden_layers": 4,
-        "intermediate_size": a.assistant_intermediate, "num_attention_heads": a.heads,
+        "intermediate_size": a.intermediate, "num_attention_heads": a.heads,
         "num_key_value_heads": a.kv_heads, "num_global_key_value_heads": 1,
         "attention_k_eq_v": True, "head_dim": a.head_dim, "global_head_dim": 2 * a.head_dim,
         "num_kv_shared_layers": 4, "hidden_size_per_layer_input": 0,
@@ -76,38 +87,103 @@ class _Random:
         return mx.random.normal(shape, key=k) * std
 
 
+def topic_scale(a) -> float:
+    """The embedding's topic entries (times 1/sqrt(H), as the rest of the table): in the tied
+    logits the same topic pulls ``TOPIC_BOOST`` standard deviations of their random part, which
+    the first MLP branch dominates."""
+    spread = math.sqrt(1.0 + FIRST_MLP_SCALE ** 2)
+    return math.sqrt(realistic_moe.TOPIC_BOOST * spread * math.sqrt(a.hidden)
+                     / realistic_moe.TOPIC_DIMS)
+
+
+def _fill(name: str, shape, a, rng: _Random, vectors) -> mx.array:
+    """A target tensor by rule (mlx-lm's name)."""
+    H = a.hidden
+    layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+    if name == "model.embed_tokens.weight":  # times sqrt(H) on the way in: RMS 1
+        w = rng.normal(shape, 1.0 / math.sqrt(H))
+        return w if vectors is None else realistic_moe.with_topics(
+            w, vectors, topic_scale(a) / math.sqrt(H))
+    if name.endswith("router.proj.weight"):
+        rng.key, k = mx.random.split(rng.key)
+        return realistic_moe.router(shape[0], H, a.router_locality, k, topic_scale(a),
+                                    math.sqrt(1.0 + FIRST_MLP_SCALE ** 2))
+    if len(shape) == 1:  # norms, router scales and layer_scalar: weight 1 (used as is);
+        return mx.ones(shape)  # ``set_scale`` sets the post-branch norms
+    w = rng.normal(shape, 1.0 / math.sqrt(shape[-1]))
+    if layer == 0 and vectors is not None:  # the first MLP neither reads nor writes the topic
+        if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            w[:, :realistic_moe.TOPIC_DIMS] = 0
+        elif name.endswith("mlp.down_proj.weight"):
+            w[:realistic_moe.TOPIC_DIMS] = 0
+    return w
+
+
 def target_weights(a, scale: float, rng: _Random) -> Dict[str, mx.array]:
     """mlx-lm's parameter names and shapes of the target, filled by rule (evaluated a layer at a
-    time, so the model mlx-lm builds for the shapes is never materialised)."""
+    time, so the model mlx-lm builds for the shapes is never materialised); the experts' stacks
+    as HF's fused ``experts.gate_up_proj`` (gate rows first) and ``experts.down_proj``."""
     args = gemma4_text.ModelArgs.from_dict(text_config(a))
     shapes = {k: v.shape for k, v in tree_flatten(gemma4_text.Model(args).parameters())}
+    vectors = None
+    if a.moe:
+        rng.key, k = mx.random.split(rng.key)
+        vectors = realistic_moe.topic_vectors(a.vocab, k)
     out = {}
     for name, shape in shapes.items():
-        if name == "model.embed_tokens.weight":  # times sqrt(H) on the way in: RMS 1
-            w = rng.normal(shape, 1.0 / math.sqrt(a.hidden))
-        elif name.endswith(POST_NORMS):
-            w = mx.full(shape, scale)
-        elif len(shape) == 1:  # the other norms and layer_scalar: weight 1 (used as is)
-            w = mx.ones(shape)
-        else:
-            w = rng.normal(shape, 1.0 / math.sqrt(shape[-1]))
-        out[name] = w
+        w = _fill(name, shape, a, rng, vectors).astype(getattr(mx, a.dtype))
         mx.eval(w)
+        out[name] = w
+    set_scale_weights(out, a.layers, scale)
+    for i in range(a.layers):
+        p = f"model.layers.{i}.experts."
+        if p + "switch_glu.gate_proj.weight" in out:
+            gate, up = out.pop(p + "switch_glu.gate_proj.weight"), out.pop(
+                p + "switch_glu.up_proj.weight")
+            out[p + "gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+            out[p + "down_proj"] = out.pop(p + "switch_glu.down_proj.weight")
+            mx.eval(out[p + "gate_up_proj"])
     return out
+
+
+def branch_norms(layer: int, scale: float) -> Dict[str, float]:
+    """The post-branch norms' weights of a layer at residual scale ``scale``: the first layer's
+    MLP branch ``FIRST_MLP_SCALE`` (its attention and experts perturb the embedding it reads by
+    ``scale``); later branches ``scale`` relative to the stream that branch made."""
+    if layer == 0:
+        return {"post_attention_layernorm": scale,
+                "post_feedforward_layernorm": FIRST_MLP_SCALE,
+                "post_feedforward_layernorm_2": scale}
+    return {"post_attention_layernorm": scale * FIRST_MLP_SCALE,
+            "post_feedforward_layernorm": scale * FIRST_MLP_SCALE}
+
+
+def set_scale_weights(weights: Dict[str, mx.array], layers: int, scale: float) -> None:
+    """``branch_norms`` on a target's tensors by mlx-lm name (those present)."""
+    for i in range(layers):
+        for norm, value in branch_norms(i, scale).items():
+            name = f"model.layers.{i}.{norm}.weight"
+            if name in weights:
+                w = weights[name]
+                weights[name] = mx.full(w.shape, value, dtype=w.dtype)
 
 
 def set_scale(lm, scale: float) -> None:
     """Set the residual scale of a loaded target (mlx-lm's ``gemma4_text.Model``) in place."""
-    for layer in lm.layers:
-        for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
-            norm.weight = mx.full(norm.weight.shape, scale, dtype=norm.weight.dtype)
+    for i, layer in enumerate(lm.layers):
+        for norm, value in branch_norms(i, scale).items():
+            module = getattr(layer, norm, None)
+            if module is not None:
+                module.weight = mx.full(module.weight.shape, value, dtype=module.weight.dtype)
 
 
-def assistant_weights(a, lm_head: mx.array, rng: _Random) -> Dict[str, mx.array]:
+def assistant_weights(a, target: Dict[str, mx.array], rng: _Random) -> Dict[str, mx.array]:
     H = a.hidden
+    dtype = getattr(mx, a.dtype)
+    table = target["model.embed_tokens.weight"]
     w = {"pre_projection.weight": mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1),
          "post_projection.weight": rng.normal((H, H), 1.0 / math.sqrt(H)),
-         "model.embed_tokens.weight": lm_head, "model.norm.weight": mx.ones((H,))}
+         "model.embed_tokens.weight": table, "model.norm.weight": mx.ones((H,))}
     for i, kind in enumerate(assistant_config(a)["text_config"]["layer_types"]):
         hd = 2 * a.head_dim if kind == FULL else a.head_dim
         p = f"model.layers.{i}."
@@ -118,9 +194,15 @@ def assistant_weights(a, lm_head: mx.array, rng: _Random) -> Dict[str, mx.array]
         w[p + "self_attn.q_proj.weight"] = rng.normal((a.heads * hd, H), 1.0 / math.sqrt(H))
         w[p + "self_attn.q_norm.weight"] = mx.ones((hd,))
         w[p + "self_attn.o_proj.weight"] = mx.zeros((H, a.heads * hd))
-        w[p + "mlp.gate_proj.weight"] = rng.normal((a.assistant_intermediate, H), 1 / math.sqrt(H))
-        w[p + "mlp.up_proj.weight"] = rng.normal((a.assistant_intermediate, H), 1 / math.sqrt(H))
-        w[p + "mlp.down_proj.weight"] = mx.zeros((H, a.assistant_intermediate))
+        if i == 0:  # the target's first MLP branch: what its tied head reads
+            for n in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                      "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"):
+                w[p + n] = target["model.layers.0." + n]
+            continue
+        w[p + "mlp.gate_proj.weight"] = rng.normal((a.intermediate, H), 1 / math.sqrt(H))
+        w[p + "mlp.up_proj.weight"] = rng.normal((a.intermediate, H), 1 / math.sqrt(H))
+        w[p + "mlp.down_proj.weight"] = mx.zeros((H, a.intermediate))
+    w = {k: v.astype(dtype) for k, v in w.items()}
     mx.eval(w)
     return w
 
@@ -129,7 +211,7 @@ def write(out: Path, a, scale: float) -> Dict[str, mx.array]:
     """``out/target`` and ``out/assistant``; returns every tensor written (for the count)."""
     rng = _Random(a.seed)
     target = target_weights(a, scale, rng)
-    assistant = assistant_weights(a, target["lm_head.weight"], rng)
+    assistant = assistant_weights(a, target, rng)
     for folder, weights, config in ((out / "target", target, text_config(a)),
                                     (out / "assistant", assistant, assistant_config(a))):
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,13 @@
 """A random-weight pair of realistic size whose drafter accepts like a published MTP head.
 
-    python -m benchmarks.realistic_pair OUT [--family qwen3_5|gemma4] [--hidden 1024 --layers 12
-        --vocab 131072] [--first-draft-acceptance 0.9 | --residual-scale C]
+    python -m benchmarks.realistic_pair OUT [--family qwen3_5|qwen3_next|gemma4] [--moe]
+        [--hidden 1024 --layers 12 --vocab 131072] [--first-draft-acceptance 0.9 | --residual-scale C]
 
-``--family qwen3_5`` (default) writes one folder, the target with its ``mtp.*`` head;
-``--family gemma4`` writes ``OUT/target`` and ``OUT/assistant`` (see ``benchmarks.realistic_gemma4``;
-run it as ``--model OUT/target --drafter OUT/assistant``).
+``--family qwen3_5`` (default) and ``qwen3_next`` write one folder, the target with its ``mtp.*``
+head (``benchmarks.realistic_qwen``); ``--family gemma4`` writes ``OUT/target`` and
+``OUT/assistant`` (``benchmarks.realistic_gemma4``; run it as ``--model OUT/target --drafter
+OUT/assistant``). ``--moe`` (always for qwen3_next): the family's mixture-of-experts layout,
+routed as the published models (``benchmarks.realistic_moe``).
 
 The demo pair is small enough that a round measures per-call overhead, and its greedy text loops,
 which every draft predicts. This pair is the other side: a target of realistic, memory-bound size
@@ -46,117 +48,16 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Dict
 
 import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 
-from benchmarks import common, realistic_gemma4, realistic_zipf
+from benchmarks import common, realistic_gemma4, realistic_moe, realistic_qwen
 from mlx_mtp.demo import demo_path
 
 CALIBRATION_PROMPTS = ("def parse(line):\n    ", "The river rose in the night and ",
                        "1. apples\n2. pears\n3. ")
 CALIBRATION_TOKENS = 64
-
-
-def text_config(a) -> dict:
-    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                   for i in range(a.layers)]
-    return {
-        "model_type": "qwen3_5_text", "vocab_size": a.vocab, "hidden_size": a.hidden,
-        "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
-        "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim,
-        "attn_output_gate": True, "attention_bias": False, "hidden_act": "silu",
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": a.linear_key_dim, "linear_value_head_dim": a.linear_value_dim,
-        "linear_num_key_heads": a.linear_key_heads, "linear_num_value_heads": a.linear_value_heads,
-        "full_attention_interval": 4, "layer_types": layer_types, "mtp_num_hidden_layers": 1,
-        "mtp_use_dedicated_embeddings": False, "tie_word_embeddings": False,
-        "mamba_ssm_dtype": "float32",
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
-                            "partial_rotary_factor": 0.25, "mrope_interleaved": True,
-                            "mrope_section": [11, 11, 10]},
-    }
-
-
-class _Weights:
-    """Random float32 tensors in the raw Hugging Face layout, from one seed."""
-
-    def __init__(self, a, scale: float):
-        self.a, self.c = a, scale
-        self.key = mx.random.key(a.seed)
-        self.w: Dict[str, mx.array] = {}
-
-    def normal(self, shape, std):
-        self.key, k = mx.random.split(self.key)
-        return mx.random.normal(shape, key=k) * std
-
-    def linear(self, name, out_features, in_features, mult=1.0):
-        self.w[name] = self.normal((out_features, in_features), mult / math.sqrt(in_features))
-
-    def zeros(self, name, n):  # a zero-centred norm's stored weight: gamma 1
-        self.w[name] = mx.zeros((n,))
-
-    def attention(self, p, out_mult):
-        a = self.a
-        self.linear(p + "self_attn.q_proj.weight", 2 * a.heads * a.head_dim, a.hidden)
-        self.linear(p + "self_attn.k_proj.weight", a.kv_heads * a.head_dim, a.hidden)
-        self.linear(p + "self_attn.v_proj.weight", a.kv_heads * a.head_dim, a.hidden)
-        self.linear(p + "self_attn.o_proj.weight", a.hidden, a.heads * a.head_dim, out_mult)
-        self.zeros(p + "self_attn.q_norm.weight", a.head_dim)
-        self.zeros(p + "self_attn.k_norm.weight", a.head_dim)
-
-    def gated_delta_net(self, p):
-        a = self.a
-        kd, vd = a.linear_key_heads * a.linear_key_dim, a.linear_value_heads * a.linear_value_dim
-        self.linear(p + "linear_attn.in_proj_qkv.weight", 2 * kd + vd, a.hidden)
-        self.linear(p + "linear_attn.in_proj_z.weight", vd, a.hidden)
-        self.linear(p + "linear_attn.in_proj_b.weight", a.linear_value_heads, a.hidden)
-        self.linear(p + "linear_attn.in_proj_a.weight", a.linear_value_heads, a.hidden)
-        self.w[p + "linear_attn.conv1d.weight"] = self.normal((2 * kd + vd, 1, 4), 0.3)
-        self.key, k = mx.random.split(self.key)
-        self.w[p + "linear_attn.A_log"] = mx.log(
-            mx.random.uniform(1, 16, (a.linear_value_heads,), key=k))
-        self.w[p + "linear_attn.dt_bias"] = mx.ones((a.linear_value_heads,))
-        self.w[p + "linear_attn.norm.weight"] = mx.ones((a.linear_value_dim,))
-        self.linear(p + "linear_attn.out_proj.weight", a.hidden, vd, self.c)
-
-    def mlp(self, p, out_mult):
-        a = self.a
-        self.linear(p + "mlp.gate_proj.weight", a.intermediate, a.hidden)
-        self.linear(p + "mlp.up_proj.weight", a.intermediate, a.hidden)
-        self.linear(p + "mlp.down_proj.weight", a.hidden, a.intermediate, out_mult)
-
-    def build(self, layer_types) -> Dict[str, mx.array]:
-        a, c = self.a, self.c
-        self.w["model.language_model.embed_tokens.weight"] = self.normal((a.vocab, a.hidden), 1.0)
-        for i, kind in enumerate(layer_types):
-            p = f"model.language_model.layers.{i}."
-            self.zeros(p + "input_layernorm.weight", a.hidden)
-            self.zeros(p + "post_attention_layernorm.weight", a.hidden)
-            if kind == "full_attention":
-                self.attention(p, c)
-            else:
-                self.gated_delta_net(p)
-            self.mlp(p, c)
-            mx.eval(self.w)
-        self.zeros("model.language_model.norm.weight", a.hidden)
-        self.linear("lm_head.weight", a.vocab, a.hidden)
-        # The head computes f(x): fc keeps the drafted token's embedding, its layer adds nothing.
-        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-            self.zeros(f"mtp.{n}.weight", a.hidden)
-        self.w["mtp.fc.weight"] = mx.concatenate(
-            [mx.eye(a.hidden), mx.zeros((a.hidden, a.hidden))], axis=1)
-        p = "mtp.layers.0."
-        self.zeros(p + "input_layernorm.weight", a.hidden)
-        self.zeros(p + "post_attention_layernorm.weight", a.hidden)
-        self.attention(p, 0.0)
-        self.mlp(p, 0.0)
-        mx.eval(self.w)
-        if a.zipf is not None:
-            self.key, k = mx.random.split(self.key)
-            realistic_zipf.apply(self.w, a, layer_types, a.zipf, k)
-        return self.w
 
 
 def write_tokenizer(out: Path, vocab: int) -> None:
@@ -184,18 +85,17 @@ def write_pair(out: Path, a, scale: float) -> Path:
     if a.family == "gemma4":
         weights = realistic_gemma4.write(out, a, scale)
     else:
-        text = text_config(a)
-        weights = _Weights(a, scale).build(text["layer_types"])
-        config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-                  "tie_word_embeddings": False, "eos_token_id": 0, "text_config": text}
-        (out / "config.json").write_text(json.dumps(config, indent=1))
+        weights = realistic_qwen.Weights(a, scale).build()
+        (out / "config.json").write_text(json.dumps(realistic_qwen.config(a), indent=1))
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
     write_tokenizer(folders(out, a.family)[0], a.vocab)
     n = sum(v.size for v in weights.values())
-    (out / "realistic_pair.json").write_text(json.dumps(
-        {"family": a.family, "residual_scale": scale, "seed": a.seed, "parameters": n,
-         "zipf": a.zipf,
-         "command": common.command_line()}, indent=1))
+    info = {"family": a.family, "residual_scale": scale, "seed": a.seed, "parameters": n,
+            "zipf": a.zipf, "dtype": a.dtype, "command": common.command_line()}
+    if a.moe:
+        info["moe"] = {"experts": a.experts, "top_k": a.top_k, "expert_width": a.expert_width,
+                       "shared_width": a.shared_width, "router_locality": a.router_locality}
+    (out / "realistic_pair.json").write_text(json.dumps(info, indent=1))
     return out
 
 
@@ -268,13 +168,18 @@ def calibrate(out: Path, a) -> float:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.realistic_pair", description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path, help="folder to write (raw Hugging Face layout)")
-    p.add_argument("--family", choices=("qwen3_5", "gemma4"), default="qwen3_5",
-                   help="qwen3_5: a target with its MTP head (default); gemma4: a target and an "
-                        "assistant")
+    p.add_argument("--family", choices=("qwen3_5", "qwen3_next", "gemma4"), default="qwen3_5",
+                   help="qwen3_5: a target with its MTP head (default); qwen3_next: the same in "
+                        "Qwen3-Next's layout (always MoE); gemma4: a target and an assistant")
+    p.add_argument("--moe", action="store_true",
+                   help="the family's mixture-of-experts layout (Qwen3.5/3.6-35B-A3B, Gemma 4 "
+                        "26B-A4B), routed as published (benchmarks.realistic_moe)")
     p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--vocab", type=int, default=131072)
-    p.add_argument("--intermediate", type=int, default=3584)
+    p.add_argument("--layers", type=int, default=None,
+                   help="default 12; with MoE 8 (Qwen) or 6 (Gemma 4)")
+    p.add_argument("--vocab", type=int, default=None, help="default 131072; with MoE 32768")
+    p.add_argument("--intermediate", type=int, default=None,
+                   help="the dense MLP's width: default 3584; Gemma 4 with MoE 768")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=256)
@@ -283,7 +188,17 @@ def parse_args(argv=None):
     p.add_argument("--linear-key-dim", type=int, default=128)
     p.add_argument("--linear-value-dim", type=int, default=128)
     p.add_argument("--sliding-window", type=int, default=512, help="gemma4 only")
-    p.add_argument("--assistant-intermediate", type=int, default=2048, help="gemma4 only")
+    moe = p.add_argument_group("mixture of experts (defaults: the family's, realistic_moe.SHAPES)")
+    moe.add_argument("--experts", type=int, default=None)
+    moe.add_argument("--top-k", type=int, default=None)
+    moe.add_argument("--expert-width", type=int, default=None)
+    moe.add_argument("--shared-width", type=int, default=None, help="Qwen only")
+    moe.add_argument("--router-locality", type=float, default=realistic_moe.LOCALITY,
+                     help="the topic's share of the routers' logit variance, 0-1 (default "
+                          f"{realistic_moe.LOCALITY}: 4 rows touch about 2.5x one row's experts)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="the checkpoint's dtype: default float32; with MoE bfloat16, as the real "
+                        "checkpoints (mlx_mtp loads either as float32 on the CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--zipf", type=float, default=None, metavar="S",
                    help="qwen3_5 only: token frequencies that fall as rank^-S, as real text's do "
@@ -296,16 +211,41 @@ def parse_args(argv=None):
     how.add_argument("--residual-scale", type=float, default=None,
                      help="use this residual scale (no calibration)")
     p.add_argument("--calibration-steps", type=int, default=7)
-    return p.parse_args(argv)
+    return resolve(p.parse_args(argv))
+
+
+MOE_FLAGS = ("experts", "top_k", "expert_width", "shared_width")
+
+
+def resolve(a):
+    """The defaults that depend on the family and on MoE; bad combinations exit with one line."""
+    a.moe = a.moe or a.family == "qwen3_next"
+    given = [f for f in MOE_FLAGS if getattr(a, f) is not None]
+    if given and not a.moe:
+        sys.exit(f"error: --{given[0].replace('_', '-')} needs --moe (or --family qwen3_next)")
+    if not 0.0 <= a.router_locality <= 1.0:
+        sys.exit(f"error: --router-locality must be between 0 and 1, got {a.router_locality}")
+    shape = realistic_moe.SHAPES[a.family] if a.moe else {}
+    for f in MOE_FLAGS:
+        if getattr(a, f) is None:
+            setattr(a, f, shape.get(f))
+    a.layers = a.layers or shape.get("layers", 12)
+    a.vocab = a.vocab or shape.get("vocab", 131072)
+    a.intermediate = a.intermediate or shape.get("intermediate", 3584)
+    a.dtype = a.dtype or ("bfloat16" if a.moe else "float32")
+    return a
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.vocab < 8192:
         sys.exit("error: --vocab must be at least 8192 (the demo tokenizer's ids)")
-    if a.zipf is not None and (a.family != "qwen3_5" or a.zipf <= 0 or a.layers < 8):
-        sys.exit("error: --zipf takes an exponent > 0, with --family qwen3_5 and --layers of at "
-                 "least 8 (it rewrites the first two full-attention layers)")
+    if a.zipf is not None and (a.family != "qwen3_5" or a.moe or a.zipf <= 0 or a.layers < 8):
+        sys.exit("error: --zipf takes an exponent > 0, with --family qwen3_5 (dense) and --layers "
+                 "of at least 8 (it rewrites the first two full-attention layers)")
+    if a.moe and a.hidden <= realistic_moe.TOPIC_DIMS:
+        sys.exit(f"error: --hidden must exceed {realistic_moe.TOPIC_DIMS} with MoE (the topics' "
+                 "coordinates)")
     t0 = time.perf_counter()
     scale = a.residual_scale if a.residual_scale is not None else calibrate(a.out, a)
     write_pair(a.out, a, scale)
