@@ -174,32 +174,53 @@ def nbytes(module, skip=()) -> int:
                if not any(k.startswith(s) for s in skip))
 
 
+def experts_per_token(args) -> int:
+    """The experts a token is routed to (0: no mixture of experts), from a model's args."""
+    return int(getattr(args, "num_experts_per_tok", 0) or getattr(args, "top_k_experts", 0) or 0)
+
+
+def unrouted_bytes(module, top_k: int) -> int:
+    """Bytes of ``module``'s routed expert stacks (mlx-lm's ``SwitchGLU``) that a one-token step
+    does not read: all but ``top_k`` of each layer's experts."""
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    skipped = 0
+    for _, m in module.named_modules():
+        if isinstance(m, SwitchGLU) and top_k:
+            experts = m.up_proj.num_experts
+            skipped += nbytes(m) * (experts - min(top_k, experts)) // experts
+    return skipped
+
+
 def step_bytes(model) -> dict:
     """Weight bytes one decode step must read: the target (its input embedding is a row lookup,
-    unless tied, when it is also the LM head) and one drafter step: the Qwen head and the LM head
-    it borrows (with a draft vocabulary, only its rows), or the Gemma 4 assistant with its own
-    head (with the centroid head, only the ``top_k`` of ``num_centroids`` clusters of that head
-    a step ranks)."""
+    unless tied, when it is also the LM head; of a mixture of experts' stacks, only its top-k
+    experts) and one drafter step: the Qwen head (of an MoE layer, its top-k experts) and the LM
+    head it borrows (with a draft vocabulary, only its rows), or the Gemma 4 assistant with its
+    own head (with the centroid head, only the ``top_k`` of ``num_centroids`` clusters of that
+    head a step ranks)."""
     from mlx.utils import tree_flatten
 
     target = model.target
     tied = target.args.tie_word_embeddings
+    top_k = experts_per_token(target.args)
     emb = target.trunk.embed_tokens
     emb_bytes = sum(v.nbytes for _, v in tree_flatten(emb.parameters()))
-    total = nbytes(target.model)
+    total = nbytes(target.model) - unrouted_bytes(target.model, top_k)
     target_step = total - (0 if tied else emb_bytes)
     lm_head = emb_bytes if tied else nbytes(target.lm.lm_head)
     out = {"target_step_bytes": target_step, "lm_head_bytes": lm_head}
     drafter = model.drafter
     if drafter is not None and hasattr(drafter, "head"):
         lm = getattr(drafter, "lm", None)
+        head = nbytes(drafter.head) - unrouted_bytes(drafter.head, top_k)
         if lm is not None and lm.ids is not None:
             rows = lm.tensors.nbytes
-            out["drafter_step_bytes"] = nbytes(drafter.head) + rows
+            out["drafter_step_bytes"] = head + rows
             out["drafter_step_reads"] = (f"head + the LM head's {lm.ids.size} draft-vocabulary "
                                          f"rows {rows / 1e6:.1f} MB")
         else:
-            out["drafter_step_bytes"] = nbytes(drafter.head) + lm_head
+            out["drafter_step_bytes"] = head + lm_head
             out["drafter_step_reads"] = "head + borrowed LM head"
     elif drafter is not None and hasattr(drafter, "assistant"):
         a = drafter.assistant
