@@ -1,23 +1,17 @@
 """The Gemma 4 side of ``benchmarks.realistic_pair``: a random target and an assistant that agrees
 with it the way the Qwen3.5 head does.
 
-The target is a ``gemma4_text`` model in the 26B/31B layout (five sliding-window layers, then one
-full-attention layer with K = V and one global KV head) whose LM head is its embedding table
-(tied) with the final logit softcap, as Gemma 4's checkpoints have them; with ``--moe`` every layer
-also has the 26B-A4B's expert block (a router, experts in HF's fused ``experts.gate_up_proj`` /
-``experts.down_proj`` stacks) beside its dense MLP. A tied head would map a token to itself, so
-the first layer's MLP branch is large (``FIRST_MLP_SCALE``): the last hidden state is mostly that
-branch, a random function u(x) of the token, and the target mostly maps token x to
-f(x) = argmax(embed . norm(u(x))). Gemma 4 normalises each residual branch before adding it, so
-the residual scale C is those norms' weight (relative to the stream: ``set_scale``): the other
-branches perturb the last hidden state by about C, and the context flips f's choice.
-
-The assistant (``gemma4_assistant``, four layers as the published ones, as wide as the target)
-computes f: ``pre_projection`` = [I | 0] keeps the drafted token's scaled embedding and drops the
-recurrent state, its first layer's MLP is a copy of the target's first (so its MLP is as wide as
-the target's dense one), its other layers add nothing (zero ``o_proj`` and ``down_proj``; they
-still read the target's K/V, so a draft step costs what a real one does), and its tied head is the
-target's table. A draft is then accepted where the context does not flip the target's choice.
+The target is ``gemma4_text`` in the 26B/31B layout (five sliding-window layers, then one full one,
+K = V, one global KV head), its LM head tied to its embedding with the final softcap, as Gemma 4's
+checkpoints; with ``--moe``, also 26B-A4B's expert block in every layer (HF's fused stacks). A tied
+head maps a token to itself, so the first MLP branch is large (``FIRST_MLP_SCALE``): the target
+mostly maps x to f(x) = argmax(embed . norm(u(x))), u that branch. Each residual branch is
+normalised before it is added, so the residual scale C is the post-branch norms' weight (relative
+to the stream, ``branch_norms``) and the context's perturbation flips f's choice. The assistant
+(``gemma4_assistant``, four layers) computes f: ``pre_projection`` = [I | 0] keeps the scaled
+embedding, its first MLP copies the target's, its other layers add nothing (zero ``o_proj`` and
+``down_proj``; they still read the target's K/V, as a real draft step), its tied head is the
+target's table.
 """
 
 from __future__ import annotations

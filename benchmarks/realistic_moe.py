@@ -1,22 +1,16 @@
-"""The mixture-of-experts side of ``benchmarks.realistic_pair``: the real routing, a router with
-the locality real ones have, and the distinct experts a round touched.
+"""The mixture-of-experts side of ``benchmarks.realistic_pair``: routing as published, routers with
+the locality real ones have, and the distinct experts each verify touched.
 
-Routing as published (``config.json``): Qwen3.5 / 3.6-35B-A3B 256 experts, top 8, plus a shared
-expert of 512 with its sigmoid gate, and an MTP head whose layer is itself MoE; Qwen3-Next-80B-A3B
-512 experts, top 10, shared 512, per-expert tensors; Gemma 4 26B-A4B 128 experts, top 8, beside a
-dense MLP in every layer. What is scaled to fit a CPU's memory in float32: the hidden size (2048 /
-2816 -> 1024), the layers (40 / 48 / 30 -> 8 / 8 / 6), the expert width (512 -> 128 for Qwen3.5,
-512 -> 64 for Qwen3-Next; Gemma 4's 704 -> 256 keeps its share of the hidden size) and the
-vocabulary (248k / 152k / 262k -> 32k, about the LM head's real share of a step's bytes).
-
-Locality: consecutive tokens share experts more often than chance (verifying 4 tokens loads about
-2.5x the distinct experts of one token in a published measurement, where a random top-8 of 256
-router loads 3.8x). Here the text has topics: ``TOPIC_DIMS`` coordinates of every embedding hold
-its topic's vector, and the LM head's rows lean towards their own topic's, so the next token stays
-in the current token's topic except about 3% of the time. Every router reads the topic with a share
-``locality`` of its logits' variance, the token with the rest: within a topic consecutive rows
-share their routing's topic part, and at 0.7 four rows of top-8 of 256 touch about 2.5x one row's
-experts. Records count the distinct experts each round really touched (``DistinctExperts``).
+``SHAPES``: the published routing (``config.json``) of Qwen3.5 / 3.6-35B-A3B (256 experts, top 8,
+a gated shared expert of 512, an MoE layer in the MTP head), Qwen3-Next-80B-A3B (512, top 10,
+shared 512, per-expert tensors) and Gemma 4 26B-A4B (128, top 8, beside a dense MLP); scaled to a
+CPU's memory in float32: hidden 2048 / 2816 -> 1024, layers 40 / 48 / 30 -> 8 / 8 / 6, expert
+width 512 -> 128 (Qwen3.5), 512 -> 64 (Qwen3-Next), 704 -> 256 (Gemma 4, its share of the hidden
+size), vocabulary -> 32k (about the LM head's share of a real step's bytes). Locality: the text has
+topics (``TOPIC_DIMS`` coordinates of each embedding hold its topic's vector, the LM head leans to
+the current topic, about 3% of tokens change it), and each router reads the topic with a share
+``locality`` of its logits' variance: a published measurement has 4 verified tokens load about
+2.5x one token's experts, which 0.7 gives for top-8 of 256 (random routes: 3.8x).
 """
 
 from __future__ import annotations

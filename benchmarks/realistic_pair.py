@@ -1,7 +1,8 @@
 """A random-weight pair of realistic size whose drafter accepts like a published MTP head.
 
     python -m benchmarks.realistic_pair OUT [--family qwen3_5|qwen3_next|gemma4] [--moe]
-        [--hidden 1024 --layers 12 --vocab 131072] [--first-draft-acceptance 0.9 | --residual-scale C]
+        [--hidden 1024 --layers 12 --vocab 131072]
+        [--first-draft-acceptance 0.9 | --residual-scale C]
 
 ``--family qwen3_5`` (default) and ``qwen3_next`` write one folder, the target with its ``mtp.*``
 head (``benchmarks.realistic_qwen``); ``--family gemma4`` writes ``OUT/target`` and

@@ -1,28 +1,21 @@
 """A mixture of experts' verify that reads each routed expert once: mlx-lm's ``SwitchGLU`` with its
 rows grouped by expert, every product bitwise the one-token decode's.
 
-mlx-lm's ``SwitchGLU`` computes each (row, expert) pair with its own one-row BLAS call
-(``gather_mm``; mlx-lm sorts the pairs by expert only from 64 pairs on), so a verify of w rows
-reads an expert once for every row routed to it. Inside a verify (``row_exact.verifying()``,
-which the one-token ``Target.decode`` steps enter too) a switched layer computes a block of rows
-by the first method a bitwise check accepted for that width, on the layer's own weights:
-
-- ``kernel``: the expert kernel (``mlx_mtp.cpu.expert_kernel``): each expert's rows in one pass
-  over its weight in BLIS's one-row order, on every core for large reads (``row_exact``'s
-  thread rule); one row too, where it reads on every core where BLIS's one-row call reads on one.
-- ``sorted``: mlx-lm's own products with the pairs sorted by expert (``gather_mm`` /
-  ``gather_qmm`` with ``sorted_indices``): still one one-row call per pair, so exact by
-  construction, but an expert's later rows find its weight in cache (quantized experts too).
-- else ``gather``: mlx-lm's own call, unchanged.
-
-The check (``install``, once per layer signature) compares each method's rows with the layer's
-one-row calls, bitwise, at every width 1..max_width, for rows sharing all their experts, rows
-sharing none and seeded random routes. The exactness probe still has the last word.
+mlx-lm computes each (row, expert) pair with its own one-row ``gather_mm`` call, so a verify of w
+rows reads an expert once per row routed to it. Inside a verify (``row_exact.verifying()``, the
+one-token ``Target.decode`` steps too) a switched layer computes a block by the first method its
+check accepted for that width (``choose``): ``kernel``, the expert kernel
+(``mlx_mtp.cpu.expert_kernel``: each expert's rows in one pass over its weight, BLIS's one-row
+order); ``sorted``, mlx-lm's own one-row calls with the pairs sorted by expert (an expert's later
+rows find it in cache; quantized experts too); else ``gather``, mlx-lm's call. The check
+(``install``, once per layer signature, on the layer's own weights) compares a method's rows with
+the layer's one-row calls bitwise at every width 1..max_width, for rows sharing all their experts,
+rows sharing none and seeded random routes. The exactness probe still has the last word.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,14 +62,17 @@ def _threads(weight: mx.array, pairs: int, rows: int) -> int:
     return row_exact.kernel_threads(one * pairs)
 
 
-def kernel_call(glu: SwitchGLU, x: mx.array, indices: mx.array) -> mx.array:
+def kernel_call(glu: SwitchGLU, x: mx.array, indices: mx.array,
+                stacks: Optional[Tuple[mx.array, mx.array, mx.array]] = None) -> mx.array:
     """``SwitchGLU.__call__`` with every product through the expert kernel: the same ops
-    (up, gate, the layer's activation, down), the same output shape."""
+    (up, gate, the layer's activation, down), the same output shape. ``stacks``: (up, gate,
+    down) to read instead of the layer's own (the drafter's bfloat16 copies)."""
     *lead, k = indices.shape
     D = x.shape[-1]
     idx = indices.reshape(-1, k)
     n = idx.size
-    up, gate, down = glu.up_proj["weight"], glu.gate_proj["weight"], glu.down_proj["weight"]
+    up, gate, down = stacks or (glu.up_proj["weight"], glu.gate_proj["weight"],
+                                glu.down_proj["weight"])
     width = up.shape[1]
     threads = _threads(up, n, idx.shape[0])
     x_up = expert_kernel.products(x.reshape(-1, D), idx, up, threads).reshape(*lead, k, 1, width)
@@ -143,8 +139,10 @@ def kernel_fits(glu: SwitchGLU) -> bool:
 
 
 def choose(glu: SwitchGLU, max_width: int) -> Dict[int, str]:
-    """Width -> method for widths 1..max_width (``KERNEL`` from one row; ``SORTED`` from two,
-    where it is the same as mlx-lm's call at one); widths missing keep mlx-lm's call."""
+    """Width -> method for widths 1..max_width, the first whose check passes: ``KERNEL`` (from
+    one row: it reads a one-token step's experts on every core where BLIS's one-row call reads
+    on one; by ``row_exact``'s thread rule), then ``SORTED`` (from two rows: at one it is
+    mlx-lm's call); widths missing keep mlx-lm's call."""
     chosen: Dict[int, str] = {}
     if expert_kernel.problem() is None and kernel_fits(glu):
         chosen.update((w, KERNEL) for w in passing_widths(glu, kernel_call, max_width))
@@ -155,7 +153,8 @@ def choose(glu: SwitchGLU, max_width: int) -> Dict[int, str]:
 
 
 def _signature(glu: SwitchGLU, max_width: int) -> Tuple:
-    arrays = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(tree_flatten(glu.parameters())))
+    arrays = tuple((k, tuple(v.shape), str(v.dtype))
+                   for k, v in sorted(tree_flatten(glu.parameters())))
     return (type(glu.activation).__name__, type(glu.up_proj).__name__, kernel_fits(glu),
             max_width) + arrays
 

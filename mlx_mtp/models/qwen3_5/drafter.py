@@ -17,6 +17,7 @@ from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.draft_profile import DraftProfiler
@@ -74,13 +75,14 @@ class MTPHead(nn.Module):
 
 
 def bf16_candidates(head: MTPHead, target, vocab_ids: Optional[mx.array]) -> list:
-    """The matrices ``DraftOptions.bf16`` copies to bfloat16: the head's and the LM head rows it
-    drafts over; empty where any is quantized (the option is for float heads)."""
+    """The matrices ``DraftOptions.bf16`` copies to bfloat16: the head's (an MoE layer's expert
+    stacks too) and the LM head rows it drafts over; empty where any is quantized (the option is
+    for float heads)."""
     modules = [m for _, m in head.named_modules()]
-    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear))
            for m in modules + [target.lm_head_module]):
         return []
-    matrices = [m.weight for m in modules if isinstance(m, nn.Linear)]
+    matrices = [m.weight for m in modules if isinstance(m, (nn.Linear, SwitchLinear))]
     lm = target.lm_head_module.weight
     return matrices + [lm if vocab_ids is None else lm[vocab_ids]]
 
@@ -107,6 +109,9 @@ class QwenMTPDrafter(DrafterDefaults):
                          options.bf16, lambda: bf16_candidates(head, target, vocab_ids)))
         self.row_kernel = (options.compiled and not self.bf16
                            and row_products.resolve(options.row_kernel))
+        # An MoE layer's experts through the expert kernel (row_products.KernelSwitchGLU).
+        self.expert_layers = (row_products.experts_through_kernel(head, self.bf16)
+                              if options.compiled else 0)
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
                               chunk=options.fused_chunk, rows_by_kernel=self.row_kernel,
                               bf16=self.bf16)
@@ -309,6 +314,7 @@ class QwenMTPDrafter(DrafterDefaults):
                 "merged": self.compiled is not None and self.compiled.fast is not None,
                 "row_kernel": self.row_kernel,
                 "bf16": self.bf16,
+                "expert_kernel_layers": self.expert_layers,
                 "fused_argmax": self.lm.fused,
                 "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
                 "quantized_layers": len(quantized),

@@ -20,10 +20,14 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 
+from mlx_lm.models.switch_layers import SwitchGLU
+
 from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.cpu import expert_kernel
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.errors import MTPError
+from mlx_mtp.exactness import grouped_experts
 
 AUTO_BLAS = ("OpenBLAS",)  # the loaded BLAS libraries ``None`` turns it on for
 
@@ -151,3 +155,38 @@ def matmul_for(weight: mx.array, on: bool, bf16: bool = False) -> Callable[[mx.a
         return x @ weight.T
     by_blas.by_kernel = False
     return by_blas
+
+
+class KernelSwitchGLU(SwitchGLU):
+    """mlx-lm's ``SwitchGLU`` in the drafter: every call through the expert kernel
+    (``grouped_experts.kernel_call``: an accept hook's rows read each expert once, a draft step's
+    experts on every core for large reads), on bfloat16 copies of the stacks where the drafter
+    runs in bfloat16 (``kernel_stacks``)."""
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        stacks = self.__dict__.get("kernel_stacks")
+        if stacks is None and not grouped_experts.kernel_fits(self):  # quantized since
+            return super().__call__(x, indices)
+        return grouped_experts.kernel_call(self, x, indices, stacks)
+
+
+def experts_through_kernel(head, bf16: bool) -> int:
+    """Switch the head's mixture-of-experts layers (mlx-lm's ``SwitchGLU``) to
+    ``KernelSwitchGLU`` where the expert kernel runs and takes their stacks (with ``bf16``, on
+    bfloat16 copies: half the bytes). The sums are BLIS's one-row order, so with BLIS the drafts
+    are the BLAS's; with another BLAS a draft may differ in a near tie, never the output. Returns
+    how many layers switched."""
+    if expert_kernel.problem() is not None:
+        return 0
+    switched = 0
+    for _, m in head.named_modules():
+        if type(m) is not SwitchGLU or not grouped_experts.kernel_fits(m):
+            continue
+        if bf16:
+            stacks = tuple(mx.contiguous(p["weight"].astype(mx.bfloat16))
+                           for p in (m.up_proj, m.gate_proj, m.down_proj))
+            mx.eval(stacks)
+            m.__dict__["kernel_stacks"] = stacks  # a plain attribute, not a parameter
+        m.__class__ = KernelSwitchGLU
+        switched += 1
+    return switched
