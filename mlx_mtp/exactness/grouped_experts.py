@@ -52,14 +52,13 @@ def rows_of(indices: mx.array) -> int:
     return n
 
 
-def _threads(weight: mx.array, pairs: int, rows: int) -> int:
-    """The kernel's threads for ``pairs`` (row, expert) products with ``weight [E, N, K]``: as the
-    row kernel's for one layer (``row_exact``): a one-row step reads its ``pairs`` experts;
-    a block's work is the bytes of one expert times the pairs."""
-    one = weight.nbytes // weight.shape[0]
-    if rows == 1:
-        return row_exact.one_row_threads(one * pairs)
-    return row_exact.kernel_threads(one * pairs)
+def _threads(weight: mx.array, pairs: int) -> int:
+    """The kernel's threads for ``pairs`` (row, expert) products with ``weight [E, N, K]``: a
+    read of at most ``pairs`` of its experts, which the one-row kernel's rule prices
+    (``row_exact.one_row_threads``: every core from ``ONE_ROW_PARALLEL_BYTES`` on); the rows
+    beside the read add little work."""
+    return row_exact.one_row_threads(weight.nbytes // weight.shape[0]
+                                     * min(pairs, weight.shape[0]))
 
 
 def kernel_call(glu: SwitchGLU, x: mx.array, indices: mx.array,
@@ -74,12 +73,12 @@ def kernel_call(glu: SwitchGLU, x: mx.array, indices: mx.array,
     up, gate, down = stacks or (glu.up_proj["weight"], glu.gate_proj["weight"],
                                 glu.down_proj["weight"])
     width = up.shape[1]
-    threads = _threads(up, n, idx.shape[0])
+    threads = _threads(up, n)
     x_up = expert_kernel.products(x.reshape(-1, D), idx, up, threads).reshape(*lead, k, 1, width)
     x_gate = expert_kernel.products(x.reshape(-1, D), idx, gate, threads).reshape(*lead, k, 1,
                                                                                     width)
     act = glu.activation(x_up, x_gate).reshape(n, width)
-    out = expert_kernel.products(act, idx.reshape(n, 1), down, _threads(down, n, idx.shape[0]))
+    out = expert_kernel.products(act, idx.reshape(n, 1), down, _threads(down, n))
     return out.reshape(*lead, k, D)
 
 
