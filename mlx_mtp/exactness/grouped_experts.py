@@ -141,8 +141,11 @@ def choose(glu: SwitchGLU, max_width: int) -> Dict[int, str]:
     """Width -> method for widths 1..max_width, the first whose check passes: ``KERNEL`` (from
     one row: it reads a one-token step's experts on every core where BLIS's one-row call reads
     on one; by ``row_exact``'s thread rule), then ``SORTED`` (from two rows: at one it is
-    mlx-lm's call); widths missing keep mlx-lm's call."""
+    mlx-lm's call); widths missing keep mlx-lm's call. On the CPU only (where these were
+    measured; a GPU keeps mlx-lm's kernels)."""
     chosen: Dict[int, str] = {}
+    if mx.default_device() != mx.cpu:  # measured on the CPU only: elsewhere mlx-lm's kernels
+        return chosen
     if expert_kernel.problem() is None and kernel_fits(glu):
         chosen.update((w, KERNEL) for w in passing_widths(glu, kernel_call, max_width))
     if max_width >= 2 and any(w not in chosen for w in range(2, max_width + 1)):

@@ -134,3 +134,11 @@ def test_the_report_and_its_table_cell(monkeypatch):
     assert grouped_experts.summary(grouped_experts.report(model)).endswith(
         "; expert kernel unavailable (no (test))")
     assert grouped_experts.report(nn.Linear(4, 4)) == {}
+
+
+def test_off_the_cpu_the_layers_keep_mlx_lms_kernels(monkeypatch):
+    """Measured on the CPU only: on another device nothing is checked or switched."""
+    model = Block()
+    monkeypatch.setattr(grouped_experts.mx, "default_device", lambda: mx.gpu)
+    assert grouped_experts.install(model, 4) == {}
+    assert type(model.experts) is SwitchGLU
