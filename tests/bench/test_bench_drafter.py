@@ -31,7 +31,8 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     # Each arm runs what it says.
     # (a quantized head runs unmerged: mlx_mtp.models.qwen3_5.fused_head merges plain products only)
     assert rows["all"]["draft"] == {"device_ids": True, "compiled": True, "merged": False,
-                                    "row_kernel": False, "bf16": False, "fused_argmax": True,
+                                    "row_kernel": False, "bf16": False,
+                                    "expert_kernel_layers": 0, "fused_argmax": True,
                                     "vocab_size": 128,
                                     "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
                                     "fc_quantized": False}

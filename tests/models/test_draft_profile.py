@@ -101,7 +101,8 @@ def test_cli_json_carries_draft_profile(dense_dir, monkeypatch, capsys):
         assert prof["synchronized"] is synchronized and prof["steps"] > 0
         assert set(prof) >= {f"{s}_ms" for s in STAGES} | {"step_ms", "steps", "accept"}
         assert out["draft"] == {"device_ids": True, "compiled": True, "merged": True,
-                                "row_kernel": False, "bf16": False, "fused_argmax": False,
+                                "row_kernel": False, "bf16": False,
+                                "expert_kernel_layers": 0, "fused_argmax": False,
                                 "vocab_size": 320,
                                 "reduced_vocab": False, "quantized_layers": 0, "bits": [],
                                 "fc_quantized": False}
