@@ -56,6 +56,25 @@ def expert_bytes(model) -> dict:
             "routed": routed, "dense": common.nbytes(target.model) - routed - emb}
 
 
+def drafter_bytes(model) -> int:
+    """Bytes a draft step of the Qwen head reads: its weights but the experts it is not routed
+    to (their bfloat16 copies where the drafter reads those) and the LM head's rows it drafts
+    over, as it holds them (0: no such drafter)."""
+    drafter = model.drafter
+    head = getattr(drafter, "head", None)
+    if head is None:
+        return 0
+    from mlx_lm.models.switch_layers import SwitchGLU
+
+    top_k = common.experts_per_token(model.target.args)
+    half = 2 if drafter.bf16 else 1
+    stacks = [m for _, m in head.named_modules() if isinstance(m, SwitchGLU)]
+    routed = sum(common.nbytes(m) * min(top_k, m.up_proj.num_experts) // m.up_proj.num_experts
+                 for m in stacks)
+    dense = common.nbytes(head) - sum(common.nbytes(m) for m in stacks)
+    return dense + routed // half + drafter.lm.tensors.nbytes  # the LM head's rows as read
+
+
 def count_experts(args, model, prompts: dict) -> dict:
     """Width -> mean distinct experts per layer of the verifies of the fixed blocks' T=0
     generations (the same rounds the timed runs made), and the methods the stats name."""
@@ -103,12 +122,13 @@ def verify_floors(args, arms: dict, model, prompts: dict, bw: float) -> dict:
             "method": counted["methods"].get(str(w), {})})
     synced = [r["stats"] for r in arms.get("synced", []) if r["arm"] != "classic"]
     steps = sum(max(s["drafted"] - s["rounds"], 0) for s in synced)  # the accept hook drafts one
-    drafter_floor = arms.get("drafter_step_floor_ms")
+    drafter = drafter_bytes(model)
     return {"bandwidth_gbs": bw, **parts, "step_floor_ms": step_bytes / bw / 1e6,
             "synced_step_ms": step_ms, "widths": widths,
             "drafter_step_ms": (sum(s["phase_ms"]["draft"] for s in synced) / steps
                                 if steps else None),
-            "drafter_step_floor_ms": drafter_floor}
+            "drafter_step_bytes": drafter,
+            "drafter_step_floor_ms": drafter / bw / 1e6 if drafter else None}
 
 
 def run(args, watch) -> dict:
