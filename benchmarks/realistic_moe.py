@@ -4,7 +4,7 @@ the locality real ones have, and the distinct experts each verify touched.
 ``SHAPES``: the published routing (``config.json``) of Qwen3.5 / 3.6-35B-A3B (256 experts, top 8,
 a gated shared expert of 512, an MoE layer in the MTP head), Qwen3-Next-80B-A3B (512, top 10,
 shared 512, per-expert tensors) and Gemma 4 26B-A4B (128, top 8, beside a dense MLP); scaled to a
-CPU's memory in float32: hidden 2048 / 2816 -> 1024, layers 40 / 48 / 30 -> 8 / 8 / 6, expert
+CPU's memory in float32: hidden 2048 / 2816 -> 1024, layers 40 / 48 / 30 -> 8 / 8 / 12, expert
 width 512 -> 128 (Qwen3.5), 512 -> 64 (Qwen3-Next), 704 -> 256 (Gemma 4, its share of the hidden
 size), vocabulary -> 32k (about the LM head's share of a real step's bytes). Locality: the text has
 topics (``TOPIC_DIMS`` coordinates of each embedding hold its topic's vector, the LM head leans to
@@ -33,7 +33,7 @@ SHAPES: Dict[str, dict] = {
                     vocab=32768),
     "qwen3_next": dict(experts=512, top_k=10, expert_width=64, shared_width=512, layers=8,
                        vocab=32768),
-    "gemma4": dict(experts=128, top_k=8, expert_width=256, shared_width=0, layers=6,
+    "gemma4": dict(experts=128, top_k=8, expert_width=256, shared_width=0, layers=12,
                    vocab=32768, intermediate=768),
 }
 

@@ -177,7 +177,7 @@ def parse_args(argv=None):
                         "26B-A4B), routed as published (benchmarks.realistic_moe)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=None,
-                   help="default 12; with MoE 8 (Qwen) or 6 (Gemma 4)")
+                   help="default 12; with MoE 8 (Qwen) or 12 (Gemma 4)")
     p.add_argument("--vocab", type=int, default=None, help="default 131072; with MoE 32768")
     p.add_argument("--intermediate", type=int, default=None,
                    help="the dense MLP's width: default 3584; Gemma 4 with MoE 768")
