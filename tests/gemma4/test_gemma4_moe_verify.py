@@ -4,7 +4,7 @@
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from support.native_support import one_row_products_in_kernel_order, require_lazy
 from support.packed import assert_packed_verify_equals_alone
 from support.tiny_gemma4 import Checkpoints

@@ -5,7 +5,7 @@ agreeing head it keeps drafting. The chooser sees round times from a cost model 
 
 import mlx.core as mx
 import pytest
-from conftest import reference_greedy
+from support.reference import reference_greedy
 from support import tiny_checkpoints as tc
 
 import mlx_mtp
@@ -20,10 +20,10 @@ class PricedChooser(BlockChooser):
     """``auto``'s chooser, each round timed by a model of an MoE target: a verify of w rows costs
     1 + 0.3 (w - 1) plain steps (its rows read about 1.5x one row's experts), a draft step 0.15."""
 
-    def observe(self, drafts, accepted, wall_s):
+    def record_round(self, drafts, accepted, wall_s):
         if wall_s is not None:
             wall_s = 0.05 * (1 + 0.3 * drafts + 0.15 * max(drafts - 1, 0))
-        super().observe(drafts, accepted, wall_s)
+        super().record_round(drafts, accepted, wall_s)
 
 
 def run(path, prompt):

@@ -5,7 +5,8 @@ bound BLAS reduces one row in the kernel's order, the output greedy either way."
 
 import mlx.core as mx
 import pytest
-from conftest import CODE_PROMPT, draft_accept_draft, reference_greedy
+from support.head_round_trip import draft_accept_draft
+from support.reference import CODE_PROMPT, reference_greedy
 from mlx_lm.models.switch_layers import SwitchGLU
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc

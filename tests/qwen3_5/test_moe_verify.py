@@ -6,7 +6,7 @@ distribution."""
 
 import mlx.core as mx
 import pytest
-from conftest import CODE_PROMPT, reference_greedy
+from support.reference import CODE_PROMPT, reference_greedy
 from mlx_lm.models.switch_layers import SwitchGLU
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc
