@@ -31,7 +31,7 @@ import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core load
 
 from benchmarks import bench_mtp, common
 from mlx_mtp.convert import convert
-from mlx_mtp.decoding.block_chooser import DEFAULT_MAX_BLOCK_SIZE
+from mlx_mtp.decoding.limits import DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.demo import demo_path
 
 

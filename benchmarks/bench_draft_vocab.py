@@ -30,7 +30,7 @@ import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 
 from benchmarks import common
 from benchmarks.common import PLAIN, mtp_decode, plain_decode
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.qwen3_5 import vocab_reduction
 from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter

@@ -51,7 +51,7 @@ from benchmarks import common
 from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
 from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.decoding.stats import PHASES as ROUND_PHASES
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 from mlx_mtp.models.draft_profile import ACCEPT_STAGES, PROFILE_ENV, STAGES
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.options import DraftOptions

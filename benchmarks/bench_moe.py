@@ -23,7 +23,7 @@ import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 import mlx.core as mx
 
 from benchmarks import bench_mtp, common, realistic_moe
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 
 AUTO = bench_mtp.AUTO
 

@@ -43,7 +43,7 @@ from mlx_mtp.decoding.acceptance import REQUESTABLE_RULES
 from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.decoding.sampling import make_sampler
 from mlx_mtp.decoding.stats import PHASES
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 from mlx_mtp.models.options import DraftOptions
 
 AUTO = "auto"

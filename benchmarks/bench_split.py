@@ -42,8 +42,8 @@ def worker(args) -> None:
     import mlx_mtp  # noqa: F401  (first: binds the system BLAS)
     from mlx_mtp.decoding.stats import RunStats
     from mlx_mtp.decoding.plain import plain_generate_step
-    from mlx_mtp.decoding.rounds import speculative_generate_step
-    from mlx_mtp.generate import encode_prompt
+    from mlx_mtp.decoding.responses import encode_prompt
+    from mlx_mtp.generate import speculative_generate_step
 
     model, tokenizer = mlx_mtp.load(args.model, split=args.split)
     arms = {

@@ -28,7 +28,7 @@ import mlx_mtp  # first: binds the system BLAS before mlx.core loads
 
 from benchmarks import common
 from benchmarks.common import PLAIN, mtp_decode, plain_decode
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 
 AUTO = "auto"
 MAX_WIDTH = 6  # the widest block of an auto arm (its --max-block-size)

@@ -113,7 +113,7 @@ def first_draft_acceptance(out: Path, family: str) -> float:
 
 def acceptance_of(model, tokenizer) -> float:
     from mlx_mtp.decoding.stats import RunStats
-    from mlx_mtp.generate import encode_prompt
+    from mlx_mtp.decoding.responses import encode_prompt
 
     drafted = accepted = 0
     for prompt in CALIBRATION_PROMPTS:

@@ -35,7 +35,7 @@ from benchmarks import common
 from mlx_mtp.decoding.sampling import make_sampler
 from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.block_vs_chain import probe_exactness
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 
 ARMS = ("byte-gate", "distribution", "plain-verify")
 

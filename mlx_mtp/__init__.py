@@ -22,8 +22,8 @@ from mlx_mtp.errors import MTPError  # noqa: E402
 from mlx_mtp.models.registry import load, load_model  # noqa: E402
 from mlx_mtp.io.prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache  # noqa: E402
 from mlx_mtp.decoding.sampling import make_sampler  # noqa: E402
-from mlx_mtp.decoding.rounds import generate_step, speculative_generate_step  # noqa: E402
-from mlx_mtp.generate import generate, stream_generate  # noqa: E402
+from mlx_mtp.generate import (generate, generate_step, speculative_generate_step,  # noqa: E402
+                              stream_generate)
 from mlx_mtp.batch_generate import batch_generate  # noqa: E402
 
 

@@ -11,10 +11,9 @@ from mlx_lm.generate import BatchResponse, BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlx_mtp.decoding.batch_rounds import BatchRounds
-from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
+from mlx_mtp.decoding.block_chooser import AUTO
+from mlx_mtp.decoding.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BLOCK_SIZE
 from mlx_mtp.errors import MTPError
-
-DEFAULT_MAX_BATCH = 8
 
 # generate_step's per-sequence arguments batch_generate passes on (the same for every prompt)
 _SEQUENCE_KWARGS = ("sampler", "logits_processors", "seed", "acceptance", "prefill_step_size")
@@ -25,13 +24,34 @@ def batch_generate(model, tokenizer, prompts: List[List[int]],
                    max_tokens: Union[int, List[int]] = 128, verbose: bool = False,
                    return_prompt_caches: bool = False, return_token_ids: bool = False,
                    return_logprobs: bool = False, **kwargs) -> BatchResponse:
-    """mlx-lm's ``batch_generate``: the texts of ``prompts`` (lists of token ids), each up to
-    its ``max_tokens`` (one for all, or one per prompt) or its EOS, as a ``BatchResponse``.
-    Up to ``max_batch`` (default 8) sequences decode together in batched MTP rounds; the rest
-    join as others finish. ``kwargs``: ``block_size``, ``max_block_size``, ``max_batch``, and
-    generate_step's ``sampler``, ``logits_processors``, ``seed``, ``acceptance``,
-    ``prefill_step_size`` (for every prompt). At temperature 0 each text is what
-    ``mlx_mtp.generate`` gives for its prompt alone."""
+    """Generate responses for a batch of prompts, as mlx-lm's ``batch_generate``.
+
+    Up to ``max_batch`` sequences decode together in batched MTP rounds
+    (``mlx_mtp.decoding.batch_rounds``); the rest join as others finish. At temperature 0 each
+    text is what ``mlx_mtp.generate`` gives for its prompt alone.
+
+    Args:
+        model (MTPModel): The model, from ``mlx_mtp.load``.
+        tokenizer (TokenizerWrapper): The tokenizer ``mlx_mtp.load`` returned.
+        prompts (List[List[int]]): The prompts' token ids.
+        prompt_caches: Must be None (use ``generate_step`` with a prompt cache per turn).
+          Default: ``None``.
+        max_tokens (Union[int, List[int]]): The most tokens per prompt, one for all or one per
+          prompt. Default: ``128``.
+        verbose (bool): Print progress and timing lines. Default: ``False``.
+        return_prompt_caches (bool): Must be False. Default: ``False``.
+        return_token_ids (bool): Return the generated token ids. Default: ``False``.
+        return_logprobs (bool): Return each generated token's log probability.
+          Default: ``False``.
+        kwargs: ``block_size`` (default ``"auto"``), ``max_block_size`` (default ``6``) and
+          ``max_batch`` (default ``8``), and ``generate_step``'s ``sampler``,
+          ``logits_processors``, ``seed``, ``acceptance``, ``prefill_step_size`` (the same for
+          every prompt).
+
+    Returns:
+        BatchResponse: mlx-lm's: the texts, ``BatchStats``, and the token ids and logprobs
+          where asked for.
+    """
     if prompt_caches is not None or return_prompt_caches:
         raise MTPError("batch_generate takes no prompt caches (prompt_caches, "
                        "return_prompt_caches): use generate_step with a prompt cache per turn")

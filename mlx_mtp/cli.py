@@ -1,16 +1,22 @@
-"""What the CLIs share: a parser whose errors are one line, checked argument types, and
-``cli_main`` (parse, run, print a table or ``--json``; ``MTPError`` -> one line and exit 1)."""
+"""What the CLIs share: a parser whose errors are one line, checked argument types, the
+speculation and drafter flags of ``mlx_mtp.generate`` and ``mlx_mtp.server``
+(``add_speculation_args``, ``speculation_options``), and ``cli_main`` (parse, run, print a table
+or ``--json``; ``MTPError`` -> one line and exit 1)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Tuple
 
+from mlx_mtp.decoding.acceptance import REQUESTABLE_RULES
 from mlx_mtp.decoding.block_chooser import AUTO
+from mlx_mtp.decoding.limits import (DEFAULT_MAX_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TOPK,
+                                     block_size_problem)
+from mlx_mtp.decoding.speculation import CLI_NAMES, SpeculationOptions
 from mlx_mtp.errors import MTPError
-from mlx_mtp.decoding.rounds import block_size_problem
-from mlx_mtp.models.draft_tree import MAX_TOPK
+from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,6 +92,63 @@ def _checked(parse, what: str, ok, bound: str):
 
 unit_interval = _checked(float, "a number", lambda v: 0.0 <= v <= 1.0, "between 0 and 1")
 non_negative_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
+
+
+def add_speculation_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how a run speculates and how its drafter runs, the same (names, types,
+    defaults, help) for ``mlx_mtp.generate`` and ``mlx_mtp.server``; ``speculation_options``
+    reads them."""
+    parser.add_argument(
+        "--block-size", type=block_size_or_auto, default=AUTO,
+        help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain decode "
+             f"through the MTP loop), or auto: chosen every round from the acceptance and round "
+             f"costs measured so far (default)")
+    parser.add_argument("--max-block-size", type=block_size, default=DEFAULT_MAX_BLOCK_SIZE,
+                        help=f"the widest block --block-size auto may choose (default "
+                             f"{DEFAULT_MAX_BLOCK_SIZE})")
+    parser.add_argument(
+        "--draft-topk", type=draft_topk, default=1,
+        help=f"children drafted per tree node (1..{MAX_TOPK}; default 1: a chain). Above 1 each "
+             "round drafts a tree, its depth --block-size less one, and verifies it in one "
+             "forward; under --block-size auto (temperature 0 only) a round drafts a chain or a "
+             "tree, whichever measured faster")
+    parser.add_argument("--draft-tokens", type=positive_int, default=None,
+                        help="most draft nodes a tree verifies per round (default: --draft-topk "
+                             "per depth)")
+    parser.add_argument(
+        "--acceptance", choices=REQUESTABLE_RULES, default="auto",
+        help="how drafts are accepted at temperature > 0 (default auto: speculative-sampling "
+             "with a fixed --block-size, gumbel-coupled under --block-size auto, when the drafter "
+             "can sample, else point-mass). At temperature 0 the rule is greedy. The stats name "
+             "the rule used: greedy, point-mass, speculative-sampling or gumbel-coupled")
+    parser.add_argument("--draft-vocab", default=None,
+                        help="reduced draft vocabulary sidecar folder (python -m "
+                             "mlx_mtp.draft_vocab)")
+    parser.add_argument("--draft-bits", type=int, choices=QUANT_BITS, default=None,
+                        help="quantize the MTP head's projections at load (default: as loaded)")
+    parser.add_argument("--draft-group-size", type=int, choices=QUANT_GROUP_SIZES, default=64,
+                        help="quantization group size for --draft-bits")
+    parser.add_argument("--draft-quantize-fc", action="store_true",
+                        help="with --draft-bits, quantize the head's fc too")
+    parser.add_argument(
+        "--draft-bf16", action="store_true",
+        help="CPU: the draft step's products on bfloat16 copies of the head's and the draft LM "
+             "head's weights, through mlx_mtp's bf16 kernel (half the bytes), also where the "
+             "copy rounds a float32 head (drafts may then differ in a near tie, the output never "
+             "does). Default: on where it rounds nothing (a bfloat16 checkpoint)")
+
+
+def speculation_options(args) -> Tuple[SpeculationOptions, DraftOptions]:
+    """The options ``add_speculation_args``'s flags give, checked before anything loads (errors
+    name the flags)."""
+    speculation = SpeculationOptions(block_size=args.block_size,
+                                     max_block_size=args.max_block_size,
+                                     draft_topk=args.draft_topk, draft_tokens=args.draft_tokens,
+                                     acceptance=args.acceptance, names=CLI_NAMES)
+    draft = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
+                         group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc,
+                         bf16=True if args.draft_bf16 else None)
+    return speculation, draft
 
 
 def cli_main(parser, run_fn, show, argv=None, *, args=None) -> int:

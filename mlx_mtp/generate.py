@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
-from typing import Generator, Iterator, List, Optional, Tuple, Union
+from dataclasses import replace
+from typing import Generator, List, Optional, Union
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationResponse, wired_limit
+from mlx_lm.generate import wired_limit
 from mlx_lm.sample_utils import make_logits_processors
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tabulate import tabulate
 
-from mlx_mtp.cli import (Parser, block_size, block_size_or_auto, cli_main, draft_topk,
-                         non_negative_float, non_negative_int, positive_int, temperature,
+from mlx_mtp.cli import (Parser, add_speculation_args, cli_main, non_negative_float,
+                         non_negative_int, positive_int, speculation_options, temperature,
                          unit_interval)
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops, native
-from mlx_mtp.decoding.acceptance import REQUESTABLE_RULES
-from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
-from mlx_mtp.decoding.plain import plain_generate_step
-from mlx_mtp.decoding.rounds import (MAX_BLOCK_SIZE, check_no_draft_model, generate_step,
-                                     speculative_generate_step)
+from mlx_mtp.decoding.api import check_no_draft_model, generate_step, speculative_generate_step
+from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
+from mlx_mtp.decoding.limits import DEFAULT_MAX_BLOCK_SIZE, DEFAULT_MAX_TOKENS
+from mlx_mtp.decoding.plain import plain_stream_generate
+from mlx_mtp.decoding.responses import prepare, stream_responses
 from mlx_mtp.decoding.sampling import make_sampler
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.demo import (DEMO_DECODE, REPETITION_CONTEXT_SIZE, model_or_demo,
@@ -39,60 +38,63 @@ from mlx_mtp.exactness.gate import table_rows as gate_table_rows
 from mlx_mtp.models import registry
 from mlx_mtp.models.distributed import SPLITS
 from mlx_mtp.models.draft_profile import table_rows as draft_profile_rows
-from mlx_mtp.models.draft_tree import CLI_NAMES, MAX_TOPK, tree_shape
-from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES, DraftOptions
 
 __all__ = ["generate", "stream_generate", "generate_step", "speculative_generate_step", "main"]
-
-DEFAULT_MAX_TOKENS = 256
-DEFAULT_BLOCK_SIZE = AUTO
-
-
-@dataclass
-class MTPGenerationResponse(GenerationResponse):
-    """mlx-lm's response; the last one of a run also carries ``stats``."""
-
-    stats: Optional[RunStats] = None
-
-
-def encode_prompt(tokenizer, prompt: Union[str, List[int], mx.array]) -> mx.array:
-    if isinstance(prompt, mx.array):
-        return prompt
-    if isinstance(prompt, str):
-        add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
-        prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
-    return mx.array(prompt)
 
 
 def stream_generate(model, tokenizer, prompt: Union[str, mx.array, List[int]],
                     max_tokens: int = DEFAULT_MAX_TOKENS, draft_model=None, stream=None, *,
-                    block_size=DEFAULT_BLOCK_SIZE, max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
-                    stats: Optional[RunStats] = None,
-                    **kwargs) -> Generator:
-    """mlx-lm's ``stream_generate``: yields ``GenerationResponse``s (``text``, ``token``,
-    ``logprobs``, ``from_draft``, ``prompt_tokens``, ``prompt_tps``, ``generation_tokens``,
-    ``generation_tps``, ``peak_memory``, ``finish_reason``); the last one also carries the run's
-    ``stats`` (``RunStats``). Stops at an EOS token. ``block_size``: an integer, or ``"auto"``
-    (drafts chosen per round, up to ``max_block_size - 1``; see ``generate_step``). ``kwargs`` go
-    to ``generate_step`` (mlx-lm's arguments and ours). ``draft_model`` (and ``num_draft_tokens``)
-    must be None: the drafter is the model's MTP head.
-    ``stream``: run on this MLX stream (default: the current one).
+                    block_size: Union[int, str, BlockChooser] = AUTO,
+                    max_block_size: int = DEFAULT_MAX_BLOCK_SIZE,
+                    stats: Optional[RunStats] = None, **kwargs) -> Generator:
+    """A generator of text from the prompt, as mlx-lm's ``stream_generate``; stops at EOS.
+
+    Args:
+        model (MTPModel): The model, from ``mlx_mtp.load``.
+        tokenizer (TokenizerWrapper): The tokenizer ``mlx_mtp.load`` returned (or one to wrap).
+        prompt (Union[str, mx.array, List[int]]): The prompt text or its token ids.
+        max_tokens (int): The most tokens to generate; ``-1``: no limit. Default: ``256``.
+        draft_model: Must be None: the drafter is the model's MTP head. Default: ``None``.
+        stream (mx.Stream, optional): Run on this MLX stream. Default: ``None`` (the current one).
+        block_size (Union[int, str, BlockChooser]): Tokens verified per round, drafts + 1, or
+          ``"auto"`` (see ``generate_step``). Default: ``"auto"``.
+        max_block_size (int): The widest block ``"auto"`` may choose. Default: ``6``.
+        stats (RunStats, optional): Filled with the run's statistics. Default: ``None``.
+        kwargs: The rest go to ``generate_step`` (mlx-lm's arguments and ours); mlx-lm's
+          ``num_draft_tokens`` must be None.
+
+    Yields:
+        MTPGenerationResponse: mlx-lm's ``GenerationResponse`` (``text``, ``token``,
+          ``logprobs``, ``from_draft``, ``prompt_tokens``, ``prompt_tps``,
+          ``generation_tokens``, ``generation_tps``, ``peak_memory``, ``finish_reason``); the
+          last one also carries the run's ``stats`` (``RunStats``).
     """
     check_no_draft_model(draft_model, kwargs.pop("num_draft_tokens", None))
     if max_tokens == 0:
         raise MTPError("max_tokens must be non-zero (use -1 for no limit)")
-    tokenizer, prompt, stats = _start(tokenizer, prompt, stats)
+    tokenizer, prompt, stats = prepare(tokenizer, prompt, stats)
     tokens = speculative_generate_step(prompt, model, stream=stream, max_tokens=max_tokens,
                                        block_size=block_size, max_block_size=max_block_size,
                                        stats=stats, **kwargs)
     with wired_limit(model.mlx_model, [stream] if stream is not None else None):
-        yield from _responses(tokens, tokenizer, prompt, max_tokens, stats)
+        yield from stream_responses(tokens, tokenizer, prompt, max_tokens, stats)
 
 
 def generate(model, tokenizer, prompt: Union[str, List[int]], verbose: bool = False,
              **kwargs) -> str:
-    """mlx-lm's ``generate``: the whole response as text. ``verbose`` prints the text as it comes
-    and then mlx-lm's speed lines, plus one line on MTP. ``kwargs`` go to ``stream_generate``."""
+    """Generate a complete response, as mlx-lm's ``generate``.
+
+    Args:
+        model (MTPModel): The model, from ``mlx_mtp.load``.
+        tokenizer (TokenizerWrapper): The tokenizer ``mlx_mtp.load`` returned.
+        prompt (Union[str, List[int]]): The prompt text or its token ids.
+        verbose (bool): Print the text as it comes, then mlx-lm's speed lines and one line on
+          MTP. Default: ``False``.
+        kwargs: The rest go to ``stream_generate`` (and on to ``generate_step``).
+
+    Returns:
+        str: The generated text.
+    """
     if verbose:
         print("=" * 10)
     text, response = "", None
@@ -124,54 +126,6 @@ def _mtp_line(stats: RunStats) -> str:
             f"accepted ({stats.acceptance_rate:.3f}), {stats.tokens_per_round:.3f} tokens per round")
 
 
-def plain_stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
-                          sampler=None, logits_processors=None, prefill_step_size: int = 2048,
-                          stats: Optional[RunStats] = None) -> Generator:
-    """``stream_generate`` over mlx-lm's own plain decode of ``model.mlx_model`` (no drafter,
-    no gate): the baseline that MTP must equal token for token at temperature 0."""
-    tokenizer, prompt, stats = _start(tokenizer, prompt, stats)
-    tokens = plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
-                                 logits_processors=logits_processors,
-                                 prefill_step_size=prefill_step_size, stats=stats)
-    yield from _responses(tokens, tokenizer, prompt, max_tokens, stats)
-
-
-def _start(tokenizer, prompt, stats):
-    if not isinstance(tokenizer, TokenizerWrapper):
-        tokenizer = TokenizerWrapper(tokenizer)
-    return (tokenizer, encode_prompt(tokenizer, prompt),
-            stats if stats is not None else RunStats())
-
-
-def _responses(tokens: Iterator[Tuple[int, mx.array, bool]], tokenizer: TokenizerWrapper,
-               prompt: mx.array, max_tokens: int, stats: RunStats) -> Generator:
-    Response = MTPGenerationResponse
-    detokenizer = tokenizer.detokenizer
-    detokenizer.reset()
-    token, logprobs, from_draft, n = None, None, False, 0
-    try:
-        for n, (token, logprobs, from_draft) in enumerate(tokens, 1):
-            if token in tokenizer.eos_token_ids:
-                break
-            detokenizer.add_token(token)
-            if n == max_tokens:
-                break
-            yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
-                           from_draft=from_draft, prompt_tokens=prompt.size,
-                           prompt_tps=stats.prompt_tps, generation_tokens=n,
-                           generation_tps=stats.generation_tps,
-                           peak_memory=mx.get_peak_memory() / 1e9)
-    finally:
-        tokens.close()  # a prompt cache now holds the prompt and exactly the tokens yielded
-    detokenizer.finalize()
-    yield Response(text=detokenizer.last_segment, token=token, logprobs=logprobs,
-                   from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=stats.prompt_tps,
-                   generation_tokens=n, generation_tps=stats.generation_tps,
-                   peak_memory=stats.peak_memory_gb,
-                   finish_reason="stop" if token in tokenizer.eos_token_ids else "length",
-                   stats=stats)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m mlx_mtp.generate",
                description="Generate text with MTP speculative decoding (exact at --temp 0).")
@@ -183,21 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt text (default: the start of a Python class, for the demo pair)")
     p.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS,
                    help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--block-size", type=block_size_or_auto, default=DEFAULT_BLOCK_SIZE,
-                   help=f"tokens verified per round, drafts + 1 (1..{MAX_BLOCK_SIZE}; 1 = plain "
-                        f"decode through the MTP loop), or auto: chosen every round from the "
-                        f"acceptance and round costs measured so far (default)")
-    p.add_argument("--max-block-size", type=block_size, default=DEFAULT_MAX_BLOCK_SIZE,
-                   help=f"the widest block --block-size auto may choose (default "
-                        f"{DEFAULT_MAX_BLOCK_SIZE})")
-    p.add_argument("--draft-topk", type=draft_topk, default=1,
-                   help=f"children drafted per tree node (1..{MAX_TOPK}; default 1: a chain). "
-                        "Above 1 each round drafts a tree, its depth --block-size less one, and "
-                        "verifies it in one forward; under --block-size auto (--temp 0) a round "
-                        "drafts a chain or a tree, whichever measured faster")
-    p.add_argument("--draft-tokens", type=positive_int, default=None,
-                   help="most draft nodes a tree verifies per round (default: --draft-topk per "
-                        "depth)")
+    add_speculation_args(p)  # --block-size ... --draft-bf16, as the server's
     p.add_argument("--temp", type=temperature, default=0.0,
                    help="sampling temperature (default 0: greedy, identical to plain decode)")
     p.add_argument("--top-p", type=unit_interval, default=0.0, help="sampling top-p (0: off)")
@@ -212,27 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens of history the repetition penalty looks at (default "
                         f"{REPETITION_CONTEXT_SIZE}; with the demo pair "
                         f"{DEMO_DECODE.repetition_context_size})")
-    p.add_argument("--acceptance", choices=REQUESTABLE_RULES, default="auto",
-                   help="how drafts are accepted at --temp > 0 (default auto: "
-                        "speculative-sampling with a fixed --block-size, gumbel-coupled under "
-                        "--block-size auto, when the drafter can sample, else point-mass). At "
-                        "--temp 0 the rule is greedy. The stats name the rule used: greedy, "
-                        "point-mass, speculative-sampling or gumbel-coupled")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    p.add_argument("--draft-vocab", default=None,
-                   help="reduced draft vocabulary sidecar folder (python -m mlx_mtp.draft_vocab)")
-    p.add_argument("--draft-bits", type=int, choices=QUANT_BITS, default=None,
-                   help="quantize the MTP head's projections at load (default: as loaded)")
-    p.add_argument("--draft-group-size", type=int, choices=QUANT_GROUP_SIZES, default=64,
-                   help="quantization group size for --draft-bits")
-    p.add_argument("--draft-quantize-fc", action="store_true",
-                   help="with --draft-bits, quantize the head's fc too")
-    p.add_argument("--draft-bf16", action="store_true",
-                   help="CPU: the draft step's products on bfloat16 copies of the head's and the "
-                        "draft LM head's weights, through mlx_mtp's bf16 kernel (half the bytes), "
-                        "also where the copy rounds a float32 head (drafts may then differ in a "
-                        "near tie, the output never does). Default: on where it rounds nothing "
-                        "(a bfloat16 checkpoint)")
     p.add_argument("--no-mtp", action="store_true",
                    help="plain decode of the same target through mlx-lm, for comparison")
     p.add_argument("--ignore-chat-template", action="store_true",
@@ -269,7 +189,9 @@ def str2bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
 
 
-def _prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
+def prepare_prompt(tokenizer, text: str, ignore_chat_template: bool):
+    """The prompt as the CLI feeds it: one user message through the tokenizer's chat template,
+    unless it has none or ``ignore_chat_template``."""
     if not ignore_chat_template and getattr(tokenizer, "has_chat_template", False):
         return tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                              add_generation_prompt=True, tokenize=True)
@@ -284,20 +206,14 @@ def run(args) -> dict:
     args.repetition_penalty, args.repetition_context_size = repetition_settings(
         args.model, args.repetition_penalty, args.repetition_context_size)
     args.model = model_or_demo(args.model, args.drafter)
-    widest = args.max_block_size if args.block_size == AUTO else args.block_size
-    tree_shape(args.draft_topk, args.draft_tokens, widest, MAX_BLOCK_SIZE,
-               names=CLI_NAMES)  # before loading: a bad shape fails at once
-    if args.draft_topk > 1 and args.block_size == AUTO and args.temp > 0:
-        raise MTPError("--draft-topk above 1 with --block-size auto runs at --temp 0 only; use "
-                       "a fixed --block-size to sample with trees")
-    need_head = not args.no_mtp and widest > 1
-    options = DraftOptions(vocab=args.draft_vocab, bits=args.draft_bits,
-                           group_size=args.draft_group_size, quantize_fc=args.draft_quantize_fc,
-                           bf16=True if args.draft_bf16 else None)
+    # before loading: bad settings fail at once
+    speculation, draft_options = speculation_options(args)
+    speculation.check_sampling(args.temp > 0)
+    need_head = not args.no_mtp and speculation.widest > 1
     model, tokenizer = registry.load(args.model, drafter=args.drafter, require_head=need_head,
-                            draft_options=options, split=args.split)
-    prompt = _prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
-                             args.ignore_chat_template)
+                                     draft_options=draft_options, split=args.split)
+    prompt = prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
+                            args.ignore_chat_template)
     sampler = make_sampler(temp=args.temp, top_p=args.top_p, min_p=args.min_p,
                            min_tokens_to_keep=args.min_tokens_to_keep, top_k=args.top_k)
     sampler.check_vocab(model.target.vocab_size)
@@ -316,13 +232,9 @@ def run(args) -> dict:
     else:
         stats = RunStats()
         responses = list(stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
-                                         block_size=args.block_size,
-                                         max_block_size=args.max_block_size, sampler=sampler,
-                                         stats=stats,
-                                         logits_processors=processors, seed=args.seed,
-                                         acceptance=args.acceptance,
-                                         draft_topk=args.draft_topk,
-                                         draft_tokens=args.draft_tokens))
+                                         sampler=sampler, stats=stats,
+                                         logits_processors=processors,
+                                         **replace(speculation, seed=args.seed).as_kwargs()))
     text = "".join(r.text for r in responses)
     tokens = _without_eos([r.token for r in responses], tokenizer)
     out = {"text": text, "tokens": tokens, "cpu_blas": cpu_blas.STATE.describe(),

@@ -16,7 +16,7 @@ from mlx_mtp.cli import Parser, cli_main
 from mlx_mtp.demo import model_or_demo
 from mlx_mtp.exactness.block_vs_chain import DIVERGES, PROBE_DRAWS, aggregate_verdict, probe_exactness
 from mlx_mtp.exactness.device import DeviceFacts, current_device_facts
-from mlx_mtp.decoding.rounds import MAX_BLOCK_SIZE, block_size_problem
+from mlx_mtp.decoding.limits import MAX_BLOCK_SIZE, block_size_problem
 
 DEFAULT_WIDTHS = "2,3,4"
 

@@ -35,7 +35,8 @@ import mlx.core as mx
 
 from benchmarks import common
 from mlx_mtp.decoding.block_chooser import BlockChooser
-from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt, encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
+from mlx_mtp.generate import DEFAULT_PROMPT, prepare_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +120,7 @@ def main(argv=None):
     prompts = common.prompts_of(args, ap)
     model, tokenizer = mlx_mtp.load(args.model)
     if args.cli_default:  # through the chat template where there is one, as the CLI does
-        prompts["cli-default"] = _prepare_prompt(tokenizer, DEFAULT_PROMPT, False)
+        prompts["cli-default"] = prepare_prompt(tokenizer, DEFAULT_PROMPT, False)
     n, K = args.max_tokens, args.drafts
     traces = {}
     for name, text in prompts.items():

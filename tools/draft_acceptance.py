@@ -44,7 +44,7 @@ from mlx_lm.models.cache import KVCache
 
 from benchmarks import common
 from mlx_mtp.decoding import sampling
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 
 GREEDY = "greedy"
 

@@ -16,7 +16,7 @@ import contextlib
 import copy
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Deque, Iterator, List, Optional
 
 import mlx.core as mx
@@ -24,14 +24,16 @@ import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding.acceptance import Draft, choose_rule
 from mlx_mtp.decoding.batch_chooser import BatchChooser
-from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
+from mlx_mtp.decoding.api import checked_max_tokens, checked_prompt
+from mlx_mtp.decoding.block_chooser import AUTO
+from mlx_mtp.decoding.limits import DEFAULT_MAX_BLOCK_SIZE, DEFAULT_MAX_TOKENS
 from mlx_mtp.decoding.round_session import (Progress, Request, Session, open_session,
                                             start_stats)
 from mlx_mtp.decoding.round_steps import (EarlyChoice, Emitted, commit, draft, draft_limit, emit,
                                           host_read, plan_round, prefill_steps, record_round,
                                           round_block, verify_rows, walk)
-from mlx_mtp.decoding.rounds import (checked_max_tokens, checked_prompt, resolve_block_size,
-                                     run_round, start_generation)
+from mlx_mtp.decoding.rounds import run_round, start_generation
+from mlx_mtp.decoding.speculation import SpeculationOptions
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness import gate
@@ -105,8 +107,9 @@ class BatchRounds:
             raise MTPError(f"batched rounds: {problem}")
         self.model = model
         self.max_batch = max_batch
-        self.block_size, self.max_block_size = block_size, max_block_size
-        self.widest, _ = resolve_block_size(block_size, max_block_size)
+        # every sequence's (each with its own seed and acceptance rule: ``start``)
+        self.speculation = SpeculationOptions(block_size=block_size, max_block_size=max_block_size)
+        self.widest = self.speculation.widest
         if self.widest < 2:
             raise MTPError("batched rounds draft: block_size must be above 1")
         # Packed verifies are as wide as every sequence's widest block together: their products
@@ -121,8 +124,8 @@ class BatchRounds:
 
     # ------------------------------------------------------------------------ joining, leaving
 
-    def start(self, prompt, *, max_tokens: int = 256, sampler=None, logits_processors=None,
-              seed: Optional[int] = None, acceptance: str = "auto",
+    def start(self, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS, sampler=None,
+              logits_processors=None, seed: Optional[int] = None, acceptance: str = "auto",
               stats: Optional[RunStats] = None, prefill_step_size: int = 2048,
               progress: Optional[Callable[[int, int], None]] = None) -> BatchedSequence:
         """A sequence joins: its prompt's first prefill chunk now (alone, as ``generate_step``
@@ -134,9 +137,12 @@ class BatchRounds:
         model = self.model
         max_tokens = checked_max_tokens(max_tokens)
         prompt = checked_prompt(prompt, None)
-        block_size, chooser = resolve_block_size(self.block_size, self.max_block_size)
-        request = Request(max_tokens, sampler, logits_processors, prefill_step_size, progress,
-                          None, block_size, chooser, seed, acceptance, stats)
+        speculation = replace(self.speculation, seed=seed, acceptance=acceptance)
+        request = Request(max_tokens=max_tokens, sampler=sampler,
+                          logits_processors=logits_processors, prefill_step_size=prefill_step_size,
+                          progress=progress, input_embeddings=None, block_size=speculation.widest,
+                          chooser=speculation.make_chooser(), seed=speculation.seed,
+                          acceptance=speculation.acceptance, stats=stats)
         drafter = copy.copy(model.drafter)  # its own head cache and drafts; the weights shared
         rule = choose_rule(request, drafter, model.target.vocab_size)
         stats = start_stats(request, rule)

@@ -42,7 +42,6 @@ from mlx_mtp.errors import MTPError
 
 AUTO = "auto"
 PROBE_FIRST = 4  # rounds without drafts before the first probe
-DEFAULT_MAX_BLOCK_SIZE = 6
 # How fast the exploration bonus of a deep draft fades with its judgments: a slower fade keeps
 # the block wide where deep drafts are rarely kept, a faster one lets an early rejection narrow
 # it for good (chosen by simulation; see docs/block-size.md)

@@ -1,5 +1,6 @@
 """Plain decode of the same target through mlx-lm: what a session runs when the exactness gate
-declines MTP. Same yield shape as the round loop, same ``RunStats`` bookkeeping (no rounds)."""
+declines MTP, and the ``--no-mtp`` baseline (``plain_stream_generate``). Same yield shape as the
+round loop, same ``RunStats`` bookkeeping (no rounds)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Callable, Generator, List, Optional, Tuple
 
 import mlx.core as mx
 
+from mlx_mtp.decoding import responses
+from mlx_mtp.decoding.limits import DEFAULT_MAX_TOKENS
 from mlx_mtp.decoding.stats import RunStats
 
 
@@ -54,3 +57,16 @@ def _kv_args(kv) -> dict:
     if kv is None or kv.bits is None:
         return {}
     return dict(kv_bits=kv.bits, kv_group_size=kv.group_size, quantized_kv_start=kv.start)
+
+
+def plain_stream_generate(model, tokenizer, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                          sampler=None, logits_processors=None, prefill_step_size: int = 2048,
+                          stats: Optional[RunStats] = None) -> Generator:
+    """``stream_generate`` over mlx-lm's own plain decode of ``model.mlx_model`` (no drafter,
+    no gate): the baseline that MTP must equal token for token at temperature 0 (the CLI's and
+    the server's ``--no-mtp``)."""
+    tokenizer, prompt, stats = responses.prepare(tokenizer, prompt, stats)
+    tokens = plain_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler,
+                                 logits_processors=logits_processors,
+                                 prefill_step_size=prefill_step_size, stats=stats)
+    yield from responses.stream_responses(tokens, tokenizer, prompt, max_tokens, stats)

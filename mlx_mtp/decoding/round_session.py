@@ -35,9 +35,10 @@ Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Request:
-    """The caller's arguments the loop needs, already checked (``speculative_generate_step``)."""
+    """The caller's arguments the loop needs, already checked (``speculative_generate_step``,
+    ``BatchRounds.start``)."""
 
     max_tokens: int
     sampler: Optional[Sampler]
@@ -75,7 +76,7 @@ def start_stats(request: Request, rule: AcceptanceRule) -> RunStats:
     return stats
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Session:
     """The fixed parts of one generation run as rounds (the exactness gate let MTP run)."""
 
@@ -139,9 +140,10 @@ def open_session(model: MTPModel, cache: PromptCache, kv: KVSettings, turn: Opti
     queue = mx.eval if stats.phases_synced else mx.async_eval
     split = getattr(model, "split", None)
     crossings = stats.count_split(split)  # after the probe: counts this session's forwards
-    session = Session(model, cache, kv, turn, drafter, rule, stats, request.chooser,
-                      request.max_tokens, request.block_size - 1, prompt_len, queue, split,
-                      crossings, tree=request.tree,
+    session = Session(model=model, cache=cache, kv=kv, turn=turn, drafter=drafter, rule=rule,
+                      stats=stats, chooser=request.chooser, max_tokens=request.max_tokens,
+                      max_drafts=request.block_size - 1, prompt_len=prompt_len, queue=queue,
+                      split=split, crossings=crossings, tree=request.tree,
                       shapes=(ShapeChooser(request.block_size - 1)
                               if request.tree is not None and request.chooser is not None
                               else None))

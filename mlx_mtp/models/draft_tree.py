@@ -20,51 +20,17 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-from mlx_mtp.errors import MTPError
-
-MAX_TOPK = 8
-
 
 @dataclass(frozen=True)
 class TreeShape:
+    """A round's tree shape, checked by ``mlx_mtp.decoding.speculation.tree_shape``."""
+
     topk: int
     nodes: int  # draft nodes verified per round (the verify is nodes + 1 wide)
 
     @property
     def width(self) -> int:
         return self.nodes + 1
-
-
-API_NAMES = {"topk": "draft_topk", "tokens": "draft_tokens", "block": "block_size"}
-CLI_NAMES = {"topk": "--draft-topk", "tokens": "--draft-tokens", "block": "--block-size"}
-
-
-def tree_shape(draft_topk: int, draft_tokens: Optional[int], block_size: int, max_width: int,
-               names: dict = API_NAMES) -> Optional[TreeShape]:
-    """The checked shape for ``draft_topk`` / ``draft_tokens`` (None: the chain). ``block_size``:
-    the widest chain (a fixed block size, or under ``auto`` the max block size), whose drafts
-    bound the tree's depth; ``draft_tokens`` defaults to ``draft_topk`` per depth. ``names``: the
-    settings' names in the errors (the API's or the CLI's)."""
-    topk, tokens, block = names["topk"], names["tokens"], names["block"]
-    if not isinstance(draft_topk, int) or isinstance(draft_topk, bool) or \
-            not 1 <= draft_topk <= MAX_TOPK:
-        raise MTPError(f"{topk} must be an integer from 1 to {MAX_TOPK}, got {draft_topk!r}")
-    if draft_topk == 1:
-        if draft_tokens is not None and draft_tokens != block_size - 1:
-            raise MTPError(f"{tokens} with {topk} 1 (a chain) is the block size less one, got "
-                           f"{draft_tokens!r}")
-        return None
-    if block_size < 2:
-        raise MTPError(f"{topk} above 1 drafts a tree: it needs a {block} of at least 2 (the "
-                       f"tree's depth is the block size less one)")
-    depth = block_size - 1
-    if draft_tokens is None:
-        draft_tokens = min(draft_topk * depth, max_width - 1)
-    if not isinstance(draft_tokens, int) or isinstance(draft_tokens, bool) or \
-            not depth <= draft_tokens <= max_width - 1:
-        raise MTPError(f"{tokens} must be an integer from the tree's depth ({block} less one: "
-                       f"{depth}) to {max_width - 1}, got {draft_tokens!r}")
-    return TreeShape(draft_topk, draft_tokens)
 
 
 @dataclass

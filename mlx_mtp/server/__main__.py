@@ -11,13 +11,10 @@ import mlx_mtp  # noqa: F401  (first: binds the system BLAS before mlx.core load
 from mlx_mtp import MTPError
 from mlx_mtp import cli
 from mlx_mtp.demo import DEMO_DECODE, DEMO_MODEL_ID, model_or_demo, repetition_settings
-from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
-from mlx_mtp.decoding.rounds import MAX_BLOCK_SIZE
+from mlx_mtp.decoding.limits import DEFAULT_MAX_BATCH
 from mlx_mtp.models.distributed import SPLITS, init_split
-from mlx_mtp.models.draft_tree import CLI_NAMES, tree_shape
 
 DEFAULT_MAX_QUEUE = 16
-DEFAULT_MAX_BATCH = 8
 # On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
 GRACEFUL_SHUTDOWN_S = 3
 
@@ -34,17 +31,9 @@ def build_parser() -> cli.Parser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=cli.non_negative_int, default=8080,
                    help="port (default: 8080)")
-    p.add_argument("--block-size", type=cli.block_size_or_auto, default=None,
-                   help="tokens verified per round, drafts + 1, or auto (default: the library's)")
-    p.add_argument("--max-block-size", type=cli.block_size, default=None,
-                   help="the widest block --block-size auto may choose (default: the library's)")
-    p.add_argument("--draft-topk", type=cli.draft_topk, default=1,
-                   help="children drafted per tree node (default 1: chains); above 1 requests "
-                        "draft trees, their depth --block-size less one (under --block-size "
-                        "auto: a chain or a tree per round, chains at temperature > 0)")
-    p.add_argument("--draft-tokens", type=cli.positive_int, default=None,
-                   help="most draft nodes a tree verifies per round (default: --draft-topk per "
-                        "depth)")
+    # --block-size ... --draft-bf16, as the CLI's; the acceptance rule is for requests at
+    # temperature > 0
+    cli.add_speculation_args(p)
     p.add_argument("--max-queue", type=cli.positive_int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait while one decodes; more get 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
@@ -100,9 +89,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
         model = model_or_demo(args.model, args.drafter)
-        widest = (args.max_block_size or DEFAULT_MAX_BLOCK_SIZE
-                  if args.block_size in (None, AUTO) else args.block_size)
-        tree_shape(args.draft_topk, args.draft_tokens, widest, MAX_BLOCK_SIZE, names=CLI_NAMES)
+        speculation, draft_options = cli.speculation_options(args)
         split = init_split(args.split, program="mlx_mtp.server") if args.split else None
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
@@ -110,9 +97,7 @@ def main(argv=None) -> int:
 
     def load():
         return Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
-                           block_size=args.block_size, max_block_size=args.max_block_size,
-                           draft_topk=args.draft_topk, draft_tokens=args.draft_tokens,
-                           split=split)
+                           speculation=speculation, draft_options=draft_options, split=split)
 
     if split is not None and split.rank != 0:
         from mlx_mtp.server.split import follow

@@ -197,6 +197,7 @@ class _Routes:
             "mtp_enabled": warm.mtp["mtp_enabled"] if warm else None,
             "gate_reason": warm.mtp["gate_reason"] if warm else None,
             "draft_topk": warm.mtp["draft_topk"] if warm else None,
+            "draft": worker.engine.draft_summary() if warm else None,
             "sampling": worker.engine.sampling_gate() if warm else None,
             "batch": worker.engine.batch_summary() if warm else None,
             "running": worker.busy, "queued": worker.queued,

@@ -1,16 +1,17 @@
 """One loaded model and what a request does with it: prompt ids, then a stream of events.
 
 Runs on the server's one decode thread (``worker.py``) and uses the library's API (``mlx_mtp.load``,
-``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, and for ``--no-mtp``
-``plain_stream_generate``, as the CLI) plus mlx-lm's own pieces: its chat conversion for tokenizers
-without a template, its logits processors, its stop sequences and text state machine
-(``mlx_lm.generate``), so stop strings and reasoning text behave as in ``mlx_lm.server``.
+``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, ``BatchRounds`` and the response stream of
+``mlx_mtp.decoding.responses``, and for ``--no-mtp`` ``plain_stream_generate``, as the CLI) plus
+mlx-lm's own pieces: its chat conversion for tokenizers without a template, its logits
+processors, its stop sequences and text state machine (``mlx_lm.generate``), so stop strings and
+reasoning text behave as in ``mlx_lm.server``.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, List, Optional, Union
 
 import mlx.core as mx
@@ -20,12 +21,14 @@ from mlx_lm.server import convert_chat, process_message_content
 
 import mlx_mtp
 from mlx_mtp.decoding.batch_rounds import BatchRounds
-from mlx_mtp.decoding.block_chooser import AUTO, DEFAULT_MAX_BLOCK_SIZE
+from mlx_mtp.decoding.plain import plain_stream_generate
+from mlx_mtp.decoding.responses import prepare, stream_responses
+from mlx_mtp.decoding.speculation import SpeculationOptions
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.device import current_device_facts
 from mlx_mtp.errors import MTPError
-from mlx_mtp.generate import _responses, _start, plain_stream_generate
+from mlx_mtp.models.options import DraftOptions
 
 from mlx_mtp.server.schema import GenerationRequest, RequestError
 
@@ -90,19 +93,12 @@ def context_length(config: dict) -> Optional[int]:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, *, no_mtp: bool = False, block_size=None,
-                 max_block_size: Optional[int] = None, draft_topk: int = 1,
-                 draft_tokens: Optional[int] = None):
+    def __init__(self, model, tokenizer, *, no_mtp: bool = False,
+                 speculation: SpeculationOptions = SpeculationOptions()):
         self.model = model
         self.tokenizer = tokenizer
         self.no_mtp = no_mtp
-        # None: the library's defaults (block size "auto")
-        self.block_kwargs = {k: v for k, v in (("block_size", block_size),
-                                               ("max_block_size", max_block_size),
-                                               ("draft_tokens", draft_tokens))
-                             if v is not None}
-        if draft_topk != 1:
-            self.block_kwargs["draft_topk"] = draft_topk
+        self.speculation = speculation  # every request's (its seed is the request's)
         self.context_length = context_length(model.config)
         self.batch: Optional[BatchRounds] = None  # requests decode together (``start_batch``)
         self.max_batch = 1
@@ -118,16 +114,15 @@ class Engine:
         why = None
         if self.no_mtp:
             why = "--no-mtp: mlx-lm plain decode"
-        elif self.block_kwargs.get("draft_topk", 1) != 1:
+        elif self.speculation.draft_topk != 1:
             why = "draft trees (--draft-topk above 1) decode one request at a time"
-        elif self.block_kwargs.get("block_size") == 1:
+        elif self.speculation.block_size == 1:
             why = "--block-size 1 drafts nothing"
         if why is None:
             try:
-                self.batch = BatchRounds(
-                    self.model, max_batch, block_size=self.block_kwargs.get("block_size", AUTO),
-                    max_block_size=self.block_kwargs.get("max_block_size",
-                                                         DEFAULT_MAX_BLOCK_SIZE))
+                self.batch = BatchRounds(self.model, max_batch,
+                                         block_size=self.speculation.block_size,
+                                         max_block_size=self.speculation.max_block_size)
             except MTPError as e:
                 why = str(e)
         self.batch_reason = (f"up to {max_batch} requests per round" if why is None
@@ -143,15 +138,22 @@ class Engine:
             out["drafts"] = {str(size): k for size, k in sorted(self.batch.chooser.best.items())}
         return out
 
+    def draft_summary(self) -> Optional[dict]:
+        """The ``draft`` object of ``/health``: what the loaded drafter runs with (its
+        ``describe()``, as the CLI's ``--json``), or None without one."""
+        drafter = self.model.drafter
+        return drafter.describe() if drafter is not None else None
+
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
-             block_size=None, max_block_size: Optional[int] = None, draft_topk: int = 1,
-             draft_tokens: Optional[int] = None, split=None) -> "Engine":
-        """``split``: this rank's ``mlx_mtp.models.distributed.Split`` (``server/split.py``)."""
-        need_head = not no_mtp and block_size != 1
-        m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head, split=split)
-        return cls(m, tok, no_mtp=no_mtp, block_size=block_size, max_block_size=max_block_size,
-                   draft_topk=draft_topk, draft_tokens=draft_tokens)
+             speculation: SpeculationOptions = SpeculationOptions(),
+             draft_options: Optional[DraftOptions] = None, split=None) -> "Engine":
+        """``draft_options``: how the drafter runs (None: the defaults); ``split``: this rank's
+        ``mlx_mtp.models.distributed.Split`` (``server/split.py``)."""
+        need_head = not no_mtp and speculation.widest > 1
+        m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head,
+                              draft_options=draft_options, split=split)
+        return cls(m, tok, no_mtp=no_mtp, speculation=speculation)
 
     def sampling_gate(self) -> dict:
         """Whether a request at temperature > 0 decodes with MTP, and why: its promise is the
@@ -159,8 +161,7 @@ class Engine:
         the probe's decision (the warm-up's, in ``/health``)."""
         if self.no_mtp:
             return {"mtp_enabled": False, "gate_reason": NO_MTP_REASON}
-        decision = gate.sampling_decision(self.block_kwargs.get("block_size", gate.AUTO_WIDEST),
-                                          current_device_facts())
+        decision = gate.sampling_decision(self.speculation.block_size, current_device_facts())
         return {"mtp_enabled": decision.mtp_enabled, "gate_reason": decision.reason}
 
     # ------------------------------------------------------------------------------ prompt
@@ -227,12 +228,13 @@ class Engine:
 
         def tokens():
             seq = self.batch.start(mx.array(ids), max_tokens=req.max_tokens, sampler=sampler,
-                                   logits_processors=processors, seed=req.seed, stats=stats)
+                                   logits_processors=processors, seed=req.seed,
+                                   acceptance=self.speculation.acceptance, stats=stats)
             on_sequence(seq)
             yield from self.batch.tokens(seq)
 
-        tokenizer, prompt, _ = _start(self.tokenizer, ids, stats)
-        return _responses(tokens(), tokenizer, prompt, req.max_tokens, stats)
+        tokenizer, prompt, _ = prepare(self.tokenizer, ids, stats)
+        return stream_responses(tokens(), tokenizer, prompt, req.max_tokens, stats)
 
     def _responses(self, req: GenerationRequest, ids: List[int], stats: RunStats):
         sampler, processors = self._draws(req)
@@ -243,13 +245,14 @@ class Engine:
             return plain_stream_generate(self.model, self.tokenizer, prompt,
                                          max_tokens=req.max_tokens, sampler=sampler,
                                          logits_processors=processors, stats=stats)
-        kwargs = self.block_kwargs
-        if req.temperature > 0 and kwargs.get("block_size", AUTO) == AUTO:
+        speculation = replace(self.speculation, seed=req.seed)
+        if req.temperature > 0 and speculation.auto:
             # auto's sampled draws are keyed per position; trees run there at temperature 0
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("draft_topk", "draft_tokens")}
+            speculation = replace(speculation, draft_topk=1, draft_tokens=None)
         return mlx_mtp.stream_generate(self.model, self.tokenizer, prompt,
                                        max_tokens=req.max_tokens, sampler=sampler, stats=stats,
-                                       logits_processors=processors, seed=req.seed, **kwargs)
+                                       logits_processors=processors,
+                                       **speculation.as_kwargs())
 
     def generate(self, req: GenerationRequest, ids: List[int],
                  cancelled: Callable[[], bool] = lambda: False,

@@ -408,8 +408,8 @@ def test_acceptance_traces_of_given_prompts_and_the_cli_default(tmp_path):
     from support import tiny_checkpoints as tc
     from tools import acceptance_traces
     import mlx_mtp
-    from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
-    from mlx_mtp.generate import encode_prompt
+    from mlx_mtp.decoding.responses import encode_prompt
+    from mlx_mtp.generate import DEFAULT_PROMPT, prepare_prompt
 
     model = tc.write_agreeing_checkpoint(tmp_path / "pair", seed=3)
     (tmp_path / "p.json").write_text(json.dumps({"add": "def add(a, b):"}))
@@ -420,7 +420,7 @@ def test_acceptance_traces_of_given_prompts_and_the_cli_default(tmp_path):
     got = json.loads(out.read_text())["prompts"]
     assert list(got) == ["add", "cli-default"]
     m, tok = mlx_mtp.load(str(model))
-    prompt = encode_prompt(tok, _prepare_prompt(tok, DEFAULT_PROMPT, False))
+    prompt = encode_prompt(tok, prepare_prompt(tok, DEFAULT_PROMPT, False))
     assert got["cli-default"]["tokens"] == acceptance_traces.greedy_text(m, prompt, 12)
     assert len(got["add"]["L"]) == len(got["cli-default"]["L"]) == 11
 

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 import mlx_mtp
 from mlx_mtp import demo
 from mlx_mtp.io.checkpoint import load_tokenizer
-from mlx_mtp.generate import DEFAULT_PROMPT, _prepare_prompt
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
+from mlx_mtp.generate import DEFAULT_PROMPT, prepare_prompt
 from tools.demo_pair import corpus
 
 # Held-out text: written for this test, not from the standard library the pair was trained on.
@@ -84,5 +84,5 @@ def test_transformers_and_mlx_lm_load_encode_as_in_training(trust_remote_code):
 
 def test_the_cli_default_prompt_encodes_as_in_training():
     _, tok = mlx_mtp.load(demo.DEMO_DIR)
-    prompt = _prepare_prompt(tok, DEFAULT_PROMPT, ignore_chat_template=False)
+    prompt = prepare_prompt(tok, DEFAULT_PROMPT, ignore_chat_template=False)
     assert encode_prompt(tok, prompt).tolist() == trained(DEFAULT_PROMPT)

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
 from mlx_mtp.decoding.plain import plain_generate_step
-from mlx_mtp.decoding.rounds import generate_step
+from mlx_mtp.generate import generate_step
 
 PROMPT = [3 + 7 * i % 290 for i in range(12)]
 

@@ -9,6 +9,7 @@ import pytest
 
 import mlx_mtp
 from benchmarks.harness.server_process import ServerProcess
+from mlx_mtp.decoding.speculation import SpeculationOptions
 from mlx_mtp.server.engine import Engine
 
 pytestmark = pytest.mark.subprocess
@@ -161,7 +162,7 @@ def test_a_device_where_the_batch_probe_fails_serves_one_at_a_time(monkeypatch):
 
     monkeypatch.setattr(batch_rounds, "probe_batch", lambda *a: "sequence 2 of 2: skewed")
     model, tok = mlx_mtp.load(str(demo_path()))
-    engine = Engine(model, tok, block_size=3)
+    engine = Engine(model, tok, speculation=SpeculationOptions(block_size=3))
     engine.start_batch(4)
     assert engine.batch is None
     assert engine.batch_summary() == {
