@@ -58,7 +58,7 @@ costs, no record read).
 
 ``--session`` gives every auto run one shared ``RoundCosts`` (the round costs a session's
 earlier generations measured), the runs in a record's order. ``--chooser`` replays auto with
-other ``BlockChooser`` settings (its numeric keyword arguments; ``none`` for
+other ``BlockChooser`` settings (``ChooserSettings``' fields; ``none`` for
 ``context_weight=None``), to compare a setting against the defaults on the same seeds.
 ``--verify-steps`` replaces the record's verify costs by multiples of its plain step, width 1 up
 (what-if: a verify as cheap as a target asks).
@@ -67,8 +67,8 @@ other ``BlockChooser`` settings (its numeric keyword arguments; ``none`` for
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
-import inspect
 import json
 import math
 import random
@@ -78,7 +78,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from benchmarks.common import newest_record
-from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts  # (pure Python)
+# (pure Python)
+from mlx_mtp.decoding.block_chooser import BlockChooser, ChooserSettings, RoundCosts
 from mlx_mtp.errors import MTPError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -361,11 +362,10 @@ def table(result: dict, max_block_size: int = 6) -> str:
 
 
 def chooser_settings(text: str) -> dict:
-    """``KEY=VALUE,...`` -> keyword arguments of ``BlockChooser``: each value as the type of the
-    setting's default (int or float), ``none`` for None where the setting takes None. Raises
+    """``KEY=VALUE,...`` -> keyword arguments of ``ChooserSettings``: each value as the type of
+    the setting's default (int or float), ``none`` for None where the setting takes None. Raises
     ValueError with the reason."""
-    params = {n: p for n, p in inspect.signature(BlockChooser).parameters.items()
-              if p.kind is p.KEYWORD_ONLY and isinstance(p.default, (int, float))}
+    params = {f.name: f for f in dataclasses.fields(ChooserSettings)}
     out = {}
     for item in text.split(","):
         key, eq, value = (x.strip() for x in item.partition("="))
@@ -373,7 +373,7 @@ def chooser_settings(text: str) -> dict:
             raise ValueError(f"expected KEY=VALUE pairs, KEY one of {', '.join(params)}; "
                              f"got {item!r}")
         whole = isinstance(params[key].default, int)
-        optional = "Optional" in str(params[key].annotation)
+        optional = "Optional" in str(params[key].type)
         try:
             if optional and value.lower() == "none":
                 out[key] = None
@@ -383,7 +383,7 @@ def chooser_settings(text: str) -> dict:
             kind = ("an integer" if whole else "a number") + (" or none" if optional else "")
             raise ValueError(f"{key} expects {kind}, got {value!r}") from None
     try:
-        BlockChooser(1, **out)
+        ChooserSettings(**out)
     except MTPError as e:
         raise ValueError(str(e)) from None
     return out
@@ -440,7 +440,8 @@ def main(argv=None):
     make_chooser = JudgeAll if args.judge_all else BlockChooser
     if args.chooser:
         try:
-            make_chooser = functools.partial(make_chooser, **chooser_settings(args.chooser))
+            make_chooser = functools.partial(
+                make_chooser, settings=ChooserSettings(**chooser_settings(args.chooser)))
         except ValueError as e:
             ap.error(f"--chooser: {e}")
     if args.acceptance:

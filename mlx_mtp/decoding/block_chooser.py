@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from typing import Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from mlx_mtp.errors import MTPError
@@ -111,57 +112,78 @@ class RoundCosts:
         return self.samples.setdefault(width, deque(maxlen=self.window))
 
 
+@dataclass(frozen=True)
+class ChooserSettings:
+    """``BlockChooser``'s tuning (the module docstring says how each setting takes part),
+    checked on creation."""
+
+    prior: float = 0.7  # prior acceptance of draft 1
+    prior_weight: float = 3.0  # rounds the prior is worth
+    decay: float = 0.98  # how much each drafting round fades the counts
+    optimism: float = 0.4  # scale of the exploration bonus for drafts 2 and deeper
+    pooling: float = 2.0  # samples the neighbours' line is worth in a width's cost
+    cost_window: int = 5  # round times per width whose median is its cost
+    stale_rounds: int = 64  # age in rounds after which width 1 and neighbours are re-measured
+    probe_every: int = 32  # the longest stretch without drafts between probes
+    context_weight: Optional[float] = 2.0  # rounds a context's table is shrunk with (None: off)
+    min_evidence: int = 3  # drafting rounds timed before a choice of no drafts is accepted
+    explore_reach: int = 2  # the most drafts the bonus can add beyond the measured choice
+    token_weight: Optional[float] = 1.0  # rounds a key's table is shrunk with (None: off)
+    token_context: int = 2  # ids that form a key
+
+    def __post_init__(self):
+        if not 0.0 <= self.prior <= 1.0 or self.prior_weight <= 0 or not 0.0 < self.decay <= 1.0:
+            raise MTPError("BlockChooser needs 0 <= prior <= 1, prior_weight > 0, 0 < decay <= 1")
+        if self.optimism < 0 or self.pooling < 0:
+            raise MTPError("BlockChooser needs optimism >= 0, pooling >= 0")
+        if self.cost_window < 1 or self.stale_rounds < 1 or self.probe_every < 1:
+            raise MTPError("BlockChooser needs cost_window, stale_rounds, probe_every >= 1")
+        if self.context_weight is not None and not self.context_weight > 0:
+            raise MTPError(f"BlockChooser needs context_weight > 0 or None, got "
+                           f"{self.context_weight!r}")
+        if self.token_weight is not None and not self.token_weight > 0:
+            raise MTPError(f"BlockChooser needs token_weight > 0 or None, got "
+                           f"{self.token_weight!r}")
+        if not _whole(self.token_context) or self.token_context < 1:
+            raise MTPError(f"BlockChooser needs an integer token_context >= 1, got "
+                           f"{self.token_context!r}")
+        if self.min_evidence < 0:
+            raise MTPError(f"BlockChooser needs min_evidence >= 0, got {self.min_evidence!r}")
+        if not _whole(self.explore_reach) or self.explore_reach < 0:
+            raise MTPError(f"BlockChooser needs an integer explore_reach >= 0, got "
+                           f"{self.explore_reach!r}")
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 class BlockChooser:
     """Chooses the drafts of each round (``choose``) and learns from its outcome
     (``record_round``).
 
-    Pass one as ``block_size`` to ``generate_step`` to tune these settings; ``"auto"`` makes a
-    default one with ``max_drafts = max_block_size - 1``.
+    Pass one as ``block_size`` to ``generate_step`` to tune it (``settings``); ``"auto"`` makes
+    a default one with ``max_drafts = max_block_size - 1``. ``round_costs``: round times shared
+    with earlier generations (``RoundCosts``).
     """
 
-    def __init__(self, max_drafts: int, *, prior: float = 0.7, prior_weight: float = 3.0,
-                 decay: float = 0.98, optimism: float = 0.4, pooling: float = 2.0,
-                 cost_window: int = 5, stale_rounds: int = 64, probe_every: int = 32,
-                 context_weight: Optional[float] = 2.0, min_evidence: int = 3,
-                 explore_reach: int = 2, round_costs: Optional[RoundCosts] = None,
-                 token_weight: Optional[float] = 1.0, token_context: int = 2):
-        if not isinstance(max_drafts, int) or isinstance(max_drafts, bool) or max_drafts < 0:
+    def __init__(self, max_drafts: int, *, settings: ChooserSettings = ChooserSettings(),
+                 round_costs: Optional[RoundCosts] = None):
+        if not _whole(max_drafts) or max_drafts < 0:
             raise MTPError(f"max_drafts must be a non-negative integer, got {max_drafts!r}")
-        if not 0.0 <= prior <= 1.0 or prior_weight <= 0 or not 0.0 < decay <= 1.0:
-            raise MTPError("BlockChooser needs 0 <= prior <= 1, prior_weight > 0, 0 < decay <= 1")
-        if optimism < 0 or pooling < 0:
-            raise MTPError("BlockChooser needs optimism >= 0, pooling >= 0")
-        if cost_window < 1 or stale_rounds < 1 or probe_every < 1:
-            raise MTPError("BlockChooser needs cost_window, stale_rounds, probe_every >= 1")
-        if context_weight is not None and not context_weight > 0:
-            raise MTPError(f"BlockChooser needs context_weight > 0 or None, got {context_weight!r}")
-        if token_weight is not None and not token_weight > 0:
-            raise MTPError(f"BlockChooser needs token_weight > 0 or None, got {token_weight!r}")
-        if (not isinstance(token_context, int) or isinstance(token_context, bool)
-                or token_context < 1):
-            raise MTPError(f"BlockChooser needs an integer token_context >= 1, got "
-                           f"{token_context!r}")
-        if min_evidence < 0:
-            raise MTPError(f"BlockChooser needs min_evidence >= 0, got {min_evidence!r}")
-        if (not isinstance(explore_reach, int) or isinstance(explore_reach, bool)
-                or explore_reach < 0):
-            raise MTPError(f"BlockChooser needs an integer explore_reach >= 0, got "
-                           f"{explore_reach!r}")
+        if not isinstance(settings, ChooserSettings):
+            raise MTPError(f"BlockChooser needs settings to be a ChooserSettings, got "
+                           f"{settings!r}")
+        self.settings = settings
         self.max_drafts = max_drafts
-        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.optimism, self.pooling = optimism, pooling
-        self.stale_rounds, self.probe_every = stale_rounds, probe_every
-        self.min_evidence = min_evidence
-        self.explore_reach = explore_reach
         self.hits = [0.0] * max_drafts  # decayed: rounds that kept draft j + 1
         self.tests = [0.0] * max_drafts  # decayed: rounds that judged draft j + 1
         self.judged = [0] * max_drafts  # not decayed: rounds that judged draft j + 1 (the bonus)
-        self.context_weight = context_weight
         self.context: Optional[int] = None  # drafts the last round kept (None: it drafted none)
         self.context_hits: Dict[int, List[float]] = {}  # per context: as hits, its rounds only
         self.context_tests: Dict[int, List[float]] = {}  # per context: as tests, its rounds only
-        self.token_weight = token_weight
-        self.recent: Deque[int] = deque(maxlen=token_context)  # the last ids the run emitted
+        # the last ids the run emitted
+        self.recent: Deque[int] = deque(maxlen=settings.token_context)
         self.key: Optional[Tuple[int, ...]] = None  # the ids the round being chosen starts from
         self.token_hits: Dict[Tuple[int, ...], List[float]] = {}  # per key: as context_hits
         self.token_tests: Dict[Tuple[int, ...], List[float]] = {}  # per key: as context_tests
@@ -170,7 +192,7 @@ class BlockChooser:
                            f"{round_costs!r}")
         # per width: its samples (``round_costs``'s, which earlier generations filled, if given)
         self.samples: Dict[int, Deque[float]] = {
-            w: deque(maxlen=cost_window) if round_costs is None else round_costs.of(w)
+            w: deque(maxlen=settings.cost_window) if round_costs is None else round_costs.of(w)
             for w in range(1, max_drafts + 2)}
         self.median: Dict[int, float] = {w: statistics.median(d)  # kept current
                                          for w, d in self.samples.items() if d}
@@ -182,7 +204,7 @@ class BlockChooser:
             {w: at - round_costs.rounds for w, at in round_costs.measured_at.items()})
         self.round = 0  # rounds observed
         self.undrafted = 0  # consecutive rounds without drafts
-        self.probe_gap = min(PROBE_FIRST, probe_every)  # undrafted rounds before the next probe
+        self.probe_gap = min(PROBE_FIRST, settings.probe_every)  # undrafted rounds before a probe
         self._probing = False  # the last choice was a probe
         self._probed = False  # the last round observed was a probe
         self._stretch = 1  # rounds without drafts the last choice commits to (undrafted_stretch)
@@ -195,9 +217,9 @@ class BlockChooser:
 
     def acceptance(self) -> List[float]:
         """Conditional acceptance estimates a_1..a_K."""
-        out, prior = [], self.prior
+        out, prior = [], self.settings.prior
         for h, t in zip(self.hits, self.tests):
-            prior = (h + self.prior_weight * prior) / (t + self.prior_weight)
+            prior = (h + self.settings.prior_weight * prior) / (t + self.settings.prior_weight)
             out.append(prior)
         return out
 
@@ -208,12 +230,12 @@ class BlockChooser:
         shrunk towards that with ``token_weight`` rounds. A layer whose table has no counts
         yet (the last round drafted none, a key not met before) or that is off is skipped."""
         out = self.acceptance() if pooled is None else pooled
-        if self.context_weight is not None and self.context in self.context_tests:
+        if self.settings.context_weight is not None and self.context in self.context_tests:
             out = _shrunk(self.context_hits[self.context], self.context_tests[self.context],
-                          out, self.context_weight)
+                          out, self.settings.context_weight)
         if self.key in self.token_tests:  # (key is None while the tokens are off)
             out = _shrunk(self.token_hits[self.key], self.token_tests[self.key], out,
-                          self.token_weight)
+                          self.settings.token_weight)
         return out
 
     def optimistic_acceptance(self) -> List[float]:
@@ -223,12 +245,12 @@ class BlockChooser:
         return self._with_bonus(self.context_acceptance())
 
     def _with_bonus(self, a: List[float]) -> List[float]:
-        return a[:1] + [min(1.0, x + self.optimism / (n + 1.0) ** BONUS_POWER)
+        return a[:1] + [min(1.0, x + self.settings.optimism / (n + 1.0) ** BONUS_POWER)
                         for x, n in zip(a[1:], self.judged[1:])]
 
     def _fresh(self, w: int) -> bool:
         at = self.measured_at.get(w)
-        return at is not None and self.round - at < self.stale_rounds
+        return at is not None and self.round - at < self.settings.stale_rounds
 
     def pooled(self) -> Dict[int, float]:
         """Per measured width: its median, or, where cheaper, that median pooled with the line
@@ -252,9 +274,8 @@ class BlockChooser:
             line = self.median[lo] + (self.median[hi] - self.median[lo]) * (w - lo) / (hi - lo)
             if w > hi:  # extrapolated: a wider round does not cost less than a narrower one
                 line = max(line, self.median[hi])
-            n = len(self.samples[w])
-            out[w] = min(self.median[w],
-                         (n * self.median[w] + self.pooling * line) / (n + self.pooling))
+            n, pooling = len(self.samples[w]), self.settings.pooling
+            out[w] = min(self.median[w], (n * self.median[w] + pooling * line) / (n + pooling))
         return out
 
     @staticmethod
@@ -308,7 +329,8 @@ class BlockChooser:
         # acceptance alone picks (a wide round is dear where the verify and drafting are)
         pooled = self.acceptance()
         measured = self.context_acceptance(pooled)
-        limit = min(limit, max(1, best_drafts(measured[:limit], costs) + self.explore_reach))
+        reach = self.settings.explore_reach
+        limit = min(limit, max(1, best_drafts(measured[:limit], costs) + reach))
         acceptance = self._with_bonus(measured)[:limit]
         costs = costs[: limit + 1]
         k = best_drafts(acceptance, costs)
@@ -322,12 +344,12 @@ class BlockChooser:
             return self._undrafted()
         if self._probed:  # the round after a probe brought drafting back
             self._probed = False
-            self.probe_gap = min(PROBE_FIRST, self.probe_every)
+            self.probe_gap = min(PROBE_FIRST, self.settings.probe_every)
         return k
 
     def _set_key(self) -> None:
         """The key this round's judgments count under: the last ``token_context`` ids emitted."""
-        full = self.token_weight is not None and len(self.recent) == self.recent.maxlen
+        full = self.settings.token_weight is not None and len(self.recent) == self.recent.maxlen
         self.key = tuple(self.recent) if full else None
 
     def batched_round(self) -> None:
@@ -346,12 +368,13 @@ class BlockChooser:
         holds fewer than ``min_evidence`` round times of drafting widths, the arithmetic's no
         drafts is overruled (one stalled round does not price drafting out: the median of one
         sample is that sample)."""
-        if self.context_weight is not None:
+        if self.settings.context_weight is not None:
             acceptance = [max(acceptance[0], pooled_first)] + acceptance[1:]
             k = best_drafts(acceptance, costs)
             if k:
                 return k
-        if sum(len(self.samples[w]) for w in range(2, self.max_drafts + 2)) >= self.min_evidence:
+        drafting = sum(len(self.samples[w]) for w in range(2, self.max_drafts + 2))
+        if drafting >= self.settings.min_evidence:
             return 0
         return best_drafts(acceptance, costs, least=1)
 
@@ -373,7 +396,7 @@ class BlockChooser:
         drafts up to the next probe."""
         if self._probed:  # the round after a probe did not bring drafting back: back off
             self._probed = False
-            self.probe_gap = min(2 * self.probe_gap, self.probe_every)
+            self.probe_gap = min(2 * self.probe_gap, self.settings.probe_every)
         self._probing = self.undrafted >= self.probe_gap
         if self._probing:
             return 1
@@ -402,15 +425,15 @@ class BlockChooser:
         count every draft."""
         judged = range(min(accepted + 1, drafts))
         tables = [(self.hits, self.tests)]
-        if self.context is not None and self.context_weight is not None:
+        if self.context is not None and self.settings.context_weight is not None:
             tables.append((self.context_hits.setdefault(self.context, [0.0] * self.max_drafts),
                            self.context_tests.setdefault(self.context, [0.0] * self.max_drafts)))
         if self.key is not None:
             tables.append((self.token_hits.setdefault(self.key, [0.0] * self.max_drafts),
                            self.token_tests.setdefault(self.key, [0.0] * self.max_drafts)))
         for hits, tests in tables:
-            hits[:] = [h * self.decay for h in hits]
-            tests[:] = [t * self.decay for t in tests]
+            hits[:] = [h * self.settings.decay for h in hits]
+            tests[:] = [t * self.settings.decay for t in tests]
             for j in judged:
                 tests[j] += 1.0
                 hits[j] += j < accepted
@@ -438,6 +461,6 @@ class BlockChooser:
         if drafts and self._probing:  # the next choice says whether to back off
             self._probed = True
         elif drafts:  # a drafting round the arithmetic chose: start again from the shortest run
-            self.probe_gap = min(PROBE_FIRST, self.probe_every)
+            self.probe_gap = min(PROBE_FIRST, self.settings.probe_every)
         self._probing = False
 

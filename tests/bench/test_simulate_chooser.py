@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts
+from mlx_mtp.decoding.block_chooser import BlockChooser, ChooserSettings, RoundCosts
 from tools import simulate_chooser as sim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +244,8 @@ def test_chooser_settings_replay_auto_with_them(capsys):
     want = {}
     for text, make in (("", BlockChooser),
                        ("optimism=0,context_weight=none",
-                        lambda k: BlockChooser(k, optimism=0.0, context_weight=None))):
+                        lambda k: BlockChooser(k, settings=ChooserSettings(
+                            optimism=0.0, context_weight=None)))):
         got = sim.simulate(traces, costs, 2, 0.15, make_chooser=make, offsets=3)
         want[text] = f"{got['code']['auto']:.1f}"
         simulate(argv + (["--chooser", text] if text else []))
@@ -344,7 +345,8 @@ def test_judge_all_counts_every_draft_of_every_drafting_round(capsys):
     # the command line's auto column is JudgeAll's (with --chooser settings on top)
     traces = json.loads(sim.TRACES.read_text())
     want = sim.simulate(traces, costs, 1, 0.15,
-                        make_chooser=lambda k: sim.JudgeAll(k, optimism=0.0))["code"]["auto"]
+                        make_chooser=lambda k: sim.JudgeAll(
+                            k, settings=ChooserSettings(optimism=0.0)))["code"]["auto"]
     simulate(["--seeds", "1", "--judge-all", "--chooser", "optimism=0"])
     assert auto_column(capsys.readouterr().out) == [f"{want:.1f}"]
     assert want != sim.simulate(traces, costs, 1, 0.15)["code"]["auto"]

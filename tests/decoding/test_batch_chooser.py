@@ -5,7 +5,7 @@ import pytest
 
 from mlx_mtp import MTPError
 from mlx_mtp.decoding.batch_chooser import BatchChooser
-from mlx_mtp.decoding.block_chooser import BlockChooser
+from mlx_mtp.decoding.block_chooser import BlockChooser, ChooserSettings
 
 
 def climb(chooser, size, seconds, rounds):
@@ -65,7 +65,7 @@ def test_a_sequences_chooser_in_a_batch_counts_judgments_not_times():
     """``record_round`` without a time (a batched round): the judgments count and the widths'
     measurements age, no width gets a sample; ``batched_round`` keys the round's judgments as
     ``choose`` does."""
-    chooser = BlockChooser(3, token_context=2)
+    chooser = BlockChooser(3, settings=ChooserSettings(token_context=2))
     chooser.see_tokens([4, 5])
     chooser.record_round(0, 0, 0.1)  # width 1 timed alone
     chooser.batched_round()

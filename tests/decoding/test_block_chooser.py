@@ -2,12 +2,14 @@
 acceptance with decay and a prior, and explores unmeasured widths deterministically."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mlx_mtp import MTPError
-from mlx_mtp.decoding.block_chooser import BlockChooser, RoundCosts, best_drafts, expected_tokens
+from mlx_mtp.decoding.block_chooser import (BlockChooser, ChooserSettings, RoundCosts,
+                                            best_drafts, expected_tokens)
 
 
 def test_expected_tokens_by_hand():
@@ -45,7 +47,7 @@ def test_best_drafts_from_least_drafts():
 
 
 def test_acceptance_estimate_decays_and_shrinks_to_the_previous_position():
-    c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.95)
+    c = BlockChooser(3, settings=ChooserSettings(prior=0.5, prior_weight=1.0, decay=0.95))
     assert c.acceptance() == [0.5, 0.5, 0.5]
     c.record_round(3, 1, 0.01)  # draft 1 kept, draft 2 rejected, draft 3 never judged
     assert c.acceptance() == pytest.approx([(1 + 0.5) / 2, (0 + 0.75) / 2, 0.375])
@@ -58,7 +60,7 @@ def test_acceptance_estimate_decays_and_shrinks_to_the_previous_position():
     # the choice adds optimism / (n_j + 1) ** 0.75 (n_j: the rounds that judged draft j, not
     # decayed)
     assert c.judged == [2, 1, 0]
-    bonus = [0.0] + [c.optimism / (n + 1) ** 0.75 for n in (1, 0)]  # none at position 1
+    bonus = [0.0] + [c.settings.optimism / (n + 1) ** 0.75 for n in (1, 0)]  # none at position 1
     assert c.optimistic_acceptance() == pytest.approx(
         [min(1.0, a + b) for a, b in zip([a1, a2, a2], bonus)])
 
@@ -67,7 +69,8 @@ def test_acceptance_in_context_shrinks_that_contexts_counts_to_the_pooled_estima
     """The choice's estimates are those of the context it is in (the drafts the last round
     kept): that context's own decayed counts, shrunk towards the pooled estimate of the same
     position with ``context_weight`` rounds."""
-    c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=1.0)
+    c = BlockChooser(3, settings=ChooserSettings(prior=0.5, prior_weight=1.0, decay=0.5,
+                                                 context_weight=1.0))
     c.record_round(3, 1, 0.01)  # the first round: no context (nothing drafted before it)
     assert c.context == 1 and c.context_tests == {}
     assert c.context_acceptance() == c.acceptance() == [0.75, 0.375, 0.375]  # no counts in 1
@@ -87,7 +90,8 @@ def test_acceptance_in_context_shrinks_that_contexts_counts_to_the_pooled_estima
     assert c.optimistic_acceptance()[0] == pytest.approx(a1 / 2)  # what the choice uses
     c.record_round(0, 0, 0.01)  # no drafts: no context, the pooled estimate
     assert c.context is None and c.context_acceptance() == pytest.approx([a1, a2, a2])
-    off = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=None)
+    off = BlockChooser(3, settings=ChooserSettings(prior=0.5, prior_weight=1.0, decay=0.5,
+                                                   context_weight=None))
     for k, a in ((3, 1), (2, 2), (1, 0), (1, 0)):
         off.record_round(k, a, 0.01)
     assert off.context_tests == {} and off.context_acceptance() == pytest.approx([a1, a2, a2])
@@ -102,7 +106,7 @@ def test_on_a_loop_each_context_gets_its_own_width():
     L = [3, 2, 1, 0, 1, 0] * 30
     got = replay_trace(BlockChooser(5), L, n=160)
     assert "".join(map(str, got)) == "0144344332315251313131313231315131313131323131313131312"
-    wide = replay_trace(BlockChooser(5, context_weight=None), L, n=160)
+    wide = replay_trace(BlockChooser(5, settings=ChooserSettings(context_weight=None)), L, n=160)
     assert "".join(map(str, wide)) == "0144344434344333333333333333333333355555533333333333332"
     cost = [sum(RECORD_COST[k] for k in ks)
             for ks in [got, wide] + [fixed_choices(L, k, 160) for k in range(6)]]
@@ -114,8 +118,9 @@ def test_acceptance_keyed_by_the_ids_a_round_starts_from():
     round's judgments also count in that key's table (fading on its own rounds only), and the
     choice's estimate is that table shrunk towards the context's estimate with
     ``token_weight`` rounds."""
-    c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=None,
-                     token_weight=1.0, token_context=2)
+    c = BlockChooser(3, settings=ChooserSettings(prior=0.5, prior_weight=1.0, decay=0.5,
+                                                 context_weight=None, token_weight=1.0,
+                                                 token_context=2))
     c.see_tokens([7])
     c.choose()
     assert c.key is None  # one id seen: no key yet
@@ -142,8 +147,8 @@ def test_acceptance_keyed_by_the_ids_a_round_starts_from():
     c.choose()
     assert c.context_acceptance() == pytest.approx([a1, a2, a3])
     # on top of the context's estimate, not the pooled one
-    c = BlockChooser(3, prior=0.5, prior_weight=1.0, decay=0.5, context_weight=1.0,
-                     token_weight=2.0)
+    c = BlockChooser(3, settings=ChooserSettings(prior=0.5, prior_weight=1.0, decay=0.5,
+                                                 context_weight=1.0, token_weight=2.0))
     for ids, (k, a) in (([1, 2], (3, 1)), ([3, 4], (2, 2)), ([1, 2], (3, 2))):
         c.see_tokens(ids)
         c.choose()
@@ -159,7 +164,7 @@ def test_acceptance_keyed_by_the_ids_a_round_starts_from():
     c.key = (1, 2)
     assert c.context_acceptance() == pytest.approx(
         [(h + 2.0 * b) / (t + 2.0) for h, t, b in zip(hits, tests, below)])
-    off = BlockChooser(3, token_weight=None)
+    off = BlockChooser(3, settings=ChooserSettings(token_weight=None))
     off.see_tokens([1, 2, 3])
     off.choose()
     off.record_round(3, 3, 0.01)
@@ -175,7 +180,8 @@ def test_on_looping_text_the_ids_tell_the_rounds_apart():
     L, ids = trace["L"], trace["tokens"]
     keyed = replay_trace(BlockChooser(5), L, n=512, tokens=ids)
     unkeyed = replay_trace(BlockChooser(5), L, n=512)
-    assert replay_trace(BlockChooser(5, token_weight=None), L, n=512, tokens=ids) == unkeyed
+    off = BlockChooser(5, settings=ChooserSettings(token_weight=None))
+    assert replay_trace(off, L, n=512, tokens=ids) == unkeyed
     cost = [sum(RECORD_COST[k] for k in ks)
             for ks in [keyed, unkeyed] + [fixed_choices(L, k, 512) for k in range(6)]]
     assert cost[:2] == pytest.approx([5.620, 6.532], abs=5e-4)
@@ -183,7 +189,7 @@ def test_on_looping_text_the_ids_tell_the_rounds_apart():
 
 
 def test_first_rounds_measure_widths_one_and_two_then_go_straight_to_the_lines_choice():
-    c = BlockChooser(5, prior=0.5, prior_weight=1.0)
+    c = BlockChooser(5, settings=ChooserSettings(prior=0.5, prior_weight=1.0))
     assert c.choose() == 0
     c.record_round(0, 0, 0.010)
     # width 1 alone measured: width 2 is valued at its cost; wider ones have no estimate yet
@@ -221,9 +227,10 @@ def test_first_rounds_measure_widths_one_and_two_then_go_straight_to_the_lines_c
     # valued at most at the dearest measured narrower width's cost (width 2's, 0.012): E(4) /
     # 0.012 = 2.699 / 0.012 = 225: width 5 is tried
     assert c.costs([5])[4] == 0.012
-    c.explore_reach = 5
+    c.settings = replace(c.settings, explore_reach=5)
     assert c.choose() == 4
-    c.explore_reach = 0  # the bonus widens nothing: the measured acceptance's one draft
+    # the bonus widens nothing: the measured acceptance's one draft
+    c.settings = replace(c.settings, explore_reach=0)
     assert c.choose() == 1
 
 
@@ -275,7 +282,7 @@ def test_it_settles_on_the_best_width_of_a_measured_device():
 
 
 def test_undraftable_text_drafts_rarely():
-    c = BlockChooser(5, probe_every=32)
+    c = BlockChooser(5, settings=ChooserSettings(probe_every=32))
     cost = [0.010 + 0.005 * w for w in range(6)]
     choices = simulate(c, [0] * 5, cost, 400)
     # The start: width 1, then width 2 (at width 1's cost; rejected, a_1 = 2.1 / 4 = 0.525). The
@@ -312,7 +319,7 @@ def test_an_early_rejection_does_not_stop_drafting():
     # 101.4 and no drafts' 100. All three kept: then the widest
     assert choices == [0, 1, 1, 3] + [5] * 36
     # without the evidence rule, no drafts until the probe after 4 rounds brings drafting back
-    c, choices, drafted = BlockChooser(5, min_evidence=0), [], 0
+    c, choices, drafted = BlockChooser(5, settings=ChooserSettings(min_evidence=0)), [], 0
     for _ in range(40):
         k = c.choose()
         c.record_round(k, 0 if (k and not drafted) else k, cost[k])
@@ -341,8 +348,8 @@ def test_one_stalled_round_does_not_stop_drafting():
         return simulate(chooser, [1, 1, 0, 0, 0], cost, 20, cost_of)
 
     assert run(BlockChooser(5)) == [0, 1, 1, 1, 5, 5, 4, 3] + [2] * 12
-    assert run(BlockChooser(5, min_evidence=0)) == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                    1, 5, 5, 4, 3]
+    eager = BlockChooser(5, settings=ChooserSettings(min_evidence=0))
+    assert run(eager) == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 5, 5, 4, 3]
 
 
 def test_stopping_weighs_draft_1_at_least_at_the_pooled_estimate():
@@ -351,7 +358,7 @@ def test_stopping_weighs_draft_1_at_least_at_the_pooled_estimate():
     least at the pooled estimate, however often the context judged it (its table decays on its
     own rounds only: an opening's rejections would stop drafting for good)."""
     def session(**kw):
-        c = BlockChooser(1, **kw)
+        c = BlockChooser(1, settings=ChooserSettings(**kw))
         c.record_round(0, 0, 0.010)
         for _ in range(4):
             c.record_round(1, 1, 0.015)  # kept (contexts: none, then 1)
@@ -393,7 +400,8 @@ def test_a_kept_probe_that_does_not_bring_drafting_back_backs_off():
     """Drafts that are kept but never pay (width 2 costs 2x width 1, wider widths more): the
     probes are kept, yet each doubles the wait for the next as a rejected one does."""
     cost = [0.010 + 0.010 * w for w in range(6)]
-    choices = simulate(BlockChooser(5, prior=0.5), [1, 0, 0, 0, 0], cost, 200)
+    choices = simulate(BlockChooser(5, settings=ChooserSettings(prior=0.5)), [1, 0, 0, 0, 0],
+                       cost, 200)
     drafting = [i for i, k in enumerate(choices) if k]
     # (drafting stops on the third drafting round's evidence, min_evidence)
     assert drafting == [1, 2, 3, 8, 17, 34, 67, 100, 133, 166, 199]
@@ -411,7 +419,7 @@ def test_a_stale_outlier_measurement_is_measured_again():
             return 1.0
         return cost[w - 1]
 
-    c = BlockChooser(5, stale_rounds=20)
+    c = BlockChooser(5, settings=ChooserSettings(stale_rounds=20))
     choices = simulate(c, [1] * 5, cost, 150, cost_of)
     stalled = stalls[3]
     assert 2 not in choices[stalled + 1 : stalled + 15]
@@ -423,7 +431,7 @@ def test_a_stale_outlier_measurement_is_measured_again():
 
 
 def test_width_one_is_remeasured_when_stale():
-    c = BlockChooser(2, stale_rounds=10)
+    c = BlockChooser(2, settings=ChooserSettings(stale_rounds=10))
     choices = simulate(c, [1, 1], [0.010, 0.011, 0.012], 40)
     zeros = [i for i, k in enumerate(choices) if k == 0]
     assert zeros[0] == 0 and all(b - a <= 11 for a, b in zip(zeros, zeros[1:]))
@@ -453,14 +461,26 @@ def test_width_one_is_remeasured_when_stale():
      "BlockChooser needs an integer token_context >= 1, got True"),
 ])
 def test_bad_settings(kw, msg):
+    """Each bad setting is refused where it is made: ``ChooserSettings`` (``max_drafts`` by
+    ``BlockChooser``)."""
+    settings = {k: v for k, v in kw.items() if k != "max_drafts"}
     with pytest.raises(MTPError) as e:
-        BlockChooser(**kw)
+        BlockChooser(kw["max_drafts"], settings=ChooserSettings(**settings))
     assert str(e.value) == msg
+
+
+def test_settings_must_be_chooser_settings():
+    with pytest.raises(MTPError) as e:
+        BlockChooser(2, settings={"decay": 0.5})
+    assert str(e.value) == ("BlockChooser needs settings to be a ChooserSettings, got "
+                            "{'decay': 0.5}")
+    with pytest.raises(TypeError):  # the tuning goes through settings only
+        BlockChooser(2, decay=0.5)
 
 
 def test_pooled_cost_is_the_median_or_the_line_through_its_neighbours_if_cheaper():
     observed = [(1, 0.010), (2, 0.030), (3, 0.020), (3, 0.022), (4, 0.040), (5, 0.090)]
-    c = BlockChooser(4, pooling=1.0)
+    c = BlockChooser(4, settings=ChooserSettings(pooling=1.0))
     for w, wall in observed:
         c.record_round(w - 1, w - 1, wall)
     # width 1 is no point on the line (its round is the plain step, without drafts), so width 2,
@@ -470,13 +490,13 @@ def test_pooled_cost_is_the_median_or_the_line_through_its_neighbours_if_cheaper
     # width 5, the widest, on the line through 3 and 4 (0.059): (0.090 + 0.059) / 2 = 0.0745
     assert c.pooled() == pytest.approx({1: 0.010, 2: 0.030, 3: 0.021, 4: 0.040, 5: 0.0745})
     assert c.costs() == pytest.approx([0.010, 0.030, 0.021, 0.040, 0.0745])
-    raw = BlockChooser(4, pooling=0.0)
+    raw = BlockChooser(4, settings=ChooserSettings(pooling=0.0))
     for w, wall in observed:
         raw.record_round(w - 1, w - 1, wall)
     assert raw.pooled() == pytest.approx({1: 0.010, 2: 0.030, 3: 0.021, 4: 0.040, 5: 0.090})
     # extrapolated to the widest, the line never falls below the nearer width's median: through
     # widths 2 (0.016) and 3 (0.014) it says 0.012 at width 4, taken as 0.014: (0.020 + 0.014) / 2
-    down = BlockChooser(3, pooling=1.0)
+    down = BlockChooser(3, settings=ChooserSettings(pooling=1.0))
     for w, wall in [(1, 0.010), (2, 0.016), (3, 0.014), (4, 0.020)]:
         down.record_round(w - 1, w - 1, wall)
     assert down.pooled() == pytest.approx({1: 0.010, 2: 0.016, 3: 0.014, 4: 0.017})
@@ -489,7 +509,7 @@ def test_a_cold_first_round_does_not_make_wide_rounds_look_cheap():
     the run: half of the CLI's default runs stayed at width 6, where drafts 4 and 5 were kept 5%
     and 2% of the time (0.83x the other runs' tok/s). Width 1 is no point on the drafting
     widths' line: width 6 keeps its own median, and narrower widths are chosen."""
-    c = BlockChooser(5, prior=0.5, prior_weight=1.0)
+    c = BlockChooser(5, settings=ChooserSettings(prior=0.5, prior_weight=1.0))
     for drafts, kept, wall in [(0, 0, 0.018), (1, 1, 0.0125), (5, 3, 0.021)]:
         c.record_round(drafts, kept, wall)
     assert c.pooled() == pytest.approx({1: 0.018, 2: 0.0125, 6: 0.021})
@@ -549,7 +569,8 @@ def test_on_recorded_traces_it_goes_to_the_widest_block():
     # stays narrow for rounds; the record's best fixed block there is the widest
     got = replay_trace(BlockChooser(5), traces["enumeration"]["L"])
     assert "".join(map(str, got)) == "013455555555555555555552"  # the last cut by the budget
-    stuck = replay_trace(BlockChooser(5, optimism=0.0), traces["enumeration"]["L"])
+    stuck = replay_trace(BlockChooser(5, settings=ChooserSettings(optimism=0.0)),
+                         traces["enumeration"]["L"])
     assert "".join(map(str, stuck)) == "01112432244555555555555555550"
     # prose, on these costs (width 4 dearer than width 3 by a quarter): its first drafts are
     # rejected often, so the acceptance alone picks one or two drafts and the bonus at most two
@@ -560,7 +581,8 @@ def test_on_recorded_traces_it_goes_to_the_widest_block():
     got = replay_trace(BlockChooser(5), traces["prose"]["L"])
     assert "".join(map(str, got)) == "01454535222222222222223222222222222222222222222222222"
     assert sum(RECORD_COST[k] for k in got) == pytest.approx(1.597, abs=5e-4)
-    old = replay_trace(BlockChooser(5, decay=0.9, explore_reach=5), traces["prose"]["L"])
+    old = replay_trace(BlockChooser(5, settings=ChooserSettings(decay=0.9, explore_reach=5)),
+                       traces["prose"]["L"])
     assert "".join(map(str, old)) == "015555432222552555555525555525252555555"
     assert sum(RECORD_COST[k] for k in old) == pytest.approx(1.491, abs=5e-4)
     got = replay_trace(BlockChooser(5), traces["random"]["L"])
@@ -570,7 +592,7 @@ def test_on_recorded_traces_it_goes_to_the_widest_block():
 def test_a_choice_without_drafts_commits_to_the_rounds_before_the_next_probe():
     """undrafted_stretch: the rounds from this one to the next probe, as the choices that follow
     would give them (the loop runs them pipelined); 1 for a re-measurement of width 1."""
-    c = BlockChooser(5, probe_every=32)
+    c = BlockChooser(5, settings=ChooserSettings(probe_every=32))
     cost = [0.010 + 0.005 * w for w in range(6)]
     assert c.choose() == 0 and c.undrafted_stretch() == 1  # width 1 not measured yet
     choices, stretches = [], []
@@ -609,9 +631,10 @@ def test_round_costs_carry_a_sessions_measurements_into_its_next_generation():
     assert list(shared.of(6)) == [0.019, 0.020, 0.020, 0.030]
     assert (shared.rounds, shared.measured_at[6]) == (8, 8)
     # a width not timed for stale_rounds rounds of the session is re-measured: width 1 here
-    third = BlockChooser(5, round_costs=shared, stale_rounds=7)
+    third = BlockChooser(5, round_costs=shared, settings=ChooserSettings(stale_rounds=7))
     assert third.measured_at[1] == -7 and third.choose() == 0
-    assert BlockChooser(5, round_costs=shared, stale_rounds=8).choose() == 5
+    eighth = BlockChooser(5, round_costs=shared, settings=ChooserSettings(stale_rounds=8))
+    assert eighth.choose() == 5
     assert second.median[6] == pytest.approx(0.020)  # median of 0.019, 0.020, 0.020, 0.030
 
 
