@@ -35,7 +35,7 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
                                     "expert_kernel_layers": 0, "fused_argmax": True,
                                     "vocab_size": 128,
                                     "reduced_vocab": True, "quantized_layers": 7, "bits": [4],
-                                    "fc_quantized": False}
+                                    "group_size": [64], "fc_quantized": False}
     assert rows["-p1"]["draft"]["device_ids"] is False
     assert rows["-p2a"]["draft"]["fused_argmax"] is False
     assert rows["-p2b"]["draft"]["vocab_size"] == 320
@@ -44,7 +44,8 @@ def test_bench_drafter_writes_the_ablation_record(tmp_path):
     assert rows["default"]["draft"]["vocab_size"] == 320 and not rows["default"]["draft"]["bits"]
     for b in (4, 8):  # the defaults with the head quantized
         assert rows[f"default+{b}bit"]["draft"] == {**rows["default"]["draft"], "bits": [b],
-                                                    "quantized_layers": 7, "merged": False}
+                                                    "group_size": [64], "quantized_layers": 7,
+                                                    "merged": False}
     assert rows["default+bf16"]["draft"] == {**rows["default"]["draft"], "bf16": True}
     # its floor: the head's matrices as bfloat16 (half their float32 bytes), the LM head's too
     assert rows["default+bf16"]["lm_head_bytes"] * 2 == rows["default"]["lm_head_bytes"]

@@ -105,7 +105,7 @@ def test_cli_json_carries_draft_profile(dense_dir, monkeypatch, capsys):
                                 "expert_kernel_layers": 0, "fused_argmax": False,
                                 "vocab_size": 320,
                                 "reduced_vocab": False, "quantized_layers": 0, "bits": [],
-                                "fc_quantized": False}
+                                "group_size": [], "fc_quantized": False}
     monkeypatch.setenv(PROFILE_ENV, "1")
     assert generate.main(args) == 0
     text = capsys.readouterr().err  # the stats table goes to stderr

@@ -439,6 +439,9 @@ def test_chat_goes_through_the_tokenizers_template_like_the_cli(templated):
     (["--block-size", "3", "--draft-topk", "2", "--draft-tokens", "20"], 1,
      "error: --draft-tokens must be an integer from the tree's depth (--block-size less one: "
      "2) to 15, got 20"),
+    (["--draft-bits", "3"], 2, "error: argument --draft-bits: invalid choice: 3 (choose from 4, 8)"),
+    (["--draft-bf16", "--draft-bits", "8"], 1,
+     "error: bf16=True (--draft-bf16) and --draft-bits both set the head's weights: pick one"),
 ])
 def test_bad_flags_are_one_line_and_nonzero(args, code, message):
     r = run_module("mlx_mtp.server", *args, check=False)

@@ -319,6 +319,7 @@ class QwenMTPDrafter(DrafterDefaults):
                 "vocab_size": self.lm.size, "reduced_vocab": self.lm.ids is not None,
                 "quantized_layers": len(quantized),
                 "bits": sorted({m.bits for m in quantized}),
+                "group_size": sorted({m.group_size for m in quantized}),
                 "fc_quantized": hasattr(self.head.fc, "bits")}
 
 
