@@ -129,6 +129,32 @@ def convert(hf_path, mlx_path, *, quantize: bool = False, q_bits: Optional[int] 
             q_group_size: Optional[int] = None, dtype: Optional[str] = None, drafter=None,
             head_bits: Optional[int] = None, head_group_size: int = 64,
             draft_vocab: Optional[int] = None, corpus: Iterable = (), quiet: bool = False) -> dict:
+    """Write one MLX folder with the target and its MTP drafter (the module docstring says
+    what goes where), as ``python -m mlx_mtp.convert`` does.
+
+    Args:
+        hf_path (str): The source checkpoint's folder or Hugging Face repo id.
+        mlx_path (str): The folder to write; it must not exist.
+        quantize (bool): Quantize the target (affine). Default: ``False``.
+        q_bits (int, optional): The target's bits, with ``quantize``. Default: ``None`` (4).
+        q_group_size (int, optional): The target's group size, with ``quantize``.
+          Default: ``None`` (64).
+        dtype (str, optional): The float dtype of what is not quantized. Default: ``None`` (the
+          config's).
+        drafter (str, optional): The MTP head if the checkpoint has none; for Gemma 4 the
+          assistant checkpoint. Default: ``None``.
+        head_bits (int, optional): Quantize the MTP head's projections to these bits.
+          Default: ``None``.
+        head_group_size (int): The head's quantization group size. Default: ``64``.
+        draft_vocab (int, optional): Also write a reduced draft vocabulary of this many ids
+          (needs ``corpus``). Default: ``None``.
+        corpus (Iterable): UTF-8 text files for the draft vocabulary. Default: ``()``.
+        quiet (bool): No progress bars. Default: ``False``.
+
+    Returns:
+        dict: What was written (``out``, ``source``, ``model_type``, dtype, quantization and the
+          family's drafter fields), as ``--json`` prints it.
+    """
     out = Path(mlx_path)
     corpus = [Path(c) for c in corpus]
     _check_args(out, q_bits, q_group_size, dtype, head_bits, head_group_size, draft_vocab, corpus)

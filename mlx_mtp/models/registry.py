@@ -70,9 +70,33 @@ def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
          lazy: bool = False, return_config: bool = False, revision: Optional[str] = None,
          trust_remote_code: bool = False, *, drafter=None, dtype="auto",
          require_head: bool = True, draft_options: Optional[DraftOptions] = None, split=None):
-    """``(MTPModel, TokenizerWrapper)``, or with ``return_config`` ``(model, tokenizer,
-    config)``: ``mlx_lm.load``'s arguments and defaults, plus ours after them (``drafter``,
-    ``dtype``, ``require_head``, ``draft_options``, ``split``)."""
+    """Load a target and its MTP drafter, as ``mlx_lm.load`` loads a model.
+
+    Args:
+        path_or_hf_repo (str): The target's folder or Hugging Face repo id.
+        tokenizer_config (dict, optional): Tokenizer settings, as mlx-lm's. Default: ``None``.
+        model_config (dict, optional): Overrides of the target's config. Default: ``None``.
+        adapter_path (str, optional): LoRA adapters for the target (the head stays the
+          checkpoint's: acceptance may drop, output stays exact). Default: ``None``.
+        lazy (bool): Leave the weights unevaluated until used. Default: ``False``.
+        return_config (bool): Also return the config. Default: ``False``.
+        revision (str, optional): The Hugging Face revision. Default: ``None``.
+        trust_remote_code (bool): Allow custom model code, as mlx-lm's. Default: ``False``.
+        drafter (str, optional): A separate MTP head's (or Gemma 4 assistant's) folder or repo
+          id. Default: ``None`` (the head in the target's folder or checkpoint).
+        dtype: The float dtype of the target and head; ``"auto"``: float32 on the CPU backend,
+          else as stored. Default: ``"auto"``.
+        require_head (bool): Fail when no drafter is found; False loads a plain target.
+          Default: ``True``.
+        draft_options (DraftOptions, optional): How the drafter runs
+          (``mlx_mtp.models.options``). Default: ``None`` (the defaults).
+        split: ``"pipeline"`` or ``"tensor"`` (or a ``Split``): split the target over the
+          processes ``mlx.launch`` started. Default: ``None``.
+
+    Returns:
+        Tuple[MTPModel, TokenizerWrapper]: The model and its tokenizer, and with
+          ``return_config`` the config third.
+    """
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
                        draft_options=draft_options, model_config=model_config,
                        adapter_path=adapter_path, lazy=lazy, revision=revision,
