@@ -50,7 +50,7 @@ from mlx.utils import tree_flatten
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
-from mlx_mtp.scope import Scope
+from mlx_mtp.scoped_switch import Scope
 
 _verifying = Scope()  # on inside a verify (``mlx_mtp.scope``)
 verifying = _verifying.open

@@ -39,7 +39,7 @@ from mlx_lm.models.activations import swiglu
 
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.exactness.row_exact import bitwise_equal
-from mlx_mtp.scope import Scope
+from mlx_mtp.scoped_switch import Scope
 
 # False: every piece runs as the ops, to compare the two paths in one process (tests,
 # benchmarks/verify_arms.py's ``uncompiled_layers`` arm); nothing user-facing sets it.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_mtp.scope import Scope
+from mlx_mtp.scoped_switch import Scope
 
 
 def test_a_scope_stays_on_until_the_outermost_body_closes_and_suspends_inside():
