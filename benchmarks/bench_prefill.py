@@ -28,7 +28,7 @@ from benchmarks import common
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness.row_exact import bitwise_equal
 from mlx_mtp.models.registry import load_model
-from mlx_mtp.models.trunk import TrunkTarget
+from mlx_mtp.models.target_base import TrunkTarget
 
 MLX_LM, KERNEL, EVERY_CORE = "mlx-lm forward", "kernel recurrence", "kernel, every core"
 ARMS = (MLX_LM, KERNEL, EVERY_CORE)

@@ -19,7 +19,7 @@ from mlx_lm.models import gemma4_text as _gemma4_text
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.packed_rows import packed_caches, split_rows
 from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
-from mlx_mtp.models.trunk import TrunkTarget
+from mlx_mtp.models.target_base import TrunkTarget
 from mlx_mtp.models.gemma4.attention import Gemma4VerifyAttention
 
 GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4", "gemma4_unified")

@@ -31,7 +31,7 @@ from mlx_lm.models.gated_delta import gated_delta_update
 from mlx_mtp.exactness import row_exact
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.packed_rows import PackedCache, packed_caches, split_rows
-from mlx_mtp.models.trunk import TrunkTarget
+from mlx_mtp.models.target_base import TrunkTarget
 from mlx_mtp.models.qwen3_5 import layer_block
 from mlx_mtp.models.qwen3_5.gdn_block import (capture_mixer, conv_qkv, prefill_kernel_applies,
                                               prefill_recurrence)
