@@ -26,7 +26,7 @@ Arms, alternated round by round on the same target, each with its own cache pref
             kernel where ``gdn_block.kernel_pays`` (large recurrent states) and its check passes
   uncompiled_layers  the kernel arm's verify with the rest of each decoder layer (norms, residual
             adds, MLP, the attention's parts around its cache update) as mlx-lm's uncompiled ops,
-            not ``layer_block``'s compiled graphs
+            not ``compiled_layers``'s compiled graphs
   all_kernel       the exact verify with EVERY float32 layer through the kernel, also the ones that
                    are row-invariant (not switched), where its bitwise check passes: does the
                    kernel pay for speed alone?
@@ -61,7 +61,7 @@ from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.exactness import row_exact
-from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, layer_block
+from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, compiled_layers
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "chunked",
         "inexact",
@@ -122,7 +122,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         setup(arm)
         gdn_block.mixer_choice = (lambda *a: None) if arm == "stepwise" else mixer_choice
         gdn_block.kernel_pays = (lambda *a: False) if arm == "no_gdn_kernel" else kernel_pays
-        layer_block.enabled = arm != "uncompiled_layers"
+        compiled_layers.enabled = arm != "uncompiled_layers"
         pin = (nullcontext() if arm == "unpinned" or threaded
                else cpu_pin.one_core() if arm == "pinned" else cpu_pin.on_first_sync())
         path = lazy_kernels.eager() if arm == "eager" else nullcontext()
@@ -145,7 +145,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
                 times[arm].append((time.perf_counter() - start) * 1e3)
     finally:
         gdn_block.mixer_choice, gdn_block.kernel_pays = mixer_choice, kernel_pays
-        layer_block.enabled = True
+        compiled_layers.enabled = True
         row_exact.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols, layer.chunk_rows, layer.transposed = \

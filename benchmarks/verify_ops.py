@@ -32,7 +32,7 @@ from mlx.utils import tree_flatten
 from benchmarks import common
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness.block_vs_chain import _prefill, _start
-from mlx_mtp.models.qwen3_5 import layer_block
+from mlx_mtp.models.qwen3_5 import compiled_layers
 from mlx_mtp.models.qwen3_5 import target as qwen_target
 
 CATEGORIES = ("gdn_layers", "gdn_mixer", "attention_layers", "sdpa", "lm_head")
@@ -62,7 +62,7 @@ class Split:
 @contextmanager
 def splitting(split: Split):
     """The verify's ops timed into ``split`` (class and module patches, undone after)."""
-    classes = (layer_block.Qwen3_5VerifyDecoderLayer, layer_block.Qwen3NextVerifyDecoderLayer)
+    classes = (compiled_layers.Qwen3_5VerifyDecoderLayer, compiled_layers.Qwen3NextVerifyDecoderLayer)
     mixer, sdpa = qwen_target.capture_mixer, qwen_target.scaled_dot_product_attention
 
     def layer_call(orig):
@@ -72,7 +72,7 @@ def splitting(split: Split):
         return call
 
     for c in classes:
-        c.__call__ = layer_call(layer_block._VerifyDecoderLayer.__call__)
+        c.__call__ = layer_call(compiled_layers._VerifyDecoderLayer.__call__)
     qwen_target.capture_mixer = lambda *a: split.timed(
         "gdn_mixer", mixer, a, lambda o: [o[0], o[1], o[2], *o[3]])
     qwen_target.scaled_dot_product_attention = lambda *a, **k: split.timed(

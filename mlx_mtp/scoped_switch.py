@@ -2,7 +2,7 @@
 
 mlx-lm's forward passes carry no context, so a layer that must behave differently inside a verify
 asks a module-level scope whether one is open (``row_exact.verifying``,
-``layer_block.compiling``). Bodies nest: the scope stays on until the outermost one closes.
+``compiled_layers.compiling``). Bodies nest: the scope stays on until the outermost one closes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What ``layer_block``'s checks should choose for a target's verify pieces, derived from how its
+"""What ``compiled_layers``'s checks should choose for a target's verify pieces, derived from how its
 row-exact layers compute each width on this host (``row_exact.method``, measured by
 ``row_exact.install``), never from the kind of CPU or BLAS.
 
@@ -24,7 +24,7 @@ def in_graph(projections, T: int) -> bool:
 
 
 def expected_choices(target, widths: Iterable[int]) -> List[str]:
-    """The tail and attention choices (as ``str`` of ``layer_block._checked``'s values) that the
+    """The tail and attention choices (as ``str`` of ``compiled_layers._checked``'s values) that the
     target's verifies at ``widths`` should make, every check passing: ``whole`` / ``split`` for a
     dense MLP's tail, ``(pre, post)`` for a gated attention layer (True: products inside)."""
     out = set()

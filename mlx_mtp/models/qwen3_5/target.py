@@ -4,7 +4,7 @@ GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurren
 token of the block, so a partial accept is rolled back by selecting the state at the accepted length
 (no recompute). Between its projections, the layer's verify is one compiled graph per width, on
 large states with the recurrence in a C kernel, where a check says it equals mlx-lm's ops bitwise
-(``gdn_block``); the rest of each decoder layer's verify likewise (``layer_block``: norms, residual
+(``gdn_block``); the rest of each decoder layer's verify likewise (``compiled_layers``: norms, residual
 adds, MLP, the attention's parts around its cache update). Where mlx-lm would run its Metal kernel
 instead of the ops recurrence, the inputs are stashed and the kept tokens replayed. In a prompt's
 prefill (``Qwen3_5Target.prefill``) the layer runs the parent's forward with its recurrence in the
@@ -32,7 +32,7 @@ from mlx_mtp.exactness import row_exact
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.packed_rows import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.target_base import TrunkTarget
-from mlx_mtp.models.qwen3_5 import layer_block
+from mlx_mtp.models.qwen3_5 import compiled_layers
 from mlx_mtp.models.qwen3_5.gdn_block import (capture_mixer, conv_qkv, prefill_kernel_applies,
                                               prefill_recurrence)
 
@@ -225,7 +225,7 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
     the attention of each query row separately, against the keys a decode step at that position
     would see: a multi-query SDPA is not reduced like a one-query SDPA on every backend (with BLIS
     on the CPU it is not: the score matmul's width is the context length). Its parts before the
-    cache update and after the attention are compiled graphs where ``layer_block``'s check
+    cache update and after the attention are compiled graphs where ``compiled_layers``'s check
     passed."""
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Optional[Any] = None):
@@ -236,16 +236,16 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         if rows is not None and cache is not None:
             return self._tree_rows(x, cache, rows)
         by_rows = row_exact.active() and L > 1
-        compiled = layer_block.active()
+        compiled = compiled_layers.active()
         if cache is None or not (by_rows or compiled):
             return super().__call__(x, mask, cache)
         # As Qwen3NextAttention.__call__ (mlx-lm 0.32.2), except the SDPA (by rows) and the
-        # parts before and after the cache update (compiled, where layer_block's check passed).
-        pre, post = (layer_block.attention_choices(self, x, L if by_rows else 1) if compiled
+        # parts before and after the cache update (compiled, where compiled_layers's check passed).
+        pre, post = (compiled_layers.attention_choices(self, x, L if by_rows else 1) if compiled
                      else (None, None))
         start = cache.offset
-        queries, gate, keys, values = (layer_block.reference_pre(self, x, start) if pre is None
-                                       else layer_block.compiled_pre(self, x, pre, start))
+        queries, gate, keys, values = (compiled_layers.reference_pre(self, x, start) if pre is None
+                                       else compiled_layers.compiled_pre(self, x, pre, start))
         keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
         if by_rows:
             rows = [
@@ -258,8 +258,8 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
             rows = [scaled_dot_product_attention(queries, keys, values, cache=cache,
                                                  scale=self.scale, mask=mask)]
         if post is None:
-            return layer_block.reference_post(self, rows, gate)
-        return layer_block.compiled_post(self, rows, gate, post)
+            return compiled_layers.reference_post(self, rows, gate)
+        return compiled_layers.compiled_post(self, rows, gate, post)
 
 
     def _packed_rows(self, x: mx.array, cache: PackedCache) -> mx.array:
@@ -267,7 +267,7 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         positions, each query against the keys a decode step of its own sequence at that
         position would see."""
         positions = [part.offset + j for _, w, part in cache.segments for j in range(w)]
-        queries, gate, keys, values = layer_block.tree_pre(self, x, positions)
+        queries, gate, keys, values = compiled_layers.tree_pre(self, x, positions)
         out = []
         for first, w, part in cache.segments:
             start = part.offset
@@ -277,19 +277,19 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
                         queries[:, :, first + i : first + i + 1], _first(k, start + i + 1),
                         _first(v, start + i + 1), cache=part, scale=self.scale, mask=None)
                     for i in range(w)]
-        return layer_block.reference_post(self, out, gate)
+        return compiled_layers.reference_post(self, out, gate)
 
     def _tree_rows(self, x: mx.array, cache, rows: draft_tree.Rows) -> mx.array:
         """Draft-tree rows (``draft_tree.Rows``): each query at its node's position, against the
         keys of the cache's committed entries and then its path's, in path order, as a chain's
         row at that position sees them."""
-        queries, gate, keys, values = layer_block.tree_pre(self, x, rows.positions)
+        queries, gate, keys, values = compiled_layers.tree_pre(self, x, rows.positions)
         keys, values = cache.update_and_fetch(keys, values)
         out = [scaled_dot_product_attention(
                    queries[:, :, i : i + 1], _seen(keys, rows.base, seen),
                    _seen(values, rows.base, seen), cache=cache, scale=self.scale, mask=None)
                for i, seen in enumerate(rows.visible)]
-        return layer_block.reference_post(self, out, gate)
+        return compiled_layers.reference_post(self, out, gate)
 
 
 def _repeat(x: mx.array, n: int) -> mx.array:
@@ -364,7 +364,7 @@ class Qwen3_5Target(TrunkTarget):
                     raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
-        layer_block.install(self.trunk, self.layers)
+        compiled_layers.install(self.trunk, self.layers)
 
     def make_cache(self) -> List[Any]:
         return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
@@ -389,7 +389,7 @@ class Qwen3_5Target(TrunkTarget):
 
     def verify(self, ids: mx.array, cache: List[Any]) -> mx.array:
         """Like ``hidden`` but keeps what ``rollback`` needs to undo part of the block."""
-        with layer_block.compiling():
+        with compiled_layers.compiling():
             return self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
 
     def verify_tree(self, ids: mx.array, cache: List[Any], tree: draft_tree.DraftTree
@@ -408,7 +408,7 @@ class Qwen3_5Target(TrunkTarget):
         gives, and ``rollback`` works on each cache as after that verify."""
         widths = [b.shape[0] for b in blocks]
         packed = packed_caches(caches, widths)
-        with layer_block.compiling(), self._verifying():
+        with compiled_layers.compiling(), self._verifying():
             hidden = self.trunk(mx.concatenate(blocks)[None], packed)
         return split_rows(hidden, widths)
 
@@ -429,10 +429,10 @@ class Qwen3_5Target(TrunkTarget):
                 _compact(c, fed, path)
 
     def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """A one-token step through the verify's compiled pieces (``gdn_block``, ``layer_block``:
+        """A one-token step through the verify's compiled pieces (``gdn_block``, ``compiled_layers``:
         each checked bitwise against mlx-lm's ops, else the ops run), fewer and fused ops than
         mlx-lm's decode step; the rollback stash it keeps is dropped (a step is never undone)."""
-        with layer_block.compiling():
+        with compiled_layers.compiling():
             h = self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
         for c in cache:
             if isinstance(c, SpecArraysCache):

@@ -1,4 +1,4 @@
-"""The rest of a decoder layer's verify as compiled graphs (``layer_block``): each piece equals
+"""The rest of a decoder layer's verify as compiled graphs (``compiled_layers``): each piece equals
 mlx-lm's uncompiled ops bitwise (norms, the layer's tail, the attention's parts around its cache
 update), a piece whose check fails runs the ops, and a verify through the pieces equals one
 without them (hidden states and caches), so T=0 output stays mlx-lm's."""
@@ -24,7 +24,7 @@ from support.processes import CHILD_PYTHONPATH
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness import row_exact
-from mlx_mtp.models.qwen3_5 import layer_block
+from mlx_mtp.models.qwen3_5 import compiled_layers
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
 DEMO = Path(mlx_mtp.__file__).parent / "demo_pair"
@@ -60,7 +60,7 @@ def normal(shape, seed):
 
 @pytest.fixture(autouse=True)
 def fresh_checks(monkeypatch):
-    monkeypatch.setattr(layer_block, "_checked", {})
+    monkeypatch.setattr(compiled_layers, "_checked", {})
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -78,39 +78,39 @@ def test_every_piece_equals_the_ops_bitwise(kind, request):
                     x, r = normal((1, T, H), 10 * T + i), normal((1, T, H), 10 * T + i + 500)
                     norm = layer.input_layernorm
                     assert all_bitwise(nn.RMSNorm.__call__(norm, x),
-                                       layer_block._norm_fn(norm.eps)(x, norm["weight"]))
-                    ref = layer_block.reference_tail(layer, x, r)
-                    choices = [layer_block.SPLIT]
-                    if layer_block._mlp_plain(layer, T):
-                        choices.append(layer_block.WHOLE)
+                                       compiled_layers._norm_fn(norm.eps)(x, norm["weight"]))
+                    ref = compiled_layers.reference_tail(layer, x, r)
+                    choices = [compiled_layers.SPLIT]
+                    if compiled_layers._mlp_plain(layer, T):
+                        choices.append(compiled_layers.WHOLE)
                     for choice in choices:
-                        assert all_bitwise(ref, layer_block.compiled_tail(layer, x, r, choice)), \
+                        assert all_bitwise(ref, compiled_layers.compiled_tail(layer, x, r, choice)), \
                             (kind, exact, T, i, choice)
                         seen.add(choice)
                     if not layer.is_linear:
                         attn = layer.self_attn
-                        qkv_plain = bool(layer_block._attn_plain(attn, T,
+                        qkv_plain = bool(compiled_layers._attn_plain(attn, T,
                                                                  ("q_proj", "k_proj", "v_proj")))
                         for offset in (0, 17 * T, 40001):
-                            pre = layer_block.reference_pre(attn, x, offset)
+                            pre = compiled_layers.reference_pre(attn, x, offset)
                             for inside in (False, True)[: 1 + qkv_plain]:
                                 assert all_bitwise(
-                                    pre, layer_block.compiled_pre(attn, x, inside, offset))
+                                    pre, compiled_layers.compiled_pre(attn, x, inside, offset))
                         gate = pre[1]
                         D = pre[0].shape[-1]
                         for rows in (1, T):
                             outs = [normal((1, attn.num_attention_heads, T // rows, D), 7 + j)
                                     for j in range(rows)]
-                            post = layer_block.reference_post(attn, outs, gate)
-                            o_plain = bool(layer_block._attn_plain(attn, T, ("o_proj",)))
+                            post = compiled_layers.reference_post(attn, outs, gate)
+                            o_plain = bool(compiled_layers._attn_plain(attn, T, ("o_proj",)))
                             for inside in (False, True)[: 1 + o_plain]:
                                 assert all_bitwise(
-                                    post, layer_block.compiled_post(attn, outs, gate, inside))
+                                    post, compiled_layers.compiled_post(attn, outs, gate, inside))
     # A float dense MLP's products are plain outside a verify (whole); a mixture of experts
     # (moe, next) and 4-bit products (q4) are split.
     assert all(type(l.mlp) is Qwen3NextMLP for l in target.layers) == (kind not in ("moe", "next"))
-    assert layer_block.SPLIT in seen
-    assert (layer_block.WHOLE in seen) == (kind not in ("moe", "next", "q4"))
+    assert compiled_layers.SPLIT in seen
+    assert (compiled_layers.WHOLE in seen) == (kind not in ("moe", "next", "q4"))
 
 
 @pytest.mark.parametrize("kind", ["demo", "wide", "moe"])
@@ -119,20 +119,20 @@ def test_the_checks_choose_a_compiled_piece(kind, request):
     layer = next(l for l in target.layers if not l.is_linear)
     x, r = normal((1, 3, target.hidden_size), 1), normal((1, 3, target.hidden_size), 2)
     with row_exact.verifying():
-        tail = layer_block.tail_choice(layer, x, r)
-        pre, post = layer_block.attention_choice(layer.self_attn, x, 3)
+        tail = compiled_layers.tail_choice(layer, x, r)
+        pre, post = compiled_layers.attention_choice(layer.self_attn, x, 3)
     # A product stays inside the graph where its row-exact form (measured on this BLAS: BLIS's
     # AVX2 kernels need the wide pair's 576-wide q/k/v products outside, as kernel or column
     # blocks) is plain MLX ops; a mixture of experts' tail is always split.
     attn, mlp = layer.self_attn, layer.mlp
     dense = kind != "moe"
     whole = dense and in_graph([mlp.gate_proj, mlp.up_proj, mlp.down_proj], 3)
-    assert tail == (layer_block.WHOLE if whole else layer_block.SPLIT)
+    assert tail == (compiled_layers.WHOLE if whole else compiled_layers.SPLIT)
     assert pre is in_graph([attn.q_proj, attn.k_proj, attn.v_proj], 3)
     assert post is in_graph([attn.o_proj], 3)
     if kind == "demo" and not target.row_exact_layers:  # nothing switched: everything inside
-        assert (tail, pre, post) == (layer_block.WHOLE, True, True)
-    assert layer_block.norm_equal(x, layer.input_layernorm["weight"], layer.input_layernorm.eps)
+        assert (tail, pre, post) == (compiled_layers.WHOLE, True, True)
+    assert compiled_layers.norm_equal(x, layer.input_layernorm["weight"], layer.input_layernorm.eps)
 
 
 @pytest.mark.slow
@@ -141,11 +141,11 @@ def test_the_compiled_rope_equals_the_ops_at_every_offset():
     mlx-lm's rope (an int offset) at every position tried, 0..4099 and some far ones."""
     target = target_of(DEMO)
     attn = next(l for l in target.layers if not l.is_linear).self_attn
-    assert layer_block.rope_inside(attn)
+    assert compiled_layers.rope_inside(attn)
     x = normal((1, 3, target.hidden_size), 21)
     for offset in list(range(4100)) + [65535, 65536, 131071, 1 << 20, (1 << 24) + 1]:
-        assert all_bitwise(layer_block.reference_pre(attn, x, offset),
-                           layer_block.compiled_pre(attn, x, True, offset)), offset
+        assert all_bitwise(compiled_layers.reference_pre(attn, x, offset),
+                           compiled_layers.compiled_pre(attn, x, True, offset)), offset
 
 
 def bump(x):
@@ -155,28 +155,28 @@ def bump(x):
 def test_a_failing_tail_check_runs_the_ops(monkeypatch):
     target = target_of(DEMO)
     layer = target.layers[0]
-    compiled = layer_block.compiled_tail
-    monkeypatch.setattr(layer_block, "compiled_tail", lambda *a: bump(compiled(*a)))
+    compiled = compiled_layers.compiled_tail
+    monkeypatch.setattr(compiled_layers, "compiled_tail", lambda *a: bump(compiled(*a)))
     x, r = normal((1, 4, target.hidden_size), 3), normal((1, 4, target.hidden_size), 4)
     with row_exact.verifying():
-        assert layer_block.tail_choice(layer, x, r) is None
-        out = layer_block.tail(layer, x, r)
-        assert all_bitwise(out, layer_block.reference_tail(layer, x, r))
+        assert compiled_layers.tail_choice(layer, x, r) is None
+        out = compiled_layers.tail(layer, x, r)
+        assert all_bitwise(out, compiled_layers.reference_tail(layer, x, r))
 
 
 def test_a_tail_whose_whole_graph_differs_takes_the_split_one(monkeypatch):
     target = target_of(DEMO)
     layer = target.layers[0]
-    compiled = layer_block.compiled_tail
+    compiled = compiled_layers.compiled_tail
 
     def off(layer, x, r, choice):
         out = compiled(layer, x, r, choice)
-        return bump(out) if choice == layer_block.WHOLE else out
+        return bump(out) if choice == compiled_layers.WHOLE else out
 
-    monkeypatch.setattr(layer_block, "compiled_tail", off)
+    monkeypatch.setattr(compiled_layers, "compiled_tail", off)
     x, r = normal((1, 2, target.hidden_size), 5), normal((1, 2, target.hidden_size), 6)
     with row_exact.verifying():
-        assert layer_block.tail_choice(layer, x, r) == layer_block.SPLIT
+        assert compiled_layers.tail_choice(layer, x, r) == compiled_layers.SPLIT
 
 
 @pytest.mark.parametrize("part", ["pre", "post"])
@@ -184,7 +184,7 @@ def test_a_failing_attention_check_runs_the_ops(part, monkeypatch):
     target = target_of(DEMO)
     attn = next(l for l in target.layers if not l.is_linear).self_attn
     name = f"compiled_{part}"
-    compiled = getattr(layer_block, name)
+    compiled = getattr(compiled_layers, name)
 
     def off(*a):
         out = compiled(*a)
@@ -192,24 +192,24 @@ def test_a_failing_attention_check_runs_the_ops(part, monkeypatch):
             return (out[0], bump(out[1]), *out[2:])  # the gate only: every output is compared
         return bump(out)
 
-    monkeypatch.setattr(layer_block, name, off)
+    monkeypatch.setattr(compiled_layers, name, off)
     x = normal((1, 3, target.hidden_size), 8)
     with row_exact.verifying():
-        pre, post = layer_block.attention_choice(attn, x, 3)
+        pre, post = compiled_layers.attention_choice(attn, x, 3)
     assert (pre, post) == ((None, True) if part == "pre" else (True, None))
 
 
 def test_a_failing_norm_check_runs_the_ops(monkeypatch):
     target = target_of(DEMO)
     norm = target.layers[0].input_layernorm
-    assert type(norm) is layer_block.VerifyRMSNorm
-    compiled = layer_block._norm_fn(norm.eps)
-    monkeypatch.setattr(layer_block, "_norm_fn", lambda eps: lambda x, w: bump(compiled(x, w)))
+    assert type(norm) is compiled_layers.VerifyRMSNorm
+    compiled = compiled_layers._norm_fn(norm.eps)
+    monkeypatch.setattr(compiled_layers, "_norm_fn", lambda eps: lambda x, w: bump(compiled(x, w)))
     x = normal((1, 3, target.hidden_size), 9)
-    with layer_block.compiling():
+    with compiled_layers.compiling():
         out = norm(x)
     assert all_bitwise(out, nn.RMSNorm.__call__(norm, x))
-    assert list(layer_block._checked.values()) == [False]
+    assert list(compiled_layers._checked.values()) == [False]
 
 
 def test_outside_a_verify_the_layers_are_mlx_lms(monkeypatch):
@@ -217,11 +217,11 @@ def test_outside_a_verify_the_layers_are_mlx_lms(monkeypatch):
     or a check."""
     target = target_of(DEMO)
     for name in ("tail", "attention_choices", "norm_equal"):
-        monkeypatch.setattr(layer_block, name, lambda *a, name=name: pytest.fail(f"{name} ran"))
+        monkeypatch.setattr(compiled_layers, name, lambda *a, name=name: pytest.fail(f"{name} ran"))
     cache = target.make_cache()
     mx.eval(target.hidden(mx.array([[5, 6, 7, 8]]), cache))
     mx.eval(target.hidden(mx.array([[9]]), cache))
-    assert layer_block._checked == {}
+    assert compiled_layers._checked == {}
 
 
 def two_prefilled(path, exact, monkeypatch):
@@ -233,8 +233,8 @@ def two_prefilled(path, exact, monkeypatch):
     for t, c in zip(targets, caches):
         mx.eval(t.hidden(prompt, c))
     tails = []
-    tail = layer_block.tail
-    monkeypatch.setattr(layer_block, "tail", lambda *a: tails.append(1) or tail(*a))
+    tail = compiled_layers.tail
+    monkeypatch.setattr(compiled_layers, "tail", lambda *a: tails.append(1) or tail(*a))
     return targets, caches, tails
 
 
@@ -250,7 +250,7 @@ def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, reques
         ids = mx.array([[11 + 3 * T + j for j in range(T)]])
         outs = []
         for on, t, c in zip((True, False), targets, caches):
-            monkeypatch.setattr(layer_block, "enabled", on)
+            monkeypatch.setattr(compiled_layers, "enabled", on)
             h = t.verify(ids, c)
             logits = t.logits(h)
             mx.eval(h, logits, t.cache_state(c))
@@ -259,7 +259,7 @@ def test_a_verify_through_the_pieces_equals_one_without_them(kind, exact, reques
             outs[-1] += t.cache_state(c)
         assert all_bitwise(outs[0], outs[1]), (kind, T)
     assert len(tails) == 6 * len(targets[0].layers)  # the pieces ran in every verify
-    assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
+    assert any(v for k, v in compiled_layers._checked.items() if k[0] == "tail")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -280,7 +280,7 @@ def test_a_decode_step_equals_mlx_lms_bitwise(kind, request, monkeypatch):
         assert all(getattr(c, "stash", None) is None for c in caches[0])
         y = mx.argmax(outs[0][1], axis=-1)[None]
     assert len(tails) == 12 * len(targets[0].layers)  # every decode step ran the pieces
-    assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
+    assert any(v for k, v in compiled_layers._checked.items() if k[0] == "tail")
 
 
 @pytest.mark.slow
@@ -294,14 +294,14 @@ def test_greedy_output_is_mlx_lms_with_the_pieces(kind, request):
         got = [t for t, _ in mlx_mtp.generate_step(mx.array(prompt), model, max_tokens=20,
                                                    block_size=bs)]
         assert got == ref, (kind, bs)
-    assert any(v for k, v in layer_block._checked.items() if k[0] == "tail")
+    assert any(v for k, v in compiled_layers._checked.items() if k[0] == "tail")
 
 
 BINDING_CHECK = """
 import json, sys, mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.models.qwen3_5 import layer_block
+from mlx_mtp.models.qwen3_5 import compiled_layers
 from support.pieces import expected_choices
 model = mlx_mtp.load_model(sys.argv[1], require_head=False)
 t = model.target
@@ -314,14 +314,14 @@ equal = []
 for T in (2, 3, 4):
     outs = []
     for on, c in zip((True, False), caches):
-        layer_block.enabled = on
+        compiled_layers.enabled = on
         h = t.verify(mx.array([[9 + j for j in range(T)]]), c)
         mx.eval(h, t.cache_state(c))
         outs.append([h, *t.cache_state(c)])
     equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
-choices = sorted({str(v) for k, v in layer_block._checked.items() if k[0] in ("tail", "attn")})
+choices = sorted({str(v) for k, v in compiled_layers._checked.items() if k[0] in ("tail", "attn")})
 expected = expected_choices(t, (2, 3, 4))
-layer_block.enabled = True
+compiled_layers.enabled = True
 outs = []
 for c, forward in zip(caches, (t.decode, t.hidden)):  # a one-token step, mlx-lm's as reference
     h = forward(mx.array([[13]]), c)
