@@ -81,7 +81,7 @@ def router(experts: int, hidden: int, locality: float, key, topic_rms: float = 1
 class DistinctExperts:
     """Counts the distinct experts each verify block (and one-token step) touched, per layer:
     installed on mlx-lm's ``SwitchGLU`` layers of a model (``attach``), it reads the indices of
-    every call inside a verify (``row_exact.active()``: not the prompt's prefill) until
+    every call inside a verify (``row_exact_layers.active()``: not the prompt's prefill) until
     ``detach``. Each count is a host read: time nothing while it is attached."""
 
     def __init__(self):
@@ -113,9 +113,9 @@ class DistinctExperts:
         self._layers = []
 
     def record(self, indices: mx.array) -> None:
-        from mlx_mtp.exactness import row_exact
+        from mlx_mtp.exactness import row_exact_layers
 
-        if not row_exact.active():
+        if not row_exact_layers.active():
             return
         flat = indices.reshape(-1, indices.shape[-1])
         self.top_k = flat.shape[1]

@@ -15,8 +15,8 @@ Arms, alternated round by round on the same target, each with its own cache pref
             pay once the kernels are lazy?)
   blocked   the same verify, row-exact layers as blocked one-row BLAS products (the fallback)
   chunked   the kernel arm with the layers it computes transposed
-            (``row_exact.transposed_products``) as chunks of rows narrower than their first
-            divergent width instead, where that is more than 2 (``row_exact.chunked``; OpenBLAS:
+            (``row_exact_layers.transposed_products``) as chunks of rows narrower than their first
+            divergent width instead, where that is more than 2 (``row_exact_layers.chunked``; OpenBLAS:
             two products of 2 rows at width 4)
   inexact   the same verify without exactness fallbacks (what MLX_MTP_ALLOW_INEXACT=1 runs)
   stepwise  the kernel arm's verify with the GatedDeltaNet layers as mlx-lm's ops (the recurrence
@@ -60,7 +60,7 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.cpu import row_kernel
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, compiled_layers
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "chunked",
@@ -74,14 +74,14 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             kernel_threads: int = 0, arms=ARMS) -> dict:
     """Time the arms on a loaded ``mlx_mtp`` model; its layers' installed choices and its
     target's exactness are as before on return. ``kernel_threads`` > 0: the kernel arm's
-    threads (else ``row_exact.kernel_threads``'s, by each product's size), so a thread
+    threads (else ``row_exact_layers.kernel_threads``'s, by each product's size), so a thread
     count can be tried on the kernel alone without changing the BLAS threads of the rest.
     ``arms``: the arms to time (``decode`` is always timed: the others are its multiples)."""
     arms = ("decode",) + tuple(a for a in ARMS if a in arms and a != "decode")
     target = model.target
     target.prepare(width)
     layers = [layer for _, layer in model.mlx_model.named_modules()
-              if row_exact.method(layer) != "multi-row"]
+              if row_exact_layers.method(layer) != "multi-row"]
     chosen = {id(layer): (layer.use_kernel, layer.block_cols, layer.chunk_rows, layer.transposed)
               for layer in layers}
     kernel_layers = [layer for layer in layers if layer.use_kernel]
@@ -103,7 +103,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
         all_kernel = arm.startswith("all_kernel")
         for layer in kernel_layers:  # the kernel's layers: kernel, or the blocked fallback
             layer.use_kernel = arm in KERNEL_ARMS or all_kernel
-            layer.block_cols = 0 if layer.use_kernel else row_exact.block_columns(layer.weight)
+            layer.block_cols = 0 if layer.use_kernel else row_exact_layers.block_columns(layer.weight)
         for layer in other_layers:
             _, _, chunk, flip = chosen[id(layer)]
             if arm == "chunked" and layer.exact_from > 2:
@@ -111,7 +111,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
             elif arm == "blocked":
                 chunk, flip = 0, False
             layer.chunk_rows, layer.transposed = chunk, flip
-            layer.block_cols = 0 if chunk or flip else row_exact.block_columns(layer.weight)
+            layer.block_cols = 0 if chunk or flip else row_exact_layers.block_columns(layer.weight)
         switch(extra, all_kernel, keep=head if arm == "all_kernel_body" else None)
         target.exact = arm != "inexact"
 
@@ -131,12 +131,12 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
 
     times = {arm: [] for arm in arms}
     mixer_choice, kernel_pays = gdn_block.mixer_choice, gdn_block.kernel_pays
-    default_threads = row_exact.kernel_threads
-    threads = kernel_threads or "by size"  # by size: row_exact.kernel_threads's default
+    default_threads = row_exact_layers.kernel_threads
+    threads = kernel_threads or "by size"  # by size: row_exact_layers.kernel_threads's default
     threaded = (kernel_threads > 1 if kernel_threads
-                else row_exact.threaded(target.model, width))
+                else row_exact_layers.threaded(target.model, width))
     if kernel_threads:
-        row_exact.kernel_threads = lambda *_: kernel_threads
+        row_exact_layers.kernel_threads = lambda *_: kernel_threads
     try:
         for _ in range(reps + 1):  # the first round warms up
             for arm in arms:
@@ -146,7 +146,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     finally:
         gdn_block.mixer_choice, gdn_block.kernel_pays = mixer_choice, kernel_pays
         compiled_layers.enabled = True
-        row_exact.kernel_threads = default_threads
+        row_exact_layers.kernel_threads = default_threads
         for layer in layers:
             layer.use_kernel, layer.block_cols, layer.chunk_rows, layer.transposed = \
                 chosen[id(layer)]
@@ -155,7 +155,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     ms = {arm: float(np.median(t[1:])) for arm, t in times.items()}
     return {
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
-        "row_exact": row_exact.report(model.mlx_model),
+        "row_exact": row_exact_layers.report(model.mlx_model),
         "kernel_layers": len(kernel_layers), "other_layers": len(other_layers),
         "kernel_threads": threads,
         "kernels": lazy_kernels.mode(),
@@ -179,7 +179,7 @@ def speed_candidates(model, width: int):
     if not row_kernel.available():
         return found, head
     for _, layer in model.mlx_model.named_modules():
-        if row_exact.method(layer) != "multi-row" or "bias" in layer:
+        if row_exact_layers.method(layer) != "multi-row" or "bias" in layer:
             continue
         base = next((b for b in type(layer).__mro__ if b in (mx_nn.Linear, mx_nn.Embedding)), None)
         if base is None or type(layer) is not base or layer.weight.dtype != mx.float32:
@@ -187,10 +187,10 @@ def speed_candidates(model, width: int):
         if base is mx_nn.Embedding and not (target.tied_head and layer is head):
             continue
         fn = layer.as_linear if base is mx_nn.Embedding else layer
-        if not row_exact.kernel_equal_rows(fn, layer, width):
+        if not row_exact_layers.kernel_equal_rows(fn, layer, width):
             continue
         layer.exact_from, layer.block_cols, layer.use_kernel = 2, 0, True
-        found.append((layer, base, row_exact._SWAP[base]))
+        found.append((layer, base, row_exact_layers._SWAP[base]))
     return found, head
 
 

@@ -1,7 +1,7 @@
 """A module-level switch that is on while a ``with`` body is open.
 
 mlx-lm's forward passes carry no context, so a layer that must behave differently inside a verify
-asks a module-level scope whether one is open (``row_exact.verifying``,
+asks a module-level scope whether one is open (``row_exact_layers.verifying``,
 ``compiled_layers.compiling``). Bodies nest: the scope stays on until the outermost one closes.
 """
 

@@ -8,12 +8,12 @@ wider than 512, so an exact verify would have to compute each row on its own, re
 once per row. ``mlx_mtp/cpu/csrc/row_dot.c`` computes T rows in the one-row order while it
 streams each weight row once, so an exact verify reads the weights about once, like a decode
 step. It covers the first N - N % 8 output columns: BLIS reduces the last N % 8 another way,
-which ``mlx_mtp.exactness.row_exact`` computes with BLAS one-row products.
-``row_exact.install`` uses the kernel for a layer only where a bitwise check on the layer's own
+which ``mlx_mtp.exactness.row_exact_layers`` computes with BLAS one-row products.
+``row_exact_layers.install`` uses the kernel for a layer only where a bitwise check on the layer's own
 weights says it equals the layer's own one-row call.
 
 The C source is built and loaded by ``mlx_mtp.cpu.native`` (a per-user cache, ``reason()`` when it
-is unavailable, ``MLX_MTP_ROW_KERNEL=0``); where it is unavailable ``row_exact`` keeps its other
+is unavailable, ``MLX_MTP_ROW_KERNEL=0``); where it is unavailable ``row_exact_layers`` keeps its other
 paths. Given the weight as an ``mx.array``, ``products`` runs the kernel as a lazy MLX op
 (``mlx_mtp.cpu.lazy_ops``: no host sync, the same bytes) where the extension builds; otherwise, and
 for a numpy weight, eagerly (it evaluates its input, a host sync, so it cannot run inside an

@@ -19,7 +19,7 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.acceptance import Draft
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
 from mlx_mtp.io.prompt_cache import forget_drafter
 from mlx_mtp.models import draft_tree
@@ -85,7 +85,7 @@ def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
     session.pin = (cpu_pin.enabled() and mx.default_device() == mx.cpu and session.split is None
                    and cpu_blas.round_thread_count() == 1
                    and not (getattr(target, "exact", False)
-                            and row_exact.threaded(target.model, session.widest)))
+                            and row_exact_layers.threaded(target.model, session.widest)))
     if turn is not None:
         if drafter is not None:
             turn.start_drafter()

@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness.block_vs_chain import _prefill, _start
-from mlx_mtp.exactness.row_exact import bitwise_equal
+from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 
 _MEMO: "weakref.WeakKeyDictionary[Any, Dict[Tuple[int, ...], Optional[str]]]" = \
     weakref.WeakKeyDictionary()

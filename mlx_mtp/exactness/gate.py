@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from mlx_mtp import config as env
-from mlx_mtp.exactness import grouped_experts, row_exact
+from mlx_mtp.exactness import grouped_experts, row_exact_layers
 from mlx_mtp.exactness.block_vs_chain import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
 from mlx_mtp.exactness.tree_vs_chain import probe_tree_exactness
 from mlx_mtp.exactness.device import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
@@ -67,7 +67,7 @@ class GateDecision:
 
     @property
     def exact_verify(self) -> bool:
-        """Whether the verify computes its rows with the row-exact products (``row_exact``):
+        """Whether the verify computes its rows with the row-exact products (``row_exact_layers``):
         wherever byte identity is promised and proven, and for a sampled session on the CPU,
         where they are the faster verify (module docstring). Never under the override.
         ``MLX_MTP_ROW_EXACT=0`` still turns them off (``Trunk.prepare``)."""
@@ -208,9 +208,9 @@ def apply_tree(model, topk: int, nodes: int, depth: int, stats, kv=None) -> bool
 
 def report_verify(model, stats) -> None:
     """Once the target is prepared for the session's verify blocks: which layers compute rows
-    how (``mlx_mtp.exactness.row_exact``), where the verify uses the row-exact products."""
+    how (``mlx_mtp.exactness.row_exact_layers``), where the verify uses the row-exact products."""
     if stats.mtp_enabled and getattr(model.target, "exact", False) and hasattr(model, "mlx_model"):
-        stats.exactness["row_exact"] = row_exact.report(model.mlx_model)
+        stats.exactness["row_exact"] = row_exact_layers.report(model.mlx_model)
 
 
 def row_exact_summary(exactness: dict) -> Optional[str]:

@@ -2,7 +2,7 @@
 rows grouped by expert, every product bitwise the one-token decode's.
 
 mlx-lm computes each (row, expert) pair with its own one-row ``gather_mm`` call, so a verify of w
-rows reads an expert once per row routed to it. Inside a verify (``row_exact.verifying()``, the
+rows reads an expert once per row routed to it. Inside a verify (``row_exact_layers.verifying()``, the
 one-token ``Target.decode`` steps too) a switched layer computes a block by the first method its
 check accepted for that width (``choose``): ``kernel``, the expert kernel
 (``mlx_mtp.cpu.expert_kernel``: each expert's rows in one pass over its weight, BLIS's one-row
@@ -24,7 +24,7 @@ from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import expert_kernel
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 
 KERNEL, SORTED, GATHER = "kernel", "sorted", "gather"
 CHECK_TOP_K = 8  # experts per row in the check's routes (the kernel's order does not depend on it)
@@ -36,7 +36,7 @@ class GroupedSwitchGLU(SwitchGLU):
     checked for its width (``expert_widths``: width -> ``KERNEL`` or ``SORTED``)."""
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
-        if row_exact.active():
+        if row_exact_layers.active():
             how = self.__dict__.get("expert_widths", {}).get(rows_of(indices))
             if how == KERNEL:
                 return kernel_call(self, x, indices)
@@ -56,9 +56,9 @@ def rows_of(indices: mx.array) -> int:
 def _threads(weight: mx.array, pairs: int) -> int:
     """The kernel's threads for ``pairs`` (row, expert) products with ``weight [E, N, K]``: a
     read of at most ``pairs`` of its experts, which the one-row kernel's rule prices
-    (``row_exact.one_row_threads``: every core from ``ONE_ROW_PARALLEL_BYTES`` on); the rows
+    (``row_exact_layers.one_row_threads``: every core from ``ONE_ROW_PARALLEL_BYTES`` on); the rows
     beside the read add little work."""
-    return row_exact.one_row_threads(weight.nbytes // weight.shape[0]
+    return row_exact_layers.one_row_threads(weight.nbytes // weight.shape[0]
                                      * min(pairs, weight.shape[0]))
 
 
@@ -129,7 +129,7 @@ def passing_widths(glu: SwitchGLU, call: Callable, max_width: int, first: int = 
             with cpu_blas.verify_threads():  # as the round loop verifies
                 block = call(glu, x[:, :T], route[:, :T])
                 mx.eval(block)
-            if not all(row_exact.bitwise_equal(block[:, t : t + 1], rows[t]) for t in range(T)):
+            if not all(row_exact_layers.bitwise_equal(block[:, t : t + 1], rows[t]) for t in range(T)):
                 ok.discard(T)
     return sorted(ok)
 
@@ -144,7 +144,7 @@ def kernel_fits(glu: SwitchGLU) -> bool:
 def choose(glu: SwitchGLU, max_width: int) -> Dict[int, str]:
     """Width -> method for widths 1..max_width, the first whose check passes: ``KERNEL`` (from
     one row: it reads a one-token step's experts on every core where BLIS's one-row call reads
-    on one; by ``row_exact``'s thread rule), then ``SORTED`` (from two rows: at one it is
+    on one; by ``row_exact_layers``'s thread rule), then ``SORTED`` (from two rows: at one it is
     mlx-lm's call); widths missing keep mlx-lm's call. On the CPU only (where these were
     measured; a GPU keeps mlx-lm's kernels)."""
     chosen: Dict[int, str] = {}

@@ -1,6 +1,6 @@
 """The part of a target adapter that does not depend on the family: an mlx-lm model whose text
 trunk returns post-norm hidden states, and the row-exact verify set-up
-(``mlx_mtp.exactness.row_exact``). Family adapters add caches, logits, verify and rollback."""
+(``mlx_mtp.exactness.row_exact_layers``). Family adapters add caches, logits, verify and rollback."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import gather_last_axis
 
 from mlx_mtp import config as env
-from mlx_mtp.exactness import grouped_experts, row_exact
+from mlx_mtp.exactness import grouped_experts, row_exact_layers
 
 ROW_EXACT_ENV = "MLX_MTP_ROW_EXACT"  # 0: verify with the plain multi-row products
 
@@ -82,7 +82,7 @@ class TrunkTarget:
         exact = exact and env.flag(ROW_EXACT_ENV)  # MLX_MTP_ROW_EXACT=0: the plain verify
         self.exact = exact
         if exact and max_width > self.exact_width:
-            self.row_exact_layers = row_exact.install(self.model, max_width,
+            self.row_exact_layers = row_exact_layers.install(self.model, max_width,
                                                       tied_head=self.tied_head)
             self.grouped_expert_layers = grouped_experts.install(self.model, max_width)
             self.exact_width = max_width
@@ -118,4 +118,4 @@ class TrunkTarget:
 
     def _verifying(self):
         """The row-exact context of a verify, unless exactness was waived (``prepare``)."""
-        return row_exact.verifying() if self.exact else nullcontext()
+        return row_exact_layers.verifying() if self.exact else nullcontext()

@@ -9,7 +9,7 @@ import pytest
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.models.qwen3_5 import gdn_block
 
@@ -22,7 +22,7 @@ def test_verify_arms_reports_every_arm_against_the_decode_step(wide_dir, capsys)
     assert list(out["ms"]) == list(verify_arms.ARMS) == list(out["x_decode"])
     assert all(v > 0 for v in out["ms"].values()) and out["x_decode"]["decode"] == 1.0
     assert out["width"] == 3 and out["reps"] == 2 and out["blas"] == cpu_blas.STATE.describe()
-    assert out["kernel_threads"] == "by size"  # row_exact.kernel_threads's default
+    assert out["kernel_threads"] == "by size"  # row_exact_layers.kernel_threads's default
     if cpu_blas.STATE.name == "BLIS" and row_kernel.available():
         assert out["kernel_layers"] == out["row_exact"]["layers"]["kernel"] >= 20
 
@@ -46,8 +46,8 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     model.target.prepare(3)
 
     def choices():
-        return {n: (row_exact.method(m), m.block_cols) for n, m in
-                model.mlx_model.named_modules() if row_exact.method(m) != "multi-row"}
+        return {n: (row_exact_layers.method(m), m.block_cols) for n, m in
+                model.mlx_model.named_modules() if row_exact_layers.method(m) != "multi-row"}
 
     before = choices()
     if cpu_blas.STATE.name == "BLIS":  # its multi-row products differ for 576-wide inputs
@@ -55,8 +55,8 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     out = verify_arms.measure(model, 3, 1, kernel_threads=2)
     assert out["kernel_threads"] == 2
     assert choices() == before and model.target.exact is True
-    assert row_exact.kernel_threads(0) == 1  # the kernel arm's threads were its own
-    assert row_exact.kernel_threads(row_exact.PARALLEL_WORK_BYTES) == cpu_blas.usable_cores()
+    assert row_exact_layers.kernel_threads(0) == 1  # the kernel arm's threads were its own
+    assert row_exact_layers.kernel_threads(row_exact_layers.PARALLEL_WORK_BYTES) == cpu_blas.usable_cores()
     assert gdn_block.mixer_choice is mixer_choice  # the stepwise arm's switch undone
 
 
@@ -73,13 +73,13 @@ def test_all_kernel_arms_find_the_demo_pairs_row_invariant_layers_and_switch_the
     before = _classes(model)
     extra, head = verify_arms.speed_candidates(model, 3)
     assert head is model.target.lm_head_module and model.target.tied_head
-    assert all(row_exact.method(layer) == "multi-row" for layer, _, _ in extra)
+    assert all(row_exact_layers.method(layer) == "multi-row" for layer, _, _ in extra)
     if cpu_blas.STATE.name == "BLIS" and row_kernel.available():
         # each of the demo target's 124 projections (16 layers) and its tied head either is
         # row-invariant under BLIS, the kernel equal to its one-row product (all of them on an
         # AVX2 host), or already runs through the kernel (the 16 down projections, whose
         # multi-row products BLIS reduces differently on an AVX-512 host)
-        installed = row_exact.report(model.mlx_model)["layers"]
+        installed = row_exact_layers.report(model.mlx_model)["layers"]
         assert set(installed) <= {"kernel"}
         assert len(extra) + installed.get("kernel", 0) == 125
         assert any(layer is head for layer, _, _ in extra)
@@ -96,13 +96,13 @@ def test_the_all_kernel_verify_is_bitwise_the_installed_verify_on_the_demo_pair(
     extra, _ = verify_arms.speed_candidates(model, 4)
     if not extra:
         pytest.skip(f"no layer goes through the kernel here ({cpu_blas.STATE.name}, kernel "
-                    f"{row_exact.report(model.mlx_model)['kernel']})")
+                    f"{row_exact_layers.report(model.mlx_model)['kernel']})")
     prompt = mx.array([[5 + i % 200 for i in range(40)]])
     block = mx.array([[9, 301, 77, 4000]])
     calls = []  # (arm on, the layer is one the arm switches) per kernel call
     switched = {id(layer) for layer, _, _ in extra}
-    kernel_products = row_exact.kernel_products
-    monkeypatch.setattr(row_exact, "kernel_products", lambda layer, x: calls.append(
+    kernel_products = row_exact_layers.kernel_products
+    monkeypatch.setattr(row_exact_layers, "kernel_products", lambda layer, x: calls.append(
         (on, id(layer) in switched)) or kernel_products(layer, x))
     results = []
     for on in (False, True):

@@ -11,7 +11,7 @@ from mlx_lm.models.switch_layers import SwitchGLU
 from support.native_support import one_row_products_in_kernel_order, require_lazy
 
 from mlx_mtp.cpu import expert_kernel
-from mlx_mtp.exactness import gate, grouped_experts, row_exact
+from mlx_mtp.exactness import gate, grouped_experts, row_exact_layers
 
 D, WIDTH, E = 576, 64, 8  # inputs wider than 512: BLIS's multi-row order differs there
 
@@ -37,12 +37,12 @@ def method():
 
 def rows_equal(glu, x, route) -> bool:
     """Whether the layer's block inside a verify is bitwise its one-row calls."""
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         block = glu(x, route)
     rows = [SwitchGLU.__call__(glu, x[:, t : t + 1], route[:, t : t + 1])
             for t in range(x.shape[1])]
     mx.eval(block, rows)
-    return all(row_exact.bitwise_equal(block[:, t : t + 1], rows[t]) for t in range(x.shape[1]))
+    return all(row_exact_layers.bitwise_equal(block[:, t : t + 1], rows[t]) for t in range(x.shape[1]))
 
 
 ROUTES = {
@@ -66,7 +66,7 @@ def test_install_switches_the_layer_and_its_rows_equal_one_row_calls():
     # outside a verify it is mlx-lm's layer, call for call
     x = mx.random.normal((1, 3, D), key=mx.random.key(1))
     r = mx.array(ROUTES["none"], dtype=mx.uint32)[None]
-    assert row_exact.bitwise_equal(model.experts(x, r), SwitchGLU.__call__(model.experts, x, r))
+    assert row_exact_layers.bitwise_equal(model.experts(x, r), SwitchGLU.__call__(model.experts, x, r))
 
 
 def test_wider_blocks_than_checked_keep_mlx_lms_call(monkeypatch):
@@ -77,7 +77,7 @@ def test_wider_blocks_than_checked_keep_mlx_lms_call(monkeypatch):
     monkeypatch.setattr(grouped_experts, "sorted_call", lambda *a: calls.append(a))
     x = mx.random.normal((1, 4, D), key=mx.random.key(2))
     r = mx.array(ROUTES["every expert"], dtype=mx.uint32)[None]
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         out = model.experts(x, r)
     assert calls == [] and out.shape == (1, 4, 3, D)
     assert grouped_experts.method(model.experts, 4) == grouped_experts.GATHER
@@ -124,11 +124,11 @@ def test_the_report_and_its_table_cell(monkeypatch):
     want = method()
     widths = {str(w): {want: 1} for w in range(1 if want == "kernel" else 2, 5)}
     assert info == {"layers": 1, "widths": widths}
-    assert row_exact.report(model)["experts"] == info
+    assert row_exact_layers.report(model)["experts"] == info
     span = "1-4" if want == "kernel" else "2-4"
     cell = dict(gate.table_rows({"mtp_enabled": True,
                                  "exactness": {"verdict": "equal", "widths": [],
-                                               "row_exact": row_exact.report(model)}}))
+                                               "row_exact": row_exact_layers.report(model)}}))
     assert cell["expert layers"] == f"1 layers: {want} at widths {span}"
     monkeypatch.setattr(expert_kernel, "problem", lambda: "no (test)")
     assert grouped_experts.summary(grouped_experts.report(model)).endswith(

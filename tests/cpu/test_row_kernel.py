@@ -1,7 +1,7 @@
 """The compiled row kernel (mlx_mtp.cpu.row_kernel): T-row products in the order it documents
 (checked against ``support.native_support.row_dot_reference``, on any host), bitwise equal to the
 bound BLAS's one-row products where those reduce in that order (BLIS's AVX2 configurations; measured
-here, not assumed from the library's name), how row_exact.install picks it, and its fallbacks when
+here, not assumed from the library's name), how row_exact_layers.install picks it, and its fallbacks when
 it cannot be built."""
 
 import os
@@ -15,7 +15,7 @@ import pytest
 from mlx_mtp import MTPError
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.cpu import row_kernel
 from support.native_support import (one_row_products_in_kernel_order, require_kernel,
                                     row_dot_reference)
@@ -28,7 +28,7 @@ def bitwise(a, b):
 def verify_equals_rows(layer, T: int, K: int, seed: int) -> bool:
     """Whether the layer's T-row verify product is bitwise its T one-row calls."""
     x = mx.random.normal((1, T, K), key=mx.random.key(seed))
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         block = layer(x)
     rows = [layer(x[:, i : i + 1]) for i in range(T)]
     mx.eval(block, rows)
@@ -89,14 +89,14 @@ def test_kernel_products_equal_one_row_products_bitwise(K, N):
     want = row_dot_reference(np.array(x[0]), np.array(W[:main]))
     same = []
     for T in (2, 3, 4, 6, 7, 8):
-        got = row_exact.kernel_products(layer, x[:, :T])
+        got = row_exact_layers.kernel_products(layer, x[:, :T])
         mx.eval(got)
         assert got.shape == (1, T, N)
         assert np.array(got)[0, :, :main].tobytes() == want[:T].tobytes(), (K, N, T)
         same.append(all(bitwise(got[:, i : i + 1], rows[i]) for i in range(T)))
     if one_row_products_in_kernel_order():
         assert all(same), (K, N, same)
-    assert row_exact.kernel_equal_rows(layer, layer, 4) == all(same)
+    assert row_exact_layers.kernel_equal_rows(layer, layer, 4) == all(same)
 
 
 @pytest.mark.slow
@@ -132,26 +132,26 @@ def test_install_picks_the_kernel_for_a_wide_layer(monkeypatch):
     needs_kernel()
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    first = row_exact.first_divergent_width(layer, 4, 1024, mx.float32)
-    switched = row_exact.install(layer, 4)
+    first = row_exact_layers.first_divergent_width(layer, 4, 1024, mx.float32)
+    switched = row_exact_layers.install(layer, 4)
     assert switched == ({"": first} if first else {})
     if not (first and one_row_products_in_kernel_order()):
         # nothing to fix here, or this BLAS's one-row order is not the kernel's
-        assert not switched or row_exact.method(layer) != "kernel"
+        assert not switched or row_exact_layers.method(layer) != "kernel"
         assert not switched or verify_equals_rows(layer, 4, 1024, seed=9)
         return
-    assert row_exact.method(layer) == "kernel" and layer.use_kernel and layer.block_cols == 0
+    assert row_exact_layers.method(layer) == "kernel" and layer.use_kernel and layer.block_cols == 0
     calls = []
     original = row_kernel.products
     monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
     x = mx.random.normal((1, 4, 1024), key=mx.random.key(9))
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         block = layer(x)
     rows = [layer(x[:, i : i + 1]) for i in range(4)]
     mx.eval(block, rows)
     assert calls == [640]
     assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(4))
-    assert row_exact.report(layer) == {"layers": {"kernel": 1},
+    assert row_exact_layers.report(layer) == {"layers": {"kernel": 1},
                                        "kernel": f"available, {lazy_kernels.mode()}"}
 
 
@@ -161,9 +161,9 @@ def test_switched_off_by_the_environment(fresh, monkeypatch):
     assert row_kernel.reason() == "MLX_MTP_ROW_KERNEL=0"
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    if row_exact.install(layer, 3):
-        assert row_exact.method(layer) == "blocked"
-        assert row_exact.report(layer) == {
+    if row_exact_layers.install(layer, 3):
+        assert row_exact_layers.method(layer) == "blocked"
+        assert row_exact_layers.report(layer) == {
             "layers": {"blocked": 1}, "kernel": "unavailable (MLX_MTP_ROW_KERNEL=0)"}
     with pytest.raises(RuntimeError, match=r"row kernel unavailable: MLX_MTP_ROW_KERNEL=0"):
         row_kernel.products(mx.zeros((2, 8)), np.zeros((8, 8), np.float32), 8)
@@ -183,8 +183,8 @@ def test_a_missing_compiler_leaves_the_fallbacks(fresh, monkeypatch):
                                    "(set CC)")
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    if row_exact.install(layer, 3):
-        assert row_exact.method(layer) == "blocked"
+    if row_exact_layers.install(layer, 3):
+        assert row_exact_layers.method(layer) == "blocked"
         assert verify_equals_rows(layer, 3, 1024, seed=2)
     assert not [f for f in os.listdir(fresh)], "a failed build leaves nothing in the cache"
 
@@ -223,15 +223,15 @@ def test_threads_split_columns_and_change_no_byte(monkeypatch):
         got = row_kernel.products(x, view, 4096, threads)
         mx.eval(got)
         assert bitwise(got, one), threads
-    big = row_exact.PARALLEL_WORK_BYTES
+    big = row_exact_layers.PARALLEL_WORK_BYTES
     monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "3")
-    assert row_exact.kernel_threads() == 3 and row_exact.kernel_threads(big) == 3
+    assert row_exact_layers.kernel_threads() == 3 and row_exact_layers.kernel_threads(big) == 3
     monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "1")
-    assert row_exact.kernel_threads(big) == 1
+    assert row_exact_layers.kernel_threads(big) == 1
     monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV)
     # unset: one thread for a small product, every usable core from the threshold on
-    assert row_exact.kernel_threads(big - 1) == 1
-    assert row_exact.kernel_threads(big) == cpu_blas.usable_cores()
+    assert row_exact_layers.kernel_threads(big - 1) == 1
+    assert row_exact_layers.kernel_threads(big) == cpu_blas.usable_cores()
 
 
 def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
@@ -246,18 +246,18 @@ def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
     model = Tied()
     mx.eval(model.parameters())
     emb = model.embed_tokens
-    first = row_exact.first_divergent_width(emb.as_linear, 3, 1024, mx.float32)
-    switched = row_exact.install(model, 3, tied_head=True)
+    first = row_exact_layers.first_divergent_width(emb.as_linear, 3, 1024, mx.float32)
+    switched = row_exact_layers.install(model, 3, tied_head=True)
     assert switched == ({"embed_tokens": first} if first else {})
     if not (first and one_row_products_in_kernel_order()):
-        assert not switched or row_exact.method(emb) != "kernel"
+        assert not switched or row_exact_layers.method(emb) != "kernel"
         return
-    assert row_exact.method(emb) == "kernel"
+    assert row_exact_layers.method(emb) == "kernel"
     calls = []
     original = row_kernel.products
     monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
     x = mx.random.normal((1, 3, 1024), key=mx.random.key(31))
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         block = emb.as_linear(x)
     rows = [emb.as_linear(x[:, i : i + 1]) for i in range(3)]
     mx.eval(block, rows)
@@ -272,9 +272,9 @@ def test_a_strided_weight_is_declined_not_a_crash():
     layer = nn.Linear(1024, 640, bias=False)
     layer.weight = mx.random.normal((1024, 640), key=mx.random.key(41)).T
     mx.eval(layer.parameters())
-    assert not row_exact.kernel_equal_rows(layer, layer, 3)
-    if row_exact.install(layer, 3):
-        assert row_exact.method(layer) != "kernel"
+    assert not row_exact_layers.kernel_equal_rows(layer, layer, 3)
+    if row_exact_layers.install(layer, 3):
+        assert row_exact_layers.method(layer) != "kernel"
         assert verify_equals_rows(layer, 3, 1024, seed=42)
 
 
@@ -315,13 +315,13 @@ def test_a_verify_whose_kernel_products_run_on_every_core_equals_plain_decode(wi
     from mlx_lm.generate import generate_step as mlx_generate_step
 
     needs_kernel()
-    monkeypatch.setattr(row_exact, "PARALLEL_WORK_BYTES", 0)
+    monkeypatch.setattr(row_exact_layers, "PARALLEL_WORK_BYTES", 0)
     monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 2)
     model = mlx_mtp.load_model(wide_dir)
     prompt = mx.array([5, 6, 7, 8])
     out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=12, block_size=4)]
     assert out == [t for t, _ in mlx_generate_step(prompt, model.mlx_model, max_tokens=12)]
-    if row_exact.report(model.mlx_model)["layers"].get("kernel"):
-        assert row_exact.threaded(model.mlx_model, 4)
-    monkeypatch.setattr(row_exact, "PARALLEL_WORK_BYTES", 1 << 62)
-    assert not row_exact.threaded(model.mlx_model, 4)
+    if row_exact_layers.report(model.mlx_model)["layers"].get("kernel"):
+        assert row_exact_layers.threaded(model.mlx_model, 4)
+    monkeypatch.setattr(row_exact_layers, "PARALLEL_WORK_BYTES", 1 << 62)
+    assert not row_exact_layers.threaded(model.mlx_model, 4)

@@ -111,7 +111,7 @@ def _assert_close(got, want, what):
 def _head_rows_invariant(model, T: int = 6) -> bool:
     """Whether the head's forward over T pairs at once (the accept hook) gives the cache entries
     of T one-pair forwards bitwise with this BLAS on this CPU, measured on random pairs: its
-    multi-row products (which ``row_exact`` leaves alone: they shape drafts, never the output)
+    multi-row products (which ``row_exact_layers`` leaves alone: they shape drafts, never the output)
     may reduce differently from one-row ones, depending on the BLAS's kernels and the shapes."""
     head = model.drafter.head
     H = model.target.args.hidden_size
@@ -207,7 +207,7 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
     method the row-exact layers use and how the kernel runs."""
     from mlx_mtp.cpu import lazy_ops as lazy_kernels
     from mlx_mtp.cpu import row_kernel
-    from mlx_mtp.exactness import row_exact
+    from mlx_mtp.exactness import row_exact_layers
 
     monkeypatch.setenv(row_kernel.ENV, "0" if kernel == "0" else "1")
     monkeypatch.setenv(lazy_kernels.ENV, "0" if kernel == "eager" else "1")
@@ -224,7 +224,7 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
         info = stats.exactness["row_exact"]
         # the stats count the forms the model runs (which ones depends on how this BLAS
         # reduces here: BLIS's AVX2 kernels switch every 576 / 1152-wide projection)
-        running = row_exact.report(model.mlx_model)["layers"]
+        running = row_exact_layers.report(model.mlx_model)["layers"]
         assert info["layers"] == running, info
         if kernel == "0" or not row_kernel.available():
             assert "kernel" not in info["layers"], info

@@ -1,4 +1,4 @@
-"""One-row products through the row kernel (``row_exact``): where a layer verifies through the
+"""One-row products through the row kernel (``row_exact_layers``): where a layer verifies through the
 lazy kernel and a check finds the kernel's one-row product equal to the layer's own, a decode
 step's one-row products inside ``verifying()`` run through it too, on every core for large
 weights, with the same bytes; a layer whose check fails, or eager kernels, keep the BLAS call;
@@ -13,7 +13,7 @@ import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from support.native_support import one_row_products_in_kernel_order, require_lazy
 
 
@@ -43,7 +43,7 @@ def wide_layer(out_dims: int = 4096) -> nn.Linear:
 
 def test_a_one_row_product_runs_through_the_kernel_with_the_same_bytes(kernel_calls):
     layer = wide_layer()
-    row_exact.install(layer, 4)
+    row_exact_layers.install(layer, 4)
     if not (layer.use_kernel and one_row_products_in_kernel_order()):
         pytest.skip("this BLAS's one-row order is not the kernel's: the layer does not use it")
     assert layer.one_row_kernel
@@ -52,23 +52,23 @@ def test_a_one_row_product_runs_through_the_kernel_with_the_same_bytes(kernel_ca
     plain = layer(x)  # outside verifying(): the BLAS's one-row call
     mx.eval(plain)
     assert kernel_calls == []
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         got = layer(x)
     mx.eval(got)
     assert bitwise(got, plain)
-    assert kernel_calls == [(1, row_exact.one_row_threads(layer.weight.nbytes))]
-    assert row_exact.one_row_threads(layer.weight.nbytes) == cpu_blas.usable_cores()
+    assert kernel_calls == [(1, row_exact_layers.one_row_threads(layer.weight.nbytes))]
+    assert row_exact_layers.one_row_threads(layer.weight.nbytes) == cpu_blas.usable_cores()
 
 
 def test_one_row_threads_by_weight_size_unless_set(monkeypatch):
-    big = row_exact.ONE_ROW_PARALLEL_BYTES
+    big = row_exact_layers.ONE_ROW_PARALLEL_BYTES
     monkeypatch.delenv(cpu_blas.VERIFY_THREADS_ENV, raising=False)
-    assert row_exact.one_row_threads(big - 1) == 1
-    assert row_exact.one_row_threads(big) == cpu_blas.usable_cores()
+    assert row_exact_layers.one_row_threads(big - 1) == 1
+    assert row_exact_layers.one_row_threads(big) == cpu_blas.usable_cores()
     monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "3")
-    assert row_exact.one_row_threads(0) == row_exact.one_row_threads(big) == 3
+    assert row_exact_layers.one_row_threads(0) == row_exact_layers.one_row_threads(big) == 3
     monkeypatch.setenv(cpu_blas.VERIFY_THREADS_ENV, "1")
-    assert row_exact.one_row_threads(big) == 1
+    assert row_exact_layers.one_row_threads(big) == 1
 
 
 def test_a_kernel_that_differs_at_one_row_is_kept_for_verify_rows_only(kernel_calls,
@@ -85,12 +85,12 @@ def test_a_kernel_that_differs_at_one_row_is_kept_for_verify_rows_only(kernel_ca
 
     monkeypatch.setattr(row_kernel, "products", off_at_one_row)
     layer = wide_layer(1024)
-    row_exact.install(layer, 4)
+    row_exact_layers.install(layer, 4)
     if not (layer.use_kernel and one_row_products_in_kernel_order()):
         pytest.skip("this BLAS's one-row order is not the kernel's: the layer does not use it")
     assert not layer.one_row_kernel
     x = mx.random.normal((1, 1, 1024), key=mx.random.key(6))
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         got = layer(x)
     plain = layer(x)
     mx.eval(got, plain)
@@ -101,9 +101,9 @@ def test_eager_kernels_leave_one_row_products_to_the_blas(kernel_calls):
     """The eager kernel syncs with the host per call: a decode step keeps the BLAS call."""
     layer = wide_layer()
     with lazy_kernels.eager():
-        row_exact.install(layer, 4)
+        row_exact_layers.install(layer, 4)
         assert not layer.one_row_kernel
-        with row_exact.verifying():
+        with row_exact_layers.verifying():
             mx.eval(layer(mx.random.normal((1, 1, 1024), key=mx.random.key(7))))
     assert [rows for rows, _ in kernel_calls if rows == 1] == []
 
@@ -116,15 +116,15 @@ def test_generation_with_one_row_kernel_products_is_plain_decode(block_size, wid
     mlx-lm's greedy decode."""
     require_lazy()
     in_steps = []  # one-row kernel products inside verifying() (not the install's checks)
-    products = row_exact.kernel_products
-    monkeypatch.setattr(row_exact, "kernel_products", lambda layer, x: in_steps.append(
-        x.shape[-2] == 1 and row_exact.active()) or products(layer, x))
+    products = row_exact_layers.kernel_products
+    monkeypatch.setattr(row_exact_layers, "kernel_products", lambda layer, x: in_steps.append(
+        x.shape[-2] == 1 and row_exact_layers.active()) or products(layer, x))
     model = mlx_mtp.load_model(wide_dir)
     prompt = mx.array([5, 6, 7, 8, 9, 10])
     out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=16,
                                                block_size=block_size)]
     assert out == [t for t, _ in mlx_generate_step(prompt, model.mlx_model, max_tokens=16)]
-    if row_exact.report(model.mlx_model)["layers"].get("kernel"):
+    if row_exact_layers.report(model.mlx_model)["layers"].get("kernel"):
         assert any(m.one_row_kernel for _, m in model.mlx_model.named_modules()
                    if getattr(m, "use_kernel", False))
         assert any(in_steps)  # the first token's step at least

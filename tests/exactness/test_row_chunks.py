@@ -6,7 +6,7 @@ equal to one-row products.
 How a BLAS reduces a multi-row product depends on the kernels it picked for the CPU (OpenBLAS:
 ``openblas_get_corename``; a core it does not know, e.g. ``OPENBLAS_CORETYPE=Prescott``, gets
 generic kernels). So these tests never expect a form for a kind of CPU: they measure on this host
-which forms equal one-row products, expect ``row_exact.install`` to follow that measurement, and
+which forms equal one-row products, expect ``row_exact_layers.install`` to follow that measurement, and
 expect every verify to equal the one-row products bitwise, whatever form was picked."""
 
 import functools
@@ -21,7 +21,7 @@ import mlx.nn as nn
 import pytest
 
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.cpu import row_kernel
 from support.processes import CHILD_PYTHONPATH
 
@@ -45,12 +45,12 @@ def bitwise(a, b):
 
 
 def test_chunks_cut_rows_into_the_fewest_even_chunks():
-    assert row_exact.chunks(4, 3) == [(0, 2), (2, 4)]
-    assert row_exact.chunks(5, 3) == [(0, 3), (3, 5)]
-    assert row_exact.chunks(6, 3) == [(0, 3), (3, 6)]
-    assert row_exact.chunks(7, 3) == [(0, 3), (3, 5), (5, 7)]
-    assert row_exact.chunks(3, 3) == [(0, 3)]
-    assert row_exact.chunks(5, 2) == [(0, 2), (2, 4), (4, 5)]
+    assert row_exact_layers.chunks(4, 3) == [(0, 2), (2, 4)]
+    assert row_exact_layers.chunks(5, 3) == [(0, 3), (3, 5)]
+    assert row_exact_layers.chunks(6, 3) == [(0, 3), (3, 6)]
+    assert row_exact_layers.chunks(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert row_exact_layers.chunks(3, 3) == [(0, 3)]
+    assert row_exact_layers.chunks(5, 2) == [(0, 2), (2, 4), (4, 5)]
 
 
 @pytest.fixture
@@ -69,19 +69,19 @@ def test_install_uses_transposed_products_where_they_equal_one_row_calls(monkeyp
     cores, for K = 256), each row is its one-row call's bytes."""
     layer = nn.Linear(256, 512, bias=False)
     mx.eval(layer.parameters())
-    exact_here = row_exact.transposed_equal_rows(layer, layer.weight, 6, mx.float32)
-    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
-    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: True)
-    assert row_exact.install(layer, 6) == {"": 4}
-    assert row_exact.method(layer) == "transposed" and layer.transposed
+    exact_here = row_exact_layers.transposed_equal_rows(layer, layer.weight, 6, mx.float32)
+    monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
+    monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: True)
+    assert row_exact_layers.install(layer, 6) == {"": 4}
+    assert row_exact_layers.method(layer) == "transposed" and layer.transposed
     calls = []
-    original = row_exact.transposed_products
-    monkeypatch.setattr(row_exact, "transposed_products",
+    original = row_exact_layers.transposed_products
+    monkeypatch.setattr(row_exact_layers, "transposed_products",
                         lambda x, w: calls.append(x.shape[-2]) or original(x, w))
     x = mx.random.normal((1, 6, 256), key=mx.random.key(12))
     rows = [x[:, i : i + 1] @ layer.weight.T for i in range(6)]
     for T in (3, 4, 5, 6):
-        with row_exact.verifying():
+        with row_exact_layers.verifying():
             block = layer(x[:, :T])
         want = original(x[:, :T], layer.weight) if T >= 4 else x[:, :T] @ layer.weight.T
         mx.eval(block, want, rows)
@@ -98,12 +98,12 @@ def test_install_chunks_rows_below_the_first_divergent_width(monkeypatch, no_ker
     3-row products measure exact, bitwise the one-row calls."""
     layer = nn.Linear(256, 512, bias=False)
     mx.eval(layer.parameters())
-    exact_here = row_exact.chunks_equal_rows(layer, 6, 3, 256, mx.float32)
-    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
-    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
-    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: True)
-    assert row_exact.install(layer, 6) == {"": 4}
-    assert row_exact.method(layer) == "chunked" and layer.chunk_rows == 3
+    exact_here = row_exact_layers.chunks_equal_rows(layer, 6, 3, 256, mx.float32)
+    monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
+    monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: True)
+    assert row_exact_layers.install(layer, 6) == {"": 4}
+    assert row_exact_layers.method(layer) == "chunked" and layer.chunk_rows == 3
     widths = []
     matmul = nn.Linear.__call__
     monkeypatch.setattr(nn.Linear, "__call__",
@@ -112,9 +112,9 @@ def test_install_chunks_rows_below_the_first_divergent_width(monkeypatch, no_ker
     rows = [x[:, i : i + 1] @ layer.weight.T for i in range(6)]
     for T, cut in ((3, [3]), (4, [2, 2]), (5, [3, 2]), (6, [3, 3])):
         widths.clear()
-        with row_exact.verifying():
+        with row_exact_layers.verifying():
             block = layer(x[:, :T])
-        want = mx.concatenate([x[:, a:b] @ layer.weight.T for a, b in row_exact.chunks(T, 3)],
+        want = mx.concatenate([x[:, a:b] @ layer.weight.T for a, b in row_exact_layers.chunks(T, 3)],
                               axis=1)
         mx.eval(block, want, rows)
         assert widths == cut, T
@@ -132,15 +132,15 @@ def test_a_lora_adapter_chunks_rows_below_its_first_divergent_width(monkeypatch)
     layer = LoRALinear.from_base(nn.Linear(256, 512, bias=False), r=8)
     layer.lora_b = mx.random.normal(layer.lora_b.shape, key=mx.random.key(5)) * 0.1
     mx.eval(layer.parameters())
-    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
-    assert row_exact.install(layer, 6) == {"": 4, "linear": 4}  # the wrapped layer too
-    if row_exact.chunks_equal_rows(layer, 6, 3, 256, mx.float32):
-        assert row_exact.method(layer) == "chunked" and layer.chunk_rows == 3
+    monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
+    assert row_exact_layers.install(layer, 6) == {"": 4, "linear": 4}  # the wrapped layer too
+    if row_exact_layers.chunks_equal_rows(layer, 6, 3, 256, mx.float32):
+        assert row_exact_layers.method(layer) == "chunked" and layer.chunk_rows == 3
     else:  # 3-row products differ here too: the adapter's rows run one at a time
-        assert row_exact.method(layer) == "rows" and layer.chunk_rows == 0
+        assert row_exact_layers.method(layer) == "rows" and layer.chunk_rows == 0
     x = mx.random.normal((1, 6, 256), key=mx.random.key(13))
     rows = [layer(x[:, i : i + 1]) for i in range(6)]
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         block = layer(x)
     mx.eval(block, rows)
     assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(6))
@@ -149,11 +149,11 @@ def test_a_lora_adapter_chunks_rows_below_its_first_divergent_width(monkeypatch)
 def test_install_keeps_blocked_products_where_neither_form_equals(monkeypatch, no_kernel):
     layer = nn.Linear(256, 512, bias=False)
     mx.eval(layer.parameters())
-    monkeypatch.setattr(row_exact, "first_divergent_width", lambda *a: 4)
-    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
-    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
-    row_exact.install(layer, 6)
-    assert row_exact.method(layer) == "blocked" and layer.chunk_rows == 0
+    monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
+    monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: False)
+    row_exact_layers.install(layer, 6)
+    assert row_exact_layers.method(layer) == "blocked" and layer.chunk_rows == 0
     assert not layer.transposed
 
 
@@ -162,18 +162,18 @@ import json, sys
 import mlx_mtp
 import mlx.core as mx
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.models.qwen3_5 import compiled_layers
 from support.pieces import expected_choices
 
 if sys.argv[1] == "chunked":  # the fallback where the transposed form would differ
-    row_exact.transposed_equal_rows = lambda *a: False
+    row_exact_layers.transposed_equal_rows = lambda *a: False
 model = mlx_mtp.load_model("mlx_mtp/demo_pair", require_head=False)
 target = model.target
 target.prepare(6)
 methods = {}
 for _, layer in model.mlx_model.named_modules():
-    m = row_exact.method(layer)
+    m = row_exact_layers.method(layer)
     methods[m] = methods.get(m, 0) + 1
 prompt = mx.array([[5 + i % 200 for i in range(40)]])
 result = {"blas": cpu_blas.STATE.name, "methods": methods, "widths": {}}
@@ -241,7 +241,7 @@ import mlx_mtp
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 
 def same(ys, rows):
     return [all(bytes(memoryview(mx.contiguous(y[:, i : i + 1]))) == bytes(memoryview(rows[i]))
@@ -254,17 +254,17 @@ for N, K in ((8, 256), (128, 256), (512, 256), (256, 512), (4096, 1024), (1024, 
     rows = [x[:, i : i + 1] @ w.T for i in range(6)]
     mx.eval(rows)
     with cpu_blas.verify_threads():
-        flipped = [row_exact.transposed_products(x[:, :T], w) for T in range(1, 7)]
+        flipped = [row_exact_layers.transposed_products(x[:, :T], w) for T in range(1, 7)]
         plain = [x[:, :T] @ w.T for T in range(1, 7)]
         mx.eval(flipped, plain)
     layer = nn.Linear(K, N, bias=False)
     layer.weight = w
-    row_exact.install(layer, 6)
-    with row_exact.verifying(), cpu_blas.verify_threads():
+    row_exact_layers.install(layer, 6)
+    with row_exact_layers.verifying(), cpu_blas.verify_threads():
         blocks = [layer(x[:, :T]) for T in range(1, 7)]
         mx.eval(blocks)
     out[f"{N}x{K}"] = {"flipped": same(flipped, rows), "plain": same(plain, rows),
-                       "method": row_exact.method(layer), "verify": same(blocks, rows)}
+                       "method": row_exact_layers.method(layer), "verify": same(blocks, rows)}
 print(json.dumps({"blas": cpu_blas.STATE.name, "shapes": out}))
 """
 
@@ -301,7 +301,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 
 prompt = mx.array([5 + (7 * i) % 300 for i in range(60)])
 pristine, _ = load_model(Path("mlx_mtp/demo_pair"))
@@ -314,7 +314,7 @@ for block in (4, 6):
                                                stats=stats)]
     out["runs"][block] = [got == plain, stats.exactness.get("verdict"),
                           stats.exactness.get("row_exact", {}).get("layers"), stats.accepted,
-                          row_exact.report(model.mlx_model)["layers"]]
+                          row_exact_layers.report(model.mlx_model)["layers"]]
 print(json.dumps(out))
 """
 

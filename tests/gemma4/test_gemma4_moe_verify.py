@@ -11,7 +11,7 @@ from support.tiny_gemma4 import Checkpoints
 
 import mlx_mtp
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness import grouped_experts, row_exact
+from mlx_mtp.exactness import grouped_experts, row_exact_layers
 
 MAX_TOKENS = 24
 PROMPT = [(11 * i + 5) % 300 for i in range(20)]  # longer than the window (16)
@@ -33,7 +33,7 @@ def grouped_rows(monkeypatch):
     real = grouped_experts.kernel_call
 
     def recording(glu, x, indices, *stacks):
-        if row_exact.active():
+        if row_exact_layers.active():
             seen.append(grouped_experts.rows_of(indices))
         return real(glu, x, indices, *stacks)
 

@@ -23,7 +23,7 @@ from support.processes import CHILD_PYTHONPATH
 
 import mlx_mtp
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.models.qwen3_5 import compiled_layers
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
 
@@ -72,7 +72,7 @@ def test_every_piece_equals_the_ops_bitwise(kind, request):
     H = target.hidden_size
     seen = set()
     for exact in (True, False):
-        with row_exact.verifying() if exact else nullcontext():
+        with row_exact_layers.verifying() if exact else nullcontext():
             for T in range(1, 7):
                 for i, layer in enumerate(target.layers):
                     x, r = normal((1, T, H), 10 * T + i), normal((1, T, H), 10 * T + i + 500)
@@ -118,7 +118,7 @@ def test_the_checks_choose_a_compiled_piece(kind, request):
     target = target_of(path_of(kind, request))
     layer = next(l for l in target.layers if not l.is_linear)
     x, r = normal((1, 3, target.hidden_size), 1), normal((1, 3, target.hidden_size), 2)
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         tail = compiled_layers.tail_choice(layer, x, r)
         pre, post = compiled_layers.attention_choice(layer.self_attn, x, 3)
     # A product stays inside the graph where its row-exact form (measured on this BLAS: BLIS's
@@ -158,7 +158,7 @@ def test_a_failing_tail_check_runs_the_ops(monkeypatch):
     compiled = compiled_layers.compiled_tail
     monkeypatch.setattr(compiled_layers, "compiled_tail", lambda *a: bump(compiled(*a)))
     x, r = normal((1, 4, target.hidden_size), 3), normal((1, 4, target.hidden_size), 4)
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         assert compiled_layers.tail_choice(layer, x, r) is None
         out = compiled_layers.tail(layer, x, r)
         assert all_bitwise(out, compiled_layers.reference_tail(layer, x, r))
@@ -175,7 +175,7 @@ def test_a_tail_whose_whole_graph_differs_takes_the_split_one(monkeypatch):
 
     monkeypatch.setattr(compiled_layers, "compiled_tail", off)
     x, r = normal((1, 2, target.hidden_size), 5), normal((1, 2, target.hidden_size), 6)
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         assert compiled_layers.tail_choice(layer, x, r) == compiled_layers.SPLIT
 
 
@@ -194,7 +194,7 @@ def test_a_failing_attention_check_runs_the_ops(part, monkeypatch):
 
     monkeypatch.setattr(compiled_layers, name, off)
     x = normal((1, 3, target.hidden_size), 8)
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         pre, post = compiled_layers.attention_choice(attn, x, 3)
     assert (pre, post) == ((None, True) if part == "pre" else (True, None))
 
@@ -328,11 +328,11 @@ for c, forward in zip(caches, (t.decode, t.hidden)):  # a one-token step, mlx-lm
     mx.eval(h, t.cache_state(c))
     outs.append([h, *t.cache_state(c)])
 equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
-from mlx_mtp.exactness import row_exact
-kernel = row_exact.report(model.mlx_model)["layers"].get("kernel", 0)
+from mlx_mtp.exactness import row_exact_layers
+kernel = row_exact_layers.report(model.mlx_model)["layers"].get("kernel", 0)
 print(json.dumps({"blas": cpu_blas.STATE.name, "equal": equal, "choices": choices,
                   "expected": expected, "kernel_layers": kernel,
-                  "methods": row_exact.report(model.mlx_model)["layers"]}))
+                  "methods": row_exact_layers.report(model.mlx_model)["layers"]}))
 """
 
 

@@ -17,7 +17,7 @@ from mlx_mtp import MTPError
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness.row_exact import bitwise_equal
+from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 from mlx_mtp.models.options import DraftOptions
 from mlx_mtp.models.qwen3_5 import row_products
 from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter

@@ -19,7 +19,7 @@ import mlx_mtp
 from mlx_mtp.cpu import expert_kernel
 from mlx_mtp.decoding.batch_rounds import BatchRounds
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness import grouped_experts, row_exact
+from mlx_mtp.exactness import grouped_experts, row_exact_layers
 from mlx_mtp.exactness.block_vs_chain import probe_exactness
 
 N_TOKENS = 24
@@ -49,7 +49,7 @@ def grouped_rows(monkeypatch):
     real = grouped_experts.kernel_call
 
     def recording(glu, x, indices, *stacks):
-        if row_exact.active():  # a verify or a one-token step, not the install's check
+        if row_exact_layers.active():  # a verify or a one-token step, not the install's check
             seen.append(grouped_experts.rows_of(indices))
         return real(glu, x, indices, *stacks)
 

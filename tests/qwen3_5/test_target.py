@@ -5,7 +5,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load_model as mlx_load_model
 
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.models.qwen3_5 import target as qwen3_5
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target, SpecArraysCache
 
@@ -60,7 +60,7 @@ def test_capture_and_rewind_are_bitwise_exact(kind, rewind, request, monkeypatch
     c_verify = SpecArraysCache()
     layer(prefix, None, c_verify)
     c_verify.capture = True
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         layer(block, None, c_verify)
     c_verify.capture = False
     stash = c_verify.stash

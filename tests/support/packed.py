@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 
-from mlx_mtp.exactness.row_exact import bitwise_equal
+from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 
 
 def assert_packed_verify_equals_alone(target, prompts, blocks, label) -> None:

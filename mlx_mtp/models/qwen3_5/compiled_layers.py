@@ -37,8 +37,8 @@ from mlx_lm.models import qwen3_5 as _qwen3_5
 from mlx_lm.models import qwen3_next as _qwen3_next
 from mlx_lm.models.activations import swiglu
 
-from mlx_mtp.exactness import row_exact
-from mlx_mtp.exactness.row_exact import bitwise_equal
+from mlx_mtp.exactness import row_exact_layers
+from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 from mlx_mtp.scoped_switch import Scope
 
 # False: every piece runs as the ops, to compare the two paths in one process (tests,
@@ -74,15 +74,15 @@ def product_rows(linear, T: int):
     """How ``linear`` computes a T-row input here, as products that can sit inside a compiled
     graph: T (its own product ``x @ W.T``: an ``nn.Linear`` without bias, not switched to
     row-exact products at this width in this verify), fewer (a row-exact layer ``chunked`` at
-    this width: ``x @ W.T`` on chunks of at most that many rows, ``row_exact.chunks``),
-    ``TRANSPOSED`` (``row_exact.transposed_products``), or 0 (none of these: the layer's own
+    this width: ``x @ W.T`` on chunks of at most that many rows, ``row_exact_layers.chunks``),
+    ``TRANSPOSED`` (``row_exact_layers.transposed_products``), or 0 (none of these: the layer's own
     call, outside the graph)."""
     if "bias" in linear:
         return 0
     if type(linear) is nn.Linear:
         return T
-    if type(linear) is row_exact.RowExactLinear:
-        if not row_exact.active() or T < linear.exact_from:
+    if type(linear) is row_exact_layers.RowExactLinear:
+        if not row_exact_layers.active() or T < linear.exact_from:
             return T
         if linear.use_kernel:
             return 0
@@ -104,10 +104,10 @@ def _mm(x: mx.array, w: mx.array, most) -> mx.array:
     rows."""
     T = x.shape[-2]
     if most == TRANSPOSED:
-        return row_exact.transposed_products(x, w)
+        return row_exact_layers.transposed_products(x, w)
     if most >= T:
         return x @ w.T
-    return mx.concatenate([x[..., a:b, :] @ w.T for a, b in row_exact.chunks(T, most)], axis=-2)
+    return mx.concatenate([x[..., a:b, :] @ w.T for a, b in row_exact_layers.chunks(T, most)], axis=-2)
 
 
 def _sig(*arrays) -> Tuple:
@@ -136,7 +136,7 @@ def _memo(module, key: Tuple, choose: Callable[[], object]):
     """``choose()`` once per ``key`` on this module: the signature checks below build their keys
     from every weight's shape, too slow to do on every call (a verify makes ~50 of these calls)."""
     memo = module.__dict__.setdefault("_layer_block_memo", {})  # a plain attribute, no parameter
-    key = key + (mx.default_device() == mx.cpu, row_exact.active())
+    key = key + (mx.default_device() == mx.cpu, row_exact_layers.active())
     if key not in memo:
         memo[key] = choose()
     return memo[key]
@@ -236,7 +236,7 @@ def tail_choice(layer, x: mx.array, r: mx.array) -> Optional[str]:
     whole = _mlp_plain(layer, T)  # the products' rows are in the key: they shape the graph
     weights = [layer.post_attention_layernorm["weight"], *_arrays(layer.mlp)]
     key = ("tail", whole, type(layer.mlp).__name__, layer.post_attention_layernorm.eps,
-           row_exact.active()) + _sig(x, r, *weights)
+           row_exact_layers.active()) + _sig(x, r, *weights)
     if key not in _checked:
         xr, rr = _random_like([x, r], 1753)
         with _ops():
@@ -427,7 +427,7 @@ def attention_choice(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Opt
                for a in _arrays(layer[n])]
     plain_pre = _attn_plain(layer, L, ("q_proj", "k_proj", "v_proj"))
     plain_post = _attn_plain(layer, L, ("o_proj",))
-    key = ("attn", rows, row_exact.active(), plain_pre, plain_post, layer.num_attention_heads,
+    key = ("attn", rows, row_exact_layers.active(), plain_pre, plain_post, layer.num_attention_heads,
            layer.num_key_value_heads, layer.q_norm.eps, layer.k_norm.eps,
            *("bias" in layer[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))) + _sig(x, *weights)
     if key not in _checked:

@@ -41,7 +41,7 @@ from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_d
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
-from mlx_mtp.exactness.row_exact import bitwise_equal
+from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 from mlx_mtp.models.qwen3_5 import gdn_kernel
 
 _compiled: Dict[object, Callable] = {}

@@ -79,7 +79,7 @@ def bf16_threads(weight: mx.array) -> int:
     """The bf16 kernel's threads for one product with ``weight``: ``MLX_MTP_VERIFY_THREADS`` if
     set, as for the row kernel; else every usable core from ``BF16_PARALLEL_BYTES`` on. Each
     output is computed by one thread, so the bytes do not depend on it."""
-    from mlx_mtp.exactness.row_exact import kernel_threads
+    from mlx_mtp.exactness.row_exact_layers import kernel_threads
 
     if cpu_blas.verify_threads_set():
         return kernel_threads()

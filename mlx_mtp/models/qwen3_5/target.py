@@ -28,7 +28,7 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from mlx_lm.models.gated_delta import gated_delta_update
 
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.packed_rows import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.target_base import TrunkTarget
@@ -235,7 +235,7 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         rows = draft_tree.current()
         if rows is not None and cache is not None:
             return self._tree_rows(x, cache, rows)
-        by_rows = row_exact.active() and L > 1
+        by_rows = row_exact_layers.active() and L > 1
         compiled = compiled_layers.active()
         if cache is None or not (by_rows or compiled):
             return super().__call__(x, mask, cache)

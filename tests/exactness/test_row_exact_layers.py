@@ -5,7 +5,7 @@ import mlx.nn as nn
 import pytest
 
 import mlx_mtp
-from mlx_mtp.exactness import row_exact
+from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.cpu import row_kernel
 
 
@@ -25,7 +25,7 @@ def bitwise(a, b):
 
 def check_rows(fn, in_dims, width):
     x = mx.random.normal((1, width, in_dims), key=mx.random.key(7))
-    with row_exact.verifying():
+    with row_exact_layers.verifying():
         block = fn(x)
     rows = [fn(x[:, i : i + 1]) for i in range(width)]
     mx.eval(block, rows)
@@ -52,7 +52,7 @@ def test_every_target_linear_is_row_exact_inside_verify(dense_dir, tied_dir, q4_
             switched = model.target.row_exact_layers
             layer = next(m for n, m in model.mlx_model.named_modules()
                          if n.endswith("linear_attn.in_proj_a"))  # outside a verify: plain
-            diverges = row_exact.first_divergent_width(layer, 6, layer.weight.shape[1],
+            diverges = row_exact_layers.first_divergent_width(layer, 6, layer.weight.shape[1],
                                                        layer.weight.dtype) > 0
             assert any(n.endswith("linear_attn.in_proj_a") for n in switched) == diverges, \
                 switched
@@ -61,7 +61,7 @@ def test_every_target_linear_is_row_exact_inside_verify(dense_dir, tied_dir, q4_
 def test_outside_verify_the_multi_row_path_is_untouched():
     layer = nn.Linear(64, 4, bias=False)
     mx.eval(layer.parameters())
-    row_exact.install(layer, 4)
+    row_exact_layers.install(layer, 4)
     x = mx.random.normal((1, 4, 64), key=mx.random.key(3))
     plain = x @ layer.weight.T
     mx.eval(plain, layer(x))
@@ -74,8 +74,8 @@ def test_first_divergent_width_sees_a_row_dependent_function():
     def leaky(x):  # row i depends on the number of rows: never row-invariant
         return x @ w.T + x.shape[-2]
 
-    assert row_exact.first_divergent_width(leaky, 4, 16, mx.float32) == 2
-    assert row_exact.first_divergent_width(lambda x: x * 2.0, 4, 16, mx.float32) == 0
+    assert row_exact_layers.first_divergent_width(leaky, 4, 16, mx.float32) == 2
+    assert row_exact_layers.first_divergent_width(lambda x: x * 2.0, 4, 16, mx.float32) == 0
 
 
 def test_one_row_products_equal_one_row_calls_per_block_size():
@@ -87,17 +87,17 @@ def test_one_row_products_equal_one_row_calls_per_block_size():
         x = mx.random.normal((1, 4, K), key=mx.random.key(5))
         rows = [x[:, i : i + 1] @ w.T for i in range(4)]
         for cols in (N, 256, 96, 64, 16):
-            got = row_exact.one_row_products(x, w, cols)
+            got = row_exact_layers.one_row_products(x, w, cols)
             mx.eval(got, rows)
             assert got.shape == (1, 4, N)
             assert all(bitwise(got[:, i : i + 1], rows[i]) for i in range(4)), (K, N, cols)
 
 
 def test_block_columns_keeps_a_block_within_block_bytes():
-    assert row_exact.block_columns(mx.zeros((8192, 1024))) == 64
-    assert row_exact.block_columns(mx.zeros((1024, 8192))) == 32  # 64 x 8192 x 4 > 1 MiB
-    assert row_exact.block_columns(mx.zeros((1024, 65536))) == 16  # the floor
-    assert row_exact.block_columns(mx.zeros((36, 1024))) == 36  # narrower than a block: whole
+    assert row_exact_layers.block_columns(mx.zeros((8192, 1024))) == 64
+    assert row_exact_layers.block_columns(mx.zeros((1024, 8192))) == 32  # 64 x 8192 x 4 > 1 MiB
+    assert row_exact_layers.block_columns(mx.zeros((1024, 65536))) == 16  # the floor
+    assert row_exact_layers.block_columns(mx.zeros((36, 1024))) == 36  # narrower than a block: whole
 
 
 def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel, monkeypatch):
@@ -106,18 +106,18 @@ def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel, monke
     measure equal to the one-row call on this BLAS."""
     layer = nn.Linear(1024, 8192, bias=False)
     mx.eval(layer.parameters())
-    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
-    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: False)
     calls = []
-    original = row_exact.one_row_products
+    original = row_exact_layers.one_row_products
 
     def spy(x, w, cols):
         calls.append(cols)
         return original(x, w, cols)
 
-    divergent = row_exact.first_divergent_width(layer, 3, 1024, mx.float32)
-    blocks_ok = row_exact.products_equal_rows(layer, layer.weight, 64, 3, mx.float32)
-    switched = row_exact.install(layer, 3)
+    divergent = row_exact_layers.first_divergent_width(layer, 3, 1024, mx.float32)
+    blocks_ok = row_exact_layers.products_equal_rows(layer, layer.weight, 64, 3, mx.float32)
+    switched = row_exact_layers.install(layer, 3)
     assert switched == ({"": divergent} if divergent else {})
     if not divergent:  # this BLAS (bundled) reduces 3 rows like 1 here: the layer stays plain
         assert type(layer) is nn.Linear
@@ -126,11 +126,11 @@ def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel, monke
         assert layer.block_cols != 64 and check_rows(layer, 1024, 3)
         return
     assert layer.block_cols == 64
-    row_exact.one_row_products = spy
+    row_exact_layers.one_row_products = spy
     try:
         assert check_rows(layer, 1024, 3)
     finally:
-        row_exact.one_row_products = original
+        row_exact_layers.one_row_products = original
     assert calls == [64]
 
 
@@ -144,8 +144,8 @@ def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeyp
     calls = []
     for name in ("one_row_products", "_by_rows", "transposed_products", "chunked",
                  "kernel_products"):  # every row-exact form, whichever this BLAS needs
-        original = getattr(row_exact, name)
-        monkeypatch.setattr(row_exact, name,
+        original = getattr(row_exact_layers, name)
+        monkeypatch.setattr(row_exact_layers, name,
                             lambda *a, _o=original, _n=name: calls.append(_n) or _o(*a))
     per_row = []
     sdpa = mx.fast.scaled_dot_product_attention
@@ -179,19 +179,19 @@ def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch
     those equal the one-row call (measured), else separate one-row calls; exact either way."""
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    divergent = row_exact.first_divergent_width(layer, 3, 1024, mx.float32)
-    whole_ok = row_exact.products_equal_rows(layer, layer.weight, 640, 3, mx.float32)
-    measured = row_exact.products_equal_rows
-    monkeypatch.setattr(row_exact, "products_equal_rows",
+    divergent = row_exact_layers.first_divergent_width(layer, 3, 1024, mx.float32)
+    whole_ok = row_exact_layers.products_equal_rows(layer, layer.weight, 640, 3, mx.float32)
+    measured = row_exact_layers.products_equal_rows
+    monkeypatch.setattr(row_exact_layers, "products_equal_rows",
                         lambda fn, w, cols, *a: cols != 7 and measured(fn, w, cols, *a))
-    monkeypatch.setattr(row_exact, "transposed_equal_rows", lambda *a: False)
-    monkeypatch.setattr(row_exact, "chunks_equal_rows", lambda *a: False)
-    monkeypatch.setattr(row_exact, "block_columns", lambda w: 7)
-    switched = row_exact.install(layer, 3)
+    monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: False)
+    monkeypatch.setattr(row_exact_layers, "block_columns", lambda w: 7)
+    switched = row_exact_layers.install(layer, 3)
     assert switched == ({"": divergent} if divergent else {})
     if not divergent:  # a BLAS that reduces 3 rows like 1 here (bundled): nothing switched
         assert type(layer) is nn.Linear
         return
     assert layer.block_cols == (640 if whole_ok else 0)
-    assert row_exact.method(layer) == ("blocked" if whole_ok else "rows")
+    assert row_exact_layers.method(layer) == ("blocked" if whole_ok else "rows")
     assert check_rows(layer, 1024, 3)
