@@ -208,7 +208,7 @@ def kernel_threads(work_bytes: int = 0) -> int:
 # A one-row product reads its weight once and does little else, so from this many weight bytes
 # on every usable core reads a share: one thread of a 2-core VM reads at 9-10 GB/s, two up to
 # 18 (chosen by measurement on the realistic calibrated pair's decode step, as the drafter's bf16
-# kernel's ``row_products.BF16_PARALLEL_BYTES``).
+# kernel's ``drafter_products.BF16_PARALLEL_BYTES``).
 ONE_ROW_PARALLEL_BYTES = 4 * 1024 * 1024
 
 

@@ -21,13 +21,13 @@ differently, as the row kernel's do):
                 one, so a step has fewer graph nodes. On; acceptance unchanged.
   row_kernel    the compiled step's products (the merged head's and a whole unquantized LM
                 head's) through the row kernel as a lazy op
-                (``mlx_mtp.models.qwen3_5.row_products``), each weight row read once. None: on
+                (``mlx_mtp.models.qwen3_5.drafter_products``), each weight row read once. None: on
                 where the loaded CPU BLAS is OpenBLAS (which packs the weights for every few-row
                 product) and the lazy row kernel runs. Drafts may differ in a near tie, never the
                 output.
   bf16          the compiled step's products (the merged head's and the draft LM head's) with
                 the weights kept as bfloat16 and multiplied by the bf16 kernel as a lazy op
-                (``mlx_mtp.models.qwen3_5.row_products``): half the bytes a float32 product reads
+                (``mlx_mtp.models.qwen3_5.drafter_products``): half the bytes a float32 product reads
                 (a bfloat16 copy of the LM head rows it drafts over is made). None: on where the
                 CPU kernels run and the copy rounds nothing (a bfloat16 checkpoint, cast to
                 float32 on load); True also rounds a float32 head, whose drafts may then differ

@@ -1,4 +1,4 @@
-"""The drafter's products through the row kernel (``mlx_mtp.models.qwen3_5.row_products``)."""
+"""The drafter's products through the row kernel (``mlx_mtp.models.qwen3_5.drafter_products``)."""
 
 import mlx.core as mx
 import pytest
@@ -11,7 +11,7 @@ from mlx_mtp import MTPError
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.models.qwen3_5 import row_products
+from mlx_mtp.models.qwen3_5 import drafter_products
 from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter
 from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead
 from mlx_mtp.models.options import DraftOptions
@@ -21,21 +21,21 @@ PROMPT = [5, 17, 3, 99, 42, 7, 250, 31, 64, 12]
 
 def test_auto_takes_it_with_openblas_only(monkeypatch):
     monkeypatch.setattr(cpu_blas.STATE, "name", "OpenBLAS")
-    assert row_products.problem() is None  # this machine builds the lazy row kernel
-    assert row_products.resolve(None) is True
-    assert row_products.resolve(False) is False
+    assert drafter_products.problem() is None  # this machine builds the lazy row kernel
+    assert drafter_products.resolve(None) is True
+    assert drafter_products.resolve(False) is False
     monkeypatch.setattr(cpu_blas.STATE, "name", "BLIS")
-    assert row_products.resolve(None) is False
-    assert row_products.resolve(True) is True
+    assert drafter_products.resolve(None) is False
+    assert drafter_products.resolve(True) is True
 
 
 def test_forced_on_where_it_cannot_run_is_an_error(monkeypatch):
     monkeypatch.setattr(cpu_blas.STATE, "name", "OpenBLAS")
     monkeypatch.setattr(row_kernel, "available", lambda: False)
     monkeypatch.setattr(row_kernel, "reason", lambda: "MLX_MTP_ROW_KERNEL=0")
-    assert row_products.resolve(None) is False  # auto: quietly the BLAS
+    assert drafter_products.resolve(None) is False  # auto: quietly the BLAS
     with pytest.raises(MTPError) as e:
-        row_products.resolve(True)
+        drafter_products.resolve(True)
     assert str(e.value) == ("draft row kernel (DraftOptions(row_kernel=True)): the row kernel is "
                             "unavailable (MLX_MTP_ROW_KERNEL=0)")
 

@@ -1,5 +1,5 @@
 """The MTP head's own MoE layer drafts through the expert kernel
-(``mlx_mtp.models.qwen3_5.row_products.KernelSwitchGLU``): switched where the kernel runs, on
+(``mlx_mtp.models.qwen3_5.drafter_products.KernelSwitchGLU``): switched where the kernel runs, on
 bfloat16 copies of the stacks where the drafter runs in bfloat16, its drafts mlx-lm's where the
 bound BLAS reduces one row in the kernel's order, the output greedy either way."""
 
@@ -14,7 +14,7 @@ from support.native_support import one_row_products_in_kernel_order, require_laz
 
 import mlx_mtp
 from mlx_mtp.models.options import DraftOptions
-from mlx_mtp.models.qwen3_5.row_products import KernelSwitchGLU
+from mlx_mtp.models.qwen3_5.drafter_products import KernelSwitchGLU
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from mlx_mtp.models.draft_profile import DraftProfiler
 from mlx_mtp.models.packed_rows import packed_caches
 from mlx_mtp.models.draft_tree import DraftTree
 from mlx_mtp.models.protocols import DrafterDefaults
-from mlx_mtp.models.qwen3_5 import row_products
+from mlx_mtp.models.qwen3_5 import drafter_products
 from mlx_mtp.models.qwen3_5.compiled_head import CompiledHead
 from mlx_mtp.models.qwen3_5.fused_head import FusedHead, fusable
 from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead
@@ -105,12 +105,12 @@ class QwenMTPDrafter(DrafterDefaults):
         # The step's products on bfloat16 copies of the weights (by default where that rounds
         # nothing: a bfloat16 checkpoint), else through the row kernel (with OpenBLAS, by default).
         self.bf16 = (options.compiled and options.bits is None and options.row_kernel is not True
-                     and row_products.resolve_bf16(
+                     and drafter_products.resolve_bf16(
                          options.bf16, lambda: bf16_candidates(head, target, vocab_ids)))
         self.row_kernel = (options.compiled and not self.bf16
-                           and row_products.resolve(options.row_kernel))
-        # An MoE layer's experts through the expert kernel (row_products.KernelSwitchGLU).
-        self.expert_layers = (row_products.experts_through_kernel(head, self.bf16)
+                           and drafter_products.resolve(options.row_kernel))
+        # An MoE layer's experts through the expert kernel (drafter_products.KernelSwitchGLU).
+        self.expert_layers = (drafter_products.experts_through_kernel(head, self.bf16)
                               if options.compiled else 0)
         self.lm = DraftLMHead(target, vocab_ids, fused=options.fused_argmax,
                               chunk=options.fused_chunk, rows_by_kernel=self.row_kernel,

@@ -24,7 +24,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.qwen3_next import Qwen3NextAttention, Qwen3NextMLP
 
-from mlx_mtp.models.qwen3_5 import row_products
+from mlx_mtp.models.qwen3_5 import drafter_products
 
 
 def _plain(*linears) -> bool:
@@ -72,9 +72,9 @@ class FusedLayer(nn.Module):
         self.inter = mlp.gate_proj.weight.shape[0]
         self.w_gu = mx.concatenate([mlp.gate_proj.weight, mlp.up_proj.weight], axis=0)
         self.w_down = mlp.down_proj.weight
-        # x @ W.T of each product: the BLAS, the row kernel or the bf16 kernel (``row_products``)
+        # x @ W.T of each product: the BLAS, the row kernel or the bf16 kernel (``drafter_products``)
         self.mm_qkvg, self.mm_o, self.mm_gu, self.mm_down = (
-            row_products.matmul_for(w, row_kernel, bf16)
+            drafter_products.matmul_for(w, row_kernel, bf16)
             for w in (self.w_qkvg, self.w_o, self.w_gu, self.w_down))
         if bf16:  # the products read bfloat16 copies: the merged float32 matrices are not kept
             del self.w_qkvg, self.w_gu
@@ -102,7 +102,7 @@ class FusedLayer(nn.Module):
 class FusedHead(nn.Module):
     """Called like ``MTPHead``: ``head(embeds, hidden, caches) -> g``. ``row_kernel``: its
     products through the row kernel where the weights fit; ``bf16``: through the bf16 kernel on
-    bfloat16 copies of the weights (``row_products``)."""
+    bfloat16 copies of the weights (``drafter_products``)."""
 
     def __init__(self, head, row_kernel: bool = False, bf16: bool = False):
         super().__init__()
@@ -110,7 +110,7 @@ class FusedHead(nn.Module):
                                   head.pre_fc_norm_hidden.weight])
         self.eps = head.pre_fc_norm_embedding.eps
         self.w_fc = head.fc.weight
-        self.mm_fc = row_products.matmul_for(self.w_fc, row_kernel, bf16)
+        self.mm_fc = drafter_products.matmul_for(self.w_fc, row_kernel, bf16)
         self.layers = [FusedLayer(layer, row_kernel, bf16) for layer in head.layers]
         self.norm = head.norm
         mx.eval(self.parameters())

@@ -17,7 +17,7 @@ import mlx.nn as nn
 
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.qwen3_5 import row_products
+from mlx_mtp.models.qwen3_5 import drafter_products
 
 
 @dataclass
@@ -34,7 +34,7 @@ class HeadTensors:
     bits: int = 0
     mode: str = "affine"
     transposed: bool = False
-    row_kernel: bool = False  # whole-head products through the row kernel (``row_products``)
+    row_kernel: bool = False  # whole-head products through the row kernel (``drafter_products``)
     bf16: bool = False  # ``weight`` is a bfloat16 copy, multiplied by the bf16 kernel
     threads: int = 1  # the bf16 kernel's
 
@@ -68,7 +68,7 @@ class HeadTensors:
         """``x @ rows[start:stop].T`` (+ bias): the same op the module itself runs."""
         s = slice(start, stop)
         if self.bf16:
-            out = row_products.bf16_products(x, self.weight[s], self.threads)
+            out = drafter_products.bf16_products(x, self.weight[s], self.threads)
         elif self.row_kernel and start == 0 and stop is None:
             out = row_kernel.products(x, self.weight, self.weight.shape[0])
         elif self.transposed:
@@ -87,8 +87,8 @@ class HeadTensors:
         untransposed rows only); only the rows taken are copied."""
         w = self.weight if ids is None else self.weight[ids]
         bias = self.bias if ids is None or self.bias is None else mx.contiguous(self.bias[ids])
-        w = row_products.bf16_weight(w)
-        return HeadTensors(w, bias=bias, bf16=True, threads=row_products.bf16_threads(w))
+        w = drafter_products.bf16_weight(w)
+        return HeadTensors(w, bias=bias, bf16=True, threads=drafter_products.bf16_threads(w))
 
     @property
     def nbytes(self) -> int:
@@ -127,12 +127,12 @@ class DraftLMHead:
                            "needs the whole LM head: not available with --split tensor on a "
                            "target whose LM head is not tied (mlx-lm splits it by vocabulary)")
         full = HeadTensors.of(target.lm_head_module)
-        # ``rows_by_kernel``: the row kernel (``row_products``) for an unquantized head it takes
+        # ``rows_by_kernel``: the row kernel (``drafter_products``) for an unquantized head it takes
         # whole; not for the fused chunked argmax, which projects row chunks
         rows = full.rows if ids is None else ids.shape[0]
         full.row_kernel = (rows_by_kernel and not fused and full.scales is None
-                           and full.bias is None and row_products.fits(rows, full.weight.dtype))
-        if bf16 and full.scales is None and self.whole:  # ``row_products``: bfloat16 rows
+                           and full.bias is None and drafter_products.fits(rows, full.weight.dtype))
+        if bf16 and full.scales is None and self.whole:  # ``drafter_products``: bfloat16 rows
             self.tensors = full.to_bf16(self.ids)
         else:
             self.tensors = full if ids is None else full.take(self.ids)
