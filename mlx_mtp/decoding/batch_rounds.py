@@ -3,7 +3,7 @@ their blocks in one target forward, then walks, rolls back and emits per sequenc
 
 Each sequence is a generation of its own (``round_session``: its request, acceptance rule,
 stats, caches, drafter and chooser); only the target forward and its LM head are shared, their
-rows packed (``mlx_mtp.models.packed_rows``), and the drafter's head steps where the family
+rows packed (``mlx_mtp.models.packed_batch``), and the drafter's head steps where the family
 batches them (``Drafter.draft_batch``). A sequence joins between rounds (its prompt prefilled
 alone) and leaves when its consumer stops reading. At temperature 0 each sequence's tokens are what it decodes
 alone, byte for byte, where the batch-vs-alone probe (``mlx_mtp.exactness.batch_vs_alone``)
@@ -40,7 +40,7 @@ from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.batch_vs_alone import probe_batch
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.io.prompt_cache import make_prompt_cache
-from mlx_mtp.models.packed_rows import split_rows
+from mlx_mtp.models.packed_batch import split_rows
 
 
 ALONE_STRETCH = 8  # pipelined steps of a lone sequence's stretch per round() call

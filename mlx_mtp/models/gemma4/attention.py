@@ -18,7 +18,7 @@ from mlx_lm.models import gemma4_text as _gemma4_text
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from mlx_mtp.models import draft_tree
-from mlx_mtp.models.packed_rows import PackedCache
+from mlx_mtp.models.packed_batch import PackedCache
 
 
 class RowKV(list):

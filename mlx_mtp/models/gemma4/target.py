@@ -17,7 +17,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
 
 from mlx_mtp.models import draft_tree
-from mlx_mtp.models.packed_rows import packed_caches, split_rows
+from mlx_mtp.models.packed_batch import packed_caches, split_rows
 from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from mlx_mtp.models.target_base import TrunkTarget
 from mlx_mtp.models.gemma4.attention import Gemma4VerifyAttention
@@ -83,7 +83,7 @@ class Gemma4Target(TrunkTarget):
 
     def verify_batch(self, blocks: List[mx.array], caches: List[List[Any]]) -> List[mx.array]:
         """``verify`` of several sequences' blocks in one forward, their rows packed
-        (``mlx_mtp.models.packed_rows``): each row is fed to its own sequence's caches and
+        (``mlx_mtp.models.packed_batch``): each row is fed to its own sequence's caches and
         attends on its own, so each sequence's hidden states ``[1, w_s, H]`` and caches are what
         ``verify`` of its block alone gives."""
         widths = [b.shape[0] for b in blocks]

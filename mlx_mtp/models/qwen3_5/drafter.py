@@ -21,7 +21,7 @@ from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from mlx_mtp.models import draft_tree
 from mlx_mtp.models.draft_profile import DraftProfiler
-from mlx_mtp.models.packed_rows import packed_caches
+from mlx_mtp.models.packed_batch import packed_caches
 from mlx_mtp.models.draft_tree import DraftTree
 from mlx_mtp.models.protocols import DrafterDefaults
 from mlx_mtp.models.qwen3_5 import drafter_products
@@ -253,7 +253,7 @@ class QwenMTPDrafter(DrafterDefaults):
     def draft_batch(drafters: List["QwenMTPDrafter"], drafts: List[int]) -> List[mx.array]:
         """``draft`` for several sequences' drafters (one head and LM head, each its own
         cache): ``drafts[s]`` ids each, every head step one forward over the sequences still
-        drafting, their rows packed (``mlx_mtp.models.packed_rows``)."""
+        drafting, their rows packed (``mlx_mtp.models.packed_batch``)."""
         ids = [[d.first_draft] for d in drafters]
         g = [d.first_draft_hidden for d in drafters]
         for step in range(1, max(drafts)):

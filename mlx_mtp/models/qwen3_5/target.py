@@ -30,7 +30,7 @@ from mlx_lm.models.gated_delta import gated_delta_update
 
 from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.models import draft_tree
-from mlx_mtp.models.packed_rows import PackedCache, packed_caches, split_rows
+from mlx_mtp.models.packed_batch import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.target_base import TrunkTarget
 from mlx_mtp.models.qwen3_5 import compiled_layers
 from mlx_mtp.models.qwen3_5.gdn_block import (capture_mixer, conv_qkv, prefill_kernel_applies,
@@ -160,7 +160,7 @@ class _CapturingGDN:
         return picked[None], conv_end, state_end, stash
 
     def _mix_packed(self, inputs: mx.array, cache: PackedCache) -> mx.array:
-        """Several sequences' blocks (``packed_rows``): the mixer over each from its own
+        """Several sequences' blocks (``packed_batch``): the mixer over each from its own
         cache's states, the sequences as one batch (narrower blocks padded with their last row,
         whose outputs are not read). Each sequence's cache then holds its states after its own
         block and the stash its rollback selects from, as after a verify of that block alone."""
@@ -263,7 +263,7 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
 
 
     def _packed_rows(self, x: mx.array, cache: PackedCache) -> mx.array:
-        """Several sequences' blocks (``packed_rows``): each sequence's rows at its own
+        """Several sequences' blocks (``packed_batch``): each sequence's rows at its own
         positions, each query against the keys a decode step of its own sequence at that
         position would see."""
         positions = [part.offset + j for _, w, part in cache.segments for j in range(w)]
@@ -403,7 +403,7 @@ class Qwen3_5Target(TrunkTarget):
 
     def verify_batch(self, blocks: List[mx.array], caches: List[List[Any]]) -> List[mx.array]:
         """``verify`` of several sequences' blocks (``blocks[s]``: ids ``[w_s]``, ``caches[s]``
-        its cache) in one forward, their rows packed (``mlx_mtp.models.packed_rows``): each
+        its cache) in one forward, their rows packed (``mlx_mtp.models.packed_batch``): each
         sequence's hidden states ``[1, w_s, H]`` and cache are what ``verify`` of its block alone
         gives, and ``rollback`` works on each cache as after that verify."""
         widths = [b.shape[0] for b in blocks]
