@@ -29,7 +29,7 @@ from benchmarks import common
 from benchmarks.bench_concurrency import prompts_for
 from mlx_mtp.decoding.batch_chooser import BatchChooser
 from mlx_mtp.decoding.batch_rounds import BatchRounds
-from mlx_mtp.models.registry import load
+from mlx_mtp.models.loader import load
 
 AUTO, OWN = "auto", "own choosers"
 

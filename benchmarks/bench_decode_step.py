@@ -25,7 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step as mlx_generate_step
 
 from benchmarks import common
-from mlx_mtp.models.registry import load_model
+from mlx_mtp.models.loader import load_model
 
 MLX_LM, BLAS, KERNEL = "mlx-lm decode", "target step, BLAS one-row", "target step, one-row kernel"
 ARMS = (MLX_LM, BLAS, KERNEL)

@@ -27,7 +27,7 @@ import mlx.core as mx
 from benchmarks import common
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness.row_exact_layers import bitwise_equal
-from mlx_mtp.models.registry import load_model
+from mlx_mtp.models.loader import load_model
 from mlx_mtp.models.target_base import TrunkTarget
 
 MLX_LM, KERNEL, EVERY_CORE = "mlx-lm forward", "kernel recurrence", "kernel, every core"

@@ -30,7 +30,7 @@ from mlx_mtp.demo import demo_path
 from mlx_mtp.exactness import block_vs_chain as exactness
 from mlx_mtp.exactness.gate import session_widths
 from mlx_mtp.models.qwen3_5.target import Qwen3_5Target
-from mlx_mtp.models.registry import load_model
+from mlx_mtp.models.loader import load_model
 
 
 def decode_step_s(mlx_model, repeats: int) -> float:

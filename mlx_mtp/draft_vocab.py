@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlx_mtp.models import registry as loading
+from mlx_mtp.models import loader
 from mlx_mtp.cli import Parser, cli_main, positive_int
 from mlx_mtp.errors import MTPError
 from mlx_mtp.models.qwen3_5.vocab_reduction import build
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> dict:
     if args.generate_tokens < 0:
         raise MTPError(f"--generate-tokens must be >= 0, got {args.generate_tokens}")
-    model, tokenizer = loading.load(args.model, require_head=False)
+    model, tokenizer = loader.load(args.model, require_head=False)
     return build(model, tokenizer, size=args.size, corpus=args.corpus, out=args.out,
                  generate_tokens=args.generate_tokens, generate_prompts=args.generate_prompts)
 

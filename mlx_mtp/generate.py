@@ -35,7 +35,7 @@ from mlx_mtp.demo import (DEMO_DECODE, REPETITION_CONTEXT_SIZE, model_or_demo,
                           repetition_settings)
 from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness.gate import table_rows as gate_table_rows
-from mlx_mtp.models import registry
+from mlx_mtp.models import loader
 from mlx_mtp.models.distributed import SPLITS
 from mlx_mtp.models.draft_profile import table_rows as draft_profile_rows
 
@@ -210,7 +210,7 @@ def run(args) -> dict:
     speculation, draft_options = speculation_options(args)
     speculation.check_sampling(args.temp > 0)
     need_head = not args.no_mtp and speculation.widest > 1
-    model, tokenizer = registry.load(args.model, drafter=args.drafter, require_head=need_head,
+    model, tokenizer = loader.load(args.model, drafter=args.drafter, require_head=need_head,
                                      draft_options=draft_options, split=args.split)
     prompt = prepare_prompt(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT,
                             args.ignore_chat_template)

@@ -11,7 +11,7 @@ import time
 import mlx.core as mx
 from tabulate import tabulate
 
-from mlx_mtp.models import registry as loading
+from mlx_mtp.models import loader
 from mlx_mtp.cli import Parser, cli_main
 from mlx_mtp.demo import model_or_demo
 from mlx_mtp.exactness.block_vs_chain import DIVERGES, PROBE_DRAWS, aggregate_verdict, probe_exactness
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> dict:
     args.model = model_or_demo(args.model, args.drafter)
     t0 = time.perf_counter()
-    model = loading.load_model(args.model, drafter=args.drafter, require_head=False)
+    model = loader.load_model(args.model, drafter=args.drafter, require_head=False)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     results = probe_exactness(model.target, args.block_sizes)

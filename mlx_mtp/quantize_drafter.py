@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlx_mtp.models import registry as loading
+from mlx_mtp.models import loader
 from mlx_mtp.cli import Parser, cli_main
 from mlx_mtp.errors import MTPError
 from mlx_mtp.models.options import QUANT_BITS, QUANT_GROUP_SIZES
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> dict:
     # Not cast to float32: the folder keeps the checkpoint's own float dtype for scales.
-    model = loading.load_model(args.model, drafter=args.drafter, dtype=None)
+    model = loader.load_model(args.model, drafter=args.drafter, dtype=None)
     head = model.drafter.head
     layers = quantize_head(head, bits=args.bits, group_size=args.group_size,
                            quantize_fc=args.quantize_fc)

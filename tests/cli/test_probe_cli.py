@@ -50,16 +50,16 @@ def test_default_widths_and_drafter(dense_dir, mlx_dir):
 
 
 def test_a_diverging_target_is_reported_with_position_and_bytes(dense_dir, monkeypatch, capsys):
-    from mlx_mtp.models import registry as loading
+    from mlx_mtp.models import loader
     from mlx_mtp import probe
 
-    real = loading.load_model
+    real = loader.load_model
 
     def load_perturbed(*a, **kw):
         m = real(*a, **kw)
         return MTPModel(m.mlx_model, PerturbedVerify(m.target, position=1), m.drafter)
 
-    monkeypatch.setattr(loading, "load_model", load_perturbed)
+    monkeypatch.setattr(loader, "load_model", load_perturbed)
     exactness.clear_memo()
     assert probe.main(["--model", str(dense_dir), "--block-sizes", "2,3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

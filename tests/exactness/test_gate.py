@@ -302,9 +302,9 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
 
 
 def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
-    from mlx_mtp.models import registry as loading
+    from mlx_mtp.models import loader
 
-    real_load = loading.load
+    real_load = loader.load
 
     def load_perturbed(*a, **kw):
         model, tok = real_load(*a, **kw)
@@ -314,7 +314,7 @@ def test_cli_reports_a_decline(dense_dir, capsys, monkeypatch, caplog):
             "--block-size", "3", "--ignore-chat-template"]
     rc, out, _ = _cli_in_process(args + ["--no-mtp", "--json"], capsys)
     plain = json.loads(out)
-    monkeypatch.setattr(loading, "load", load_perturbed)
+    monkeypatch.setattr(loader, "load", load_perturbed)
     rc, out, err = _cli_in_process(args + ["--json"], capsys)
     result = json.loads(out)
     assert rc == 0 and result["mtp_enabled"] is False and result["rounds"] == 0
@@ -345,17 +345,17 @@ DECLINING_CLI = """
 import importlib
 import sys
 generate = importlib.import_module("mlx_mtp.generate")  # the CLI module (mlx_mtp.generate is also the function)
-from mlx_mtp.models import registry as loading
+from mlx_mtp.models import loader
 from support.perturbed import PerturbedVerify
 from mlx_mtp.models.model import MTPModel
 
-real_load = loading.load
+real_load = loader.load
 
 def load_perturbed(*a, **kw):
     model, tok = real_load(*a, **kw)
     return MTPModel(model.mlx_model, PerturbedVerify(model.target), model.drafter), tok
 
-loading.load = load_perturbed
+loader.load = load_perturbed
 sys.exit(generate.main(sys.argv[1:]))
 """
 

@@ -58,7 +58,7 @@ def round_to_bf16(module) -> None:
 
 
 def check(folder: Path, target, head, window: np.ndarray) -> dict:
-    from mlx_mtp.models.registry import load_model
+    from mlx_mtp.models.loader import load_model
 
     model = load_model(folder)
     ids = torch.from_numpy(window.astype(np.int64))[None]

@@ -261,9 +261,9 @@ def convert_draft_vocab(conv: families.Conversion) -> dict:
         if conv.drafter is None and (shipped / draft_vocab.META_FILE).is_file():
             return _carry_draft_vocab(shipped, conv.out)
         return {}
-    from mlx_mtp.models import registry  # the folder as a user loads it (it looks families up)
+    from mlx_mtp.models import loader  # the folder as a user loads it (it looks families up)
 
-    model, tokenizer = registry.load(conv.out, require_head=False)
+    model, tokenizer = loader.load(conv.out, require_head=False)
     built = draft_vocab.build(model, tokenizer, size=conv.draft_vocab, corpus=conv.corpus,
                               out=conv.out / EMBEDDED_DRAFT_VOCAB)
     return {"draft_vocab": {"size": built["size"], "coverage": built["coverage"]}}
@@ -276,9 +276,9 @@ def _carry_draft_vocab(shipped: Path, out: Path) -> dict:
     import json
     import shutil
 
-    from mlx_mtp.models import registry
+    from mlx_mtp.models import loader
 
-    model, _ = registry.load(out, require_head=False)  # before the copy: no sidecar to check
+    model, _ = loader.load(out, require_head=False)  # before the copy: no sidecar to check
     dest = out / EMBEDDED_DRAFT_VOCAB
     shutil.copytree(shipped, dest)
     meta = json.loads((dest / draft_vocab.META_FILE).read_text())
