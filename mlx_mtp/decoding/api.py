@@ -24,7 +24,7 @@ from mlx_mtp.decoding.speculation import SpeculationOptions
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
 from mlx_mtp.io.kv_settings import KVSettings, note_max_kv_size
-from mlx_mtp.io.prompt_cache import PromptCache, Turn, check_prompt_cache, make_prompt_cache
+from mlx_mtp.decoding.prompt_cache import PromptCache, Turn, check_prompt_cache, make_prompt_cache
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import Drafter
 

@@ -39,7 +39,7 @@ from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.batch_vs_alone import probe_batch
 from mlx_mtp.io.kv_settings import KVSettings
-from mlx_mtp.io.prompt_cache import make_prompt_cache
+from mlx_mtp.decoding.prompt_cache import make_prompt_cache
 from mlx_mtp.models.packed_batch import split_rows
 
 

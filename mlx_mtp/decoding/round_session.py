@@ -22,7 +22,7 @@ from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
 from mlx_mtp.decoding.shape_chooser import ShapeChooser
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.io.kv_settings import KVSettings
-from mlx_mtp.io.prompt_cache import PromptCache, Turn
+from mlx_mtp.decoding.prompt_cache import PromptCache, Turn
 from mlx_mtp.models.draft_tree import TreeShape
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import Drafter, Target

@@ -38,7 +38,7 @@ from mlx_mtp.decoding.round_steps import (Emitted, choose_ahead, commit, draft, 
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.exactness import gate
 from mlx_mtp.io.kv_settings import KVSettings
-from mlx_mtp.io.prompt_cache import PromptCache, Turn, forget_drafter
+from mlx_mtp.decoding.prompt_cache import PromptCache, Turn, forget_drafter
 from mlx_mtp.models import draft_profile
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import Drafter

@@ -61,7 +61,7 @@ class Target(Protocol):
 
     def rewind(self, cache: List[Any], kept: int, keep: int) -> None:
         """After ``rollback`` kept ``kept`` tokens of the last verify, keep only its first
-        ``keep`` (a caller stopped reading mid-round; ``mlx_mtp.io.prompt_cache``)."""
+        ``keep`` (a caller stopped reading mid-round; ``mlx_mtp.decoding.prompt_cache``)."""
 
     def cache_state(self, cache: List[Any]) -> List[mx.array]:
         """The arrays that hold the committed state (for eval and bitwise comparisons)."""
@@ -93,7 +93,7 @@ class Drafter(Protocol):
     def describe(self) -> Optional[dict]:
         """What this drafter runs with (for ``--json`` and benchmark records), or None."""
 
-    # Prompt caches across turns (``mlx_mtp.io.prompt_cache``):
+    # Prompt caches across turns (``mlx_mtp.decoding.prompt_cache``):
     def carry(self) -> Optional[list]:
         """What a prompt cache keeps of this drafter between turns (None: nothing; it starts
         afresh at the next turn)."""
