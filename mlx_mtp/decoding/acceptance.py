@@ -24,7 +24,7 @@ from mlx_mtp.decoding import keyed_sampling, sampling
 from mlx_mtp.decoding.keyed_sampling import PositionKeys
 from mlx_mtp.decoding.sampling import RandomStreams, Sampler, is_argmax
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.draft_tree import DraftTree
+from mlx_mtp.draft_tree import DraftTree
 
 if TYPE_CHECKING:
     from mlx_mtp.decoding.round_session import Request

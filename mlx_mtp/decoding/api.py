@@ -99,7 +99,7 @@ def speculative_generate_step(
           ``"speculative-sampling"`` (``mlx_mtp.decoding.acceptance``); temperature 0 is always
           greedy. Default: ``"auto"``.
         stats (RunStats, optional): Filled with the run's statistics. Default: ``None``.
-        draft_topk (int): Above 1, each round drafts a tree (``mlx_mtp.models.draft_tree``)
+        draft_topk (int): Above 1, each round drafts a tree (``mlx_mtp.draft_tree``)
           with this many children per node, its depth the block size less one, walked at
           temperature > 0 by the point-mass rule; under ``"auto"`` (temperature 0 only) each
           round drafts a chain or a tree, whichever measured faster. Default: ``1`` (chains).

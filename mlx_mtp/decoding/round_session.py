@@ -23,7 +23,7 @@ from mlx_mtp.decoding.shape_chooser import ShapeChooser
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.decoding.prompt_cache import PromptCache, Turn
-from mlx_mtp.models.draft_tree import TreeShape
+from mlx_mtp.draft_tree import TreeShape
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import Drafter, Target
 
@@ -51,7 +51,7 @@ class Request:
     seed: Optional[int]
     acceptance: str
     stats: Optional[RunStats]
-    tree: Optional[TreeShape] = None  # draft trees instead of chains (mlx_mtp.models.draft_tree)
+    tree: Optional[TreeShape] = None  # draft trees instead of chains (mlx_mtp.draft_tree)
 
     @property
     def widest(self) -> int:

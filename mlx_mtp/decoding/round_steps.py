@@ -22,8 +22,8 @@ from mlx_mtp.decoding.acceptance import Draft
 from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
 from mlx_mtp.decoding.prompt_cache import forget_drafter
-from mlx_mtp.models import draft_tree
-from mlx_mtp.models.draft_tree import DraftTree
+from mlx_mtp import draft_tree
+from mlx_mtp.draft_tree import DraftTree
 
 Emitted = Tuple[int, mx.array, bool]  # (token, logprobs, from_draft)
 

@@ -17,7 +17,7 @@ from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
 from mlx_mtp.decoding.limits import (DEFAULT_MAX_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TOPK,
                                      block_size_problem)
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.draft_tree import TreeShape
+from mlx_mtp.draft_tree import TreeShape
 
 
 @dataclass(frozen=True)

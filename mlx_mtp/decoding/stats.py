@@ -44,7 +44,7 @@ class RunStats:
     # cost estimates see (tools/simulate_chooser.py --sigma record replays with it)
     round_log_s: Dict[int, List[float]] = field(default_factory=dict)
     peak_memory_gb: float = 0.0
-    # Draft trees (mlx_mtp.models.draft_tree): the shape, nodes verified over the run, and
+    # Draft trees (mlx_mtp.draft_tree): the shape, nodes verified over the run, and
     # accepted nodes by their rank among their siblings (0: the drafter's first choice).
     draft_topk: int = 1
     draft_tokens: Optional[int] = None

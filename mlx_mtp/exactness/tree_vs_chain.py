@@ -21,7 +21,7 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness.block_vs_chain import (DIVERGES, EQUAL, NOT_RUN, PROBE_DRAWS, ProbeResult,
                                               _error_line, _prefill, _start, chain_rows,
                                               first_difference, model_signature, probe_tokens)
-from mlx_mtp.models.draft_tree import DraftTree
+from mlx_mtp.draft_tree import DraftTree
 
 
 def probe_parents(topk: int, nodes: int, depth: int) -> List[int]:

@@ -10,7 +10,7 @@ from mlx_mtp import MTPError
 from mlx_mtp.decoding.block_chooser import BlockChooser
 from mlx_mtp.decoding.limits import MAX_BLOCK_SIZE, block_size_problem
 from mlx_mtp.decoding.speculation import CLI_NAMES, SpeculationOptions
-from mlx_mtp.models.draft_tree import TreeShape
+from mlx_mtp.draft_tree import TreeShape
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -15,7 +15,7 @@ import mlx_mtp
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.exactness.block_vs_chain import EQUAL
 from mlx_mtp.exactness.tree_vs_chain import probe_tree_exactness
-from mlx_mtp.models.draft_tree import DraftTree
+from mlx_mtp.draft_tree import DraftTree
 from mlx_mtp.models.model import MTPModel
 
 PROMPTS = {"short": [(7 * i + 3) % 300 for i in range(5)],  # crosses the window while decoding

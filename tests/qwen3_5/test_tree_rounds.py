@@ -17,7 +17,7 @@ import mlx_mtp
 from mlx_mtp import MTPError
 from mlx_mtp.models.qwen3_5 import vocab_reduction
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.models.draft_tree import DraftTree
+from mlx_mtp.draft_tree import DraftTree
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.options import DraftOptions
 

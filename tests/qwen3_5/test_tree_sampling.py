@@ -10,7 +10,7 @@ from support.plain_sampling import reference
 import mlx_mtp
 from mlx_mtp.decoding import round_steps
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.models import draft_tree
+from mlx_mtp import draft_tree
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.protocols import DrafterDefaults
 

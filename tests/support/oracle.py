@@ -128,7 +128,7 @@ class OracleTreeDrafter(OracleDrafter):
         return [] if self.inner is None else self.inner.state_arrays()
 
     def draft_tree(self, topk: int, nodes: int, depth: int):
-        from mlx_mtp.models.draft_tree import DraftTree
+        from mlx_mtp.draft_tree import DraftTree
 
         if self.inner is not None:
             self.inner.draft_tree(topk, nodes, depth)

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.models import gemma4_text as _gemma4_text
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from mlx_mtp.models import draft_tree
+from mlx_mtp import draft_tree
 from mlx_mtp.models.packed_batch import PackedCache
 
 

@@ -24,7 +24,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
 
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models import draft_tree
+from mlx_mtp import draft_tree
 from mlx_mtp.models.protocols import DrafterDefaults
 
 QUERY_POSITIONS = ("last_kv", "bonus")

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text as _gemma4_text
 
-from mlx_mtp.models import draft_tree
+from mlx_mtp import draft_tree
 from mlx_mtp.models.packed_batch import packed_caches, split_rows
 from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from mlx_mtp.models.target_base import TrunkTarget

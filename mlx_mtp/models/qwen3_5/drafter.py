@@ -19,10 +19,10 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
-from mlx_mtp.models import draft_tree
+from mlx_mtp import draft_tree
 from mlx_mtp.models.draft_profile import DraftProfiler
 from mlx_mtp.models.packed_batch import packed_caches
-from mlx_mtp.models.draft_tree import DraftTree
+from mlx_mtp.draft_tree import DraftTree
 from mlx_mtp.models.protocols import DrafterDefaults
 from mlx_mtp.models.qwen3_5 import drafter_products
 from mlx_mtp.models.qwen3_5.compiled_head import CompiledHead

@@ -29,7 +29,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from mlx_lm.models.gated_delta import gated_delta_update
 
 from mlx_mtp.exactness import row_exact_layers
-from mlx_mtp.models import draft_tree
+from mlx_mtp import draft_tree
 from mlx_mtp.models.packed_batch import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.target_base import TrunkTarget
 from mlx_mtp.models.qwen3_5 import compiled_layers
