@@ -1,10 +1,10 @@
-"""The family registry: what the shared code (loading, prompt cache files, conversion) needs of a
-model family, looked up by a config's ``model_type`` or by a target's ``family`` name, so that no
-shared module imports a family.
+"""The model families: what the shared code (loading, prompt cache files, conversion) needs of a
+family, looked up by a config's ``model_type`` or by a target's ``family`` name, so that no shared
+module imports a family.
 
 A family is a package under ``mlx_mtp/models/`` whose ``__init__`` does
-``FAMILY = families.register(Family(...))``. The built-in ones are listed in ``family_list``
-(the one place that names them) and imported at the first lookup, in that order.
+``FAMILY = families.register(Family(...))``; ``BUILTIN`` below is the one place that names the
+built-in ones, imported at the first lookup (docs/architecture.md, "Adding a family").
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from mlx_mtp.models import family_list
+# The built-in families' packages: adding one is a new folder and a line here. The order is the
+# order error lines list model types in.
+BUILTIN = (
+    "mlx_mtp.models.qwen3_5",
+    "mlx_mtp.models.gemma4",
+)
 
 
 @dataclass
@@ -82,8 +87,8 @@ def register(family: Family) -> Family:
 
 
 def all_families() -> Tuple[Family, ...]:
-    """The built-in families (``family_list`` order), then any other registered ones."""
-    builtin = [importlib.import_module(m).FAMILY for m in family_list.BUILTIN]
+    """The built-in families (``BUILTIN`` order), then any other registered ones."""
+    builtin = [importlib.import_module(m).FAMILY for m in BUILTIN]
     names = {f.name for f in builtin}
     return tuple(builtin) + tuple(f for f in _REGISTERED.values() if f.name not in names)
 

@@ -8,10 +8,10 @@ import pytest
 from mlx_lm.models import cache as mlx_cache
 
 import mlx_mtp
-from mlx_mtp.models import families, family_list
+from mlx_mtp.models import families
 
 PACKAGE = Path(mlx_mtp.__file__).parent
-FAMILY_DIRS = [PACKAGE / "models" / m.rsplit(".", 1)[-1] for m in family_list.BUILTIN]
+FAMILY_DIRS = [PACKAGE / "models" / m.rsplit(".", 1)[-1] for m in families.BUILTIN]
 # Qwen-only command-line tools that still import the Qwen family directly.
 KNOWN_CLI_IMPORTS = {"draft_vocab.py", "quantize_drafter.py"}
 
@@ -45,7 +45,7 @@ def _imported_modules(path: Path):
 
 
 def test_no_shared_module_and_no_other_family_imports_a_family():
-    family_modules = {m: d for m, d in zip(family_list.BUILTIN, FAMILY_DIRS)}
+    family_modules = {m: d for m, d in zip(families.BUILTIN, FAMILY_DIRS)}
     strays = []
     for path in PACKAGE.rglob("*.py"):
         own = next((m for m, d in family_modules.items() if d in path.parents), None)
