@@ -1,6 +1,6 @@
 """Checkpoint files, checked: a path or Hugging Face repo id -> a folder, its config.json, its
-safetensors (headers checked before loading), mlx-lm's target model, and one loader that puts
-drafter weights into a module after checking every name and shape. Family-independent."""
+safetensors (headers checked before loading), mlx-lm's model class for them, and one loader that
+puts drafter weights into a module after checking every name and shape. Family-independent."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm import utils as mlx_lm_utils
 
 from mlx_mtp.io import fp8
-from mlx_mtp.models.distributed import shard_model
 from mlx_mtp.errors import MTPError
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -189,50 +188,6 @@ def config_dtype(config: dict) -> Optional[mx.Dtype]:
             if c.get(key) in ("bfloat16", "float16", "float32"):
                 return getattr(mx, c[key])
     return None
-
-
-def load_target(path: Path, dtype: Optional[mx.Dtype] = None, *,
-                model_config: Optional[dict] = None, lazy: bool = False,
-                trust_remote_code: bool = False, adapter_path=None, split=None) -> nn.Module:
-    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``), with ``mlx_lm.load``'s
-    ``model_config``, ``lazy``, ``trust_remote_code`` and ``adapter_path`` (LoRA / DoRA adapters
-    from ``mlx_lm.lora``, applied after the cast to ``dtype``). With ``split``
-    (``mlx_mtp.models.distributed.Split``): loaded lazily and split by mlx-lm's own method, as
-    ``mlx_lm.utils.sharded_load`` does, so each rank materializes only its part."""
-    files = weight_files(path, "model*.safetensors")
-    if not files:
-        raise MTPError(f"{path}: no model*.safetensors weight files found")
-    for f in files:
-        safetensors_header(f)
-    config = read_config(path)
-    config.update(model_config or {})
-    model, _ = load_mlx_lm_model(path, config, fp8_dtype=dtype, lazy=lazy or split is not None,
-                                 model_config=model_config, trust_remote_code=trust_remote_code)
-    if split is not None:
-        shard_model(model, split, str(path))
-    if dtype is not None:
-        predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
-        model.update(cast_floats(model.parameters(), dtype, predicate))
-    if adapter_path is not None:
-        model = _load_adapters(model, adapter_path)
-    if split is not None:
-        mx.eval(model.parameters())
-        split.barrier("loading the split target")
-    return model
-
-
-def _load_adapters(model: nn.Module, adapter_path) -> nn.Module:
-    """mlx-lm's ``load_adapters`` (what ``mlx_lm.load(adapter_path=...)`` runs), one-line errors."""
-    p = Path(adapter_path).expanduser()
-    if not (p / "adapter_config.json").is_file() or not (p / "adapters.safetensors").is_file():
-        raise MTPError(f"adapter_path {adapter_path}: expected a folder with adapter_config.json "
-                       "and adapters.safetensors (as mlx_lm.lora writes)")
-    try:
-        model = mlx_lm_utils.load_adapters(model, str(p))
-    except Exception as e:
-        raise MTPError(f"adapter_path {adapter_path}: {first_line(e)}") from None
-    model.eval()
-    return model
 
 
 def load_checked(module: nn.Module, weights: Dict[str, mx.array], source: str, *, dtype,

@@ -1,16 +1,23 @@
 """``mlx_mtp.load`` / ``load_model``: a path or Hugging Face repo id -> ``MTPModel`` (mlx-lm's
 target, its family adapter, the drafter). The config's ``model_type`` picks the family
-(``mlx_mtp.models.families``), whose ``load`` does the rest; file checks live in
-``mlx_mtp.io.checkpoint``, the families in their folders."""
+(``mlx_mtp.models.families``), whose ``load`` does the rest, calling ``load_target`` here for
+mlx-lm's model (split, cast, adapters); file checks live in ``mlx_mtp.io.checkpoint``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm import utils as mlx_lm_utils
+
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.io.checkpoint import default_dtype, load_tokenizer, read_config, resolve_path
+from mlx_mtp.io.checkpoint import (cast_floats, default_dtype, first_line, load_mlx_lm_model,
+                                   load_tokenizer, read_config, resolve_path, safetensors_header,
+                                   weight_files)
 from mlx_mtp.models import families
-from mlx_mtp.models.distributed import Split, init_split
+from mlx_mtp.models.distributed import Split, init_split, shard_model
 from mlx_mtp.errors import MTPError
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.options import DraftOptions
@@ -104,3 +111,47 @@ def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
     tokenizer = load_tokenizer(model.path, tokenizer_config,
                                eos_token_ids=model.config.get("eos_token_id"))
     return (model, tokenizer, model.config) if return_config else (model, tokenizer)
+
+
+def load_target(path: Path, dtype: Optional[mx.Dtype] = None, *,
+                model_config: Optional[dict] = None, lazy: bool = False,
+                trust_remote_code: bool = False, adapter_path=None, split=None) -> nn.Module:
+    """mlx-lm's own model for ``path`` (its sanitize drops ``mtp.*``), with ``mlx_lm.load``'s
+    ``model_config``, ``lazy``, ``trust_remote_code`` and ``adapter_path`` (LoRA / DoRA adapters
+    from ``mlx_lm.lora``, applied after the cast to ``dtype``). With ``split``
+    (``mlx_mtp.models.distributed.Split``): loaded lazily and split by mlx-lm's own method, as
+    ``mlx_lm.utils.sharded_load`` does, so each rank materializes only its part."""
+    files = weight_files(path, "model*.safetensors")
+    if not files:
+        raise MTPError(f"{path}: no model*.safetensors weight files found")
+    for f in files:
+        safetensors_header(f)
+    config = read_config(path)
+    config.update(model_config or {})
+    model, _ = load_mlx_lm_model(path, config, fp8_dtype=dtype, lazy=lazy or split is not None,
+                                 model_config=model_config, trust_remote_code=trust_remote_code)
+    if split is not None:
+        shard_model(model, split, str(path))
+    if dtype is not None:
+        predicate = getattr(model, "cast_predicate", None) or (lambda _: True)
+        model.update(cast_floats(model.parameters(), dtype, predicate))
+    if adapter_path is not None:
+        model = _load_adapters(model, adapter_path)
+    if split is not None:
+        mx.eval(model.parameters())
+        split.barrier("loading the split target")
+    return model
+
+
+def _load_adapters(model: nn.Module, adapter_path) -> nn.Module:
+    """mlx-lm's ``load_adapters`` (what ``mlx_lm.load(adapter_path=...)`` runs), one-line errors."""
+    p = Path(adapter_path).expanduser()
+    if not (p / "adapter_config.json").is_file() or not (p / "adapters.safetensors").is_file():
+        raise MTPError(f"adapter_path {adapter_path}: expected a folder with adapter_config.json "
+                       "and adapters.safetensors (as mlx_lm.lora writes)")
+    try:
+        model = mlx_lm_utils.load_adapters(model, str(p))
+    except Exception as e:
+        raise MTPError(f"adapter_path {adapter_path}: {first_line(e)}") from None
+    model.eval()
+    return model

@@ -14,10 +14,11 @@ from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 
-from mlx_mtp.io.checkpoint import (cast_floats, load_checked, load_safetensors, load_target,
-                                   read_config, resolve_path, safetensors_header, weight_files)
+from mlx_mtp.io.checkpoint import (cast_floats, load_checked, load_safetensors, read_config,
+                                   resolve_path, safetensors_header, weight_files)
 from mlx_mtp.errors import MTPError
 from mlx_mtp.models import families
+from mlx_mtp.models.loader import load_target
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.options import DraftOptions
 from mlx_mtp.models.gemma4.drafter import Gemma4Assistant, Gemma4AssistantDrafter

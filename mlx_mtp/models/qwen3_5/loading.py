@@ -15,11 +15,11 @@ from typing import Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
-from mlx_mtp.io.checkpoint import (load_checked, load_safetensors, load_target, load_tokenizer, read_config,
-                          resolve_path, safetensors_header, text_config, weight_files)
+from mlx_mtp.io.checkpoint import (load_checked, load_safetensors, load_tokenizer, read_config,
+                                   resolve_path, safetensors_header, text_config, weight_files)
 from mlx_mtp.io import fp8
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models import families
+from mlx_mtp.models import families, loader
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.qwen3_5 import vocab_reduction as draft_vocab
 from mlx_mtp.models.qwen3_5.drafter import MTPHead, QwenMTPDrafter, is_zero_centred_norm
@@ -182,7 +182,7 @@ def load_qwen3_5_model(path: Path, config: dict, *, drafter, dtype, require_head
                        target_args: Optional[dict] = None, split=None) -> MTPModel:
     if text_config(config).get("mtp_use_dedicated_embeddings"):
         raise MTPError(f"{path / 'config.json'}: mtp_use_dedicated_embeddings=true is not supported")
-    mlx_model = load_target(path, dtype, split=split, **(target_args or {}))
+    mlx_model = loader.load_target(path, dtype, split=split, **(target_args or {}))
     target = Qwen3_5Target(mlx_model)
     options = draft_options or DraftOptions()
     embedded = path / EMBEDDED_HEAD
@@ -261,8 +261,6 @@ def convert_draft_vocab(conv: families.Conversion) -> dict:
         if conv.drafter is None and (shipped / draft_vocab.META_FILE).is_file():
             return _carry_draft_vocab(shipped, conv.out)
         return {}
-    from mlx_mtp.models import loader  # the folder as a user loads it (it looks families up)
-
     model, tokenizer = loader.load(conv.out, require_head=False)
     built = draft_vocab.build(model, tokenizer, size=conv.draft_vocab, corpus=conv.corpus,
                               out=conv.out / EMBEDDED_DRAFT_VOCAB)
@@ -275,8 +273,6 @@ def _carry_draft_vocab(shipped: Path, out: Path) -> dict:
     quantization changes the head's bytes, not which ids are frequent)."""
     import json
     import shutil
-
-    from mlx_mtp.models import loader
 
     model, _ = loader.load(out, require_head=False)  # before the copy: no sidecar to check
     dest = out / EMBEDDED_DRAFT_VOCAB
