@@ -15,19 +15,17 @@ and Gumbel noise per output position).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlx_mtp.decoding import keyed_sampling, sampling
 from mlx_mtp.decoding.keyed_sampling import PositionKeys
+from mlx_mtp.decoding.request import Request
 from mlx_mtp.decoding.sampling import RandomStreams, Sampler, is_argmax
 from mlx_mtp.errors import MTPError
 from mlx_mtp.draft_tree import DraftTree
-
-if TYPE_CHECKING:
-    from mlx_mtp.decoding.round_session import Request
 
 GREEDY = "greedy"
 POINT_MASS = "point-mass"
@@ -227,7 +225,7 @@ def rule_name(sampler, drafter, requested: str = "auto", *, auto: bool = False,
     return SPECULATIVE
 
 
-def choose_rule(request: "Request", drafter, vocab_size: int) -> AcceptanceRule:
+def choose_rule(request: Request, drafter, vocab_size: int) -> AcceptanceRule:
     """The request's acceptance rule (``rule_name``) with its sampler, logits processors and the
     randomness it needs: key streams for speculative sampling, keys per output position for a
     sampling rule under ``auto`` (the seed drawn from mlx's global random state when the request

@@ -17,7 +17,8 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
 from mlx_mtp.decoding.limits import DEFAULT_MAX_BLOCK_SIZE, DEFAULT_MAX_TOKENS
-from mlx_mtp.decoding.round_session import SYNC_PHASES_ENV, Request
+from mlx_mtp.decoding.request import Request
+from mlx_mtp.decoding.round_session import SYNC_PHASES_ENV
 from mlx_mtp.decoding.round_steps import Emitted
 from mlx_mtp.decoding.rounds import generate_rounds
 from mlx_mtp.decoding.speculation import SpeculationOptions

@@ -27,8 +27,8 @@ from mlx_mtp.decoding.batch_chooser import BatchChooser
 from mlx_mtp.decoding.api import checked_max_tokens, checked_prompt
 from mlx_mtp.decoding.block_chooser import AUTO
 from mlx_mtp.decoding.limits import DEFAULT_MAX_BLOCK_SIZE, DEFAULT_MAX_TOKENS
-from mlx_mtp.decoding.round_session import (Progress, Request, Session, open_session,
-                                            start_stats)
+from mlx_mtp.decoding.request import Request
+from mlx_mtp.decoding.round_session import Progress, Session, open_session, start_stats
 from mlx_mtp.decoding.round_steps import (EarlyChoice, Emitted, commit, draft, draft_limit, emit,
                                           host_read, plan_round, prefill_steps, record_round,
                                           round_block, verify_rows, walk)

@@ -1,11 +1,11 @@
-"""What one generation of the round loop (``mlx_mtp.decoding.rounds``) works with: the request,
-the session's fixed parts, and where the output stands.
+"""What one generation of the round loop (``mlx_mtp.decoding.rounds``) works with once it opens:
+the session's fixed parts, and where the output stands (the request is ``decoding.request``).
 
-``Request`` is what the caller asked for; ``Session`` the fixed parts of a generation once the
-exactness gate let it run as rounds (among them its acceptance rule, ``decoding.acceptance``:
-how tokens are drafted, drawn and kept); ``Progress`` what changes between rounds (the bonus
-token not yet fed to the target, the token history, tokens emitted, and the rounds without
-drafts whose pairs the drafter has not consumed yet).
+``Session`` holds the fixed parts of a generation once the exactness gate let it run as rounds
+(among them its acceptance rule, ``decoding.acceptance``: how tokens are drafted, drawn and
+kept); ``Progress`` what changes between rounds (the bonus token not yet fed to the target, the
+token history, tokens emitted, and the rounds without drafts whose pairs the drafter has not
+consumed yet).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx_mtp import config as env
 from mlx_mtp.decoding.acceptance import AcceptanceRule
 from mlx_mtp.decoding.block_chooser import AUTO, BlockChooser
+from mlx_mtp.decoding.request import Request
 from mlx_mtp.decoding.shape_chooser import ShapeChooser
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.io.kv_settings import KVSettings
@@ -30,39 +31,6 @@ from mlx_mtp.models.protocols import Drafter, Target
 # 1: evaluate the draft and the accept hook before the next phase starts, so that the round
 # split (RunStats.phase_ms) times each phase's device work; slower (see ``open_session``).
 SYNC_PHASES_ENV = "MLX_MTP_SYNC_PHASES"
-
-Sampler = Callable[[mx.array], mx.array]
-LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-
-
-@dataclass(kw_only=True)
-class Request:
-    """The caller's arguments the loop needs, already checked (``speculative_generate_step``,
-    ``BatchRounds.start``)."""
-
-    max_tokens: int
-    sampler: Optional[Sampler]
-    logits_processors: Optional[List[LogitsProcessor]]
-    prefill_step_size: int
-    progress: Optional[Callable[[int, int], None]]
-    input_embeddings: Optional[mx.array]
-    block_size: int  # the widest verify width the session may use
-    chooser: Optional[BlockChooser]
-    seed: Optional[int]
-    acceptance: str
-    stats: Optional[RunStats]
-    tree: Optional[TreeShape] = None  # draft trees instead of chains (mlx_mtp.draft_tree)
-
-    @property
-    def widest(self) -> int:
-        """The widest verify the session may run: the block size, or a tree's nodes and root."""
-        return self.block_size if self.tree is None else max(self.block_size, self.tree.width)
-
-    def embeddings(self, start: int, stop: int) -> Optional[mx.array]:
-        """The input embeddings of prompt positions ``start:stop`` as a batch of one, or None."""
-        if self.input_embeddings is None:
-            return None
-        return self.input_embeddings[None, start:stop]
 
 
 def start_stats(request: Request, rule: AcceptanceRule) -> RunStats:

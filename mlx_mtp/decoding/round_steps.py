@@ -20,7 +20,8 @@ from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.decoding import sampling
 from mlx_mtp.decoding.acceptance import Draft
 from mlx_mtp.exactness import row_exact_layers
-from mlx_mtp.decoding.round_session import Progress, Request, Session, logprobs_of
+from mlx_mtp.decoding.request import Request
+from mlx_mtp.decoding.round_session import Progress, Session, logprobs_of
 from mlx_mtp.decoding.prompt_cache import forget_drafter
 from mlx_mtp import draft_tree
 from mlx_mtp.draft_tree import DraftTree

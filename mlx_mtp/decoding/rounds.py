@@ -31,8 +31,9 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.decoding.acceptance import AcceptanceRule, choose_rule
 from mlx_mtp.decoding.pipelined_steps import pipelined_steps
 from mlx_mtp.decoding.plain import plain_generate_step
-from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Progress, Request, Session,
-                                            open_session, start_stats)
+from mlx_mtp.decoding.request import Request
+from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Progress, Session, open_session,
+                                            start_stats)
 from mlx_mtp.decoding.round_steps import (Emitted, choose_ahead, commit, draft, emit, plan_round,
                                           prefill, record_round, verify_and_walk)
 from mlx_mtp.decoding.stats import RunStats
