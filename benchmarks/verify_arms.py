@@ -60,8 +60,8 @@ from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import pin as cpu_pin
 from mlx_mtp.cpu import row_kernel
-from mlx_mtp.exactness import row_exact_layers
-from mlx_mtp.models.qwen3_5 import gdn_block, gdn_kernel, compiled_layers
+from mlx_mtp.exactness import gate, row_exact_layers
+from mlx_mtp.models.qwen3_5 import compiled_layers, gdn_block, gdn_kernel
 
 ARMS = ("decode", "forward", "kernel", "unpinned", "eager", "pinned", "blocked", "chunked",
         "inexact",
@@ -155,7 +155,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     ms = {arm: float(np.median(t[1:])) for arm, t in times.items()}
     return {
         "width": width, "reps": reps, "blas": cpu_blas.STATE.describe(),
-        "row_exact": row_exact_layers.report(model.mlx_model),
+        "row_exact": gate.verify_report(model.mlx_model),
         "kernel_layers": len(kernel_layers), "other_layers": len(other_layers),
         "kernel_threads": threads,
         "kernels": lazy_kernels.mode(),

@@ -210,7 +210,18 @@ def report_verify(model, stats) -> None:
     """Once the target is prepared for the session's verify blocks: which layers compute rows
     how (``mlx_mtp.exactness.row_exact_layers``), where the verify uses the row-exact products."""
     if stats.mtp_enabled and getattr(model.target, "exact", False) and hasattr(model, "mlx_model"):
-        stats.exactness["row_exact"] = row_exact_layers.report(model.mlx_model)
+        stats.exactness["row_exact"] = verify_report(model.mlx_model)
+
+
+def verify_report(mlx_model) -> dict:
+    """How a verify computes its rows: the row-exact layers (``row_exact_layers.report``) and,
+    with mixture-of-experts layers, how each width computes them (``experts``:
+    ``grouped_experts.report``)."""
+    out = row_exact_layers.report(mlx_model)
+    experts = grouped_experts.report(mlx_model)
+    if experts:
+        out["experts"] = experts
+    return out
 
 
 def row_exact_summary(exactness: dict) -> Optional[str]:

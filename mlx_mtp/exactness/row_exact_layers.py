@@ -464,23 +464,14 @@ def method(layer) -> str:
 def report(model: nn.Module) -> Dict[str, object]:
     """The switched layers of ``model`` counted by ``method``, and whether the kernel is
     available (why not, when it is not) and, where a layer uses it, whether it runs lazily or
-    eagerly (``mlx_mtp.cpu.lazy_ops.mode``); with mixture-of-experts layers, how each width
-    computes them (``experts``: ``grouped_experts.report``): for the run's stats."""
-    from mlx_mtp.exactness import grouped_experts  # it imports this module
-
+    eagerly (``mlx_mtp.cpu.lazy_ops.mode``): for the run's stats (``gate.verify_report``)."""
     counts: Dict[str, int] = {}
     for _, layer in model.named_modules():
         m = method(layer)
         if m != "multi-row":
             counts[m] = counts.get(m, 0) + 1
-    experts = grouped_experts.report(model)
     if not row_kernel.available():
-        out = {"layers": counts, "kernel": f"unavailable ({row_kernel.reason()})"}
-    else:
-        # How it runs, where a layer uses it (asking builds the extension, which no other layer
-        # needs)
-        out = {"layers": counts, "kernel": (f"available, {lazy_kernels.mode()}"
-                                            if counts.get("kernel") else "available")}
-    if experts:
-        out["experts"] = experts
-    return out
+        return {"layers": counts, "kernel": f"unavailable ({row_kernel.reason()})"}
+    # How it runs, where a layer uses it (asking builds the extension, which no other layer needs)
+    return {"layers": counts, "kernel": (f"available, {lazy_kernels.mode()}"
+                                         if counts.get("kernel") else "available")}

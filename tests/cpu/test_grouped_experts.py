@@ -124,11 +124,11 @@ def test_the_report_and_its_table_cell(monkeypatch):
     want = method()
     widths = {str(w): {want: 1} for w in range(1 if want == "kernel" else 2, 5)}
     assert info == {"layers": 1, "widths": widths}
-    assert row_exact_layers.report(model)["experts"] == info
+    assert gate.verify_report(model)["experts"] == info
     span = "1-4" if want == "kernel" else "2-4"
     cell = dict(gate.table_rows({"mtp_enabled": True,
                                  "exactness": {"verdict": "equal", "widths": [],
-                                               "row_exact": row_exact_layers.report(model)}}))
+                                               "row_exact": gate.verify_report(model)}}))
     assert cell["expert layers"] == f"1 layers: {want} at widths {span}"
     monkeypatch.setattr(expert_kernel, "problem", lambda: "no (test)")
     assert grouped_experts.summary(grouped_experts.report(model)).endswith(
