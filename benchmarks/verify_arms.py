@@ -81,7 +81,7 @@ def measure(model, width: int, reps: int, prompt_len: int = 80,
     target = model.target
     target.prepare(width)
     layers = [layer for _, layer in model.mlx_model.named_modules()
-              if row_exact_layers.method(layer) != "multi-row"]
+              if row_exact_layers.row_method(layer) != "multi-row"]
     chosen = {id(layer): (layer.use_kernel, layer.block_cols, layer.chunk_rows, layer.transposed)
               for layer in layers}
     kernel_layers = [layer for layer in layers if layer.use_kernel]
@@ -179,7 +179,7 @@ def speed_candidates(model, width: int):
     if not row_kernel.available():
         return found, head
     for _, layer in model.mlx_model.named_modules():
-        if row_exact_layers.method(layer) != "multi-row" or "bias" in layer:
+        if row_exact_layers.row_method(layer) != "multi-row" or "bias" in layer:
             continue
         base = next((b for b in type(layer).__mro__ if b in (mx_nn.Linear, mx_nn.Embedding)), None)
         if base is None or type(layer) is not base or layer.weight.dtype != mx.float32:

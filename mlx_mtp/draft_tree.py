@@ -172,7 +172,7 @@ def current() -> Optional[Rows]:
     return _rows[-1] if _rows else None
 
 
-def verify_rows(tree: DraftTree, start: int) -> Rows:
+def node_rows(tree: DraftTree, start: int) -> Rows:
     """A target verify of the tree's nodes appended at cache offset ``start``."""
     return Rows(start, [start + d for d in tree.depths],
                 [tree.path(i) for i in range(len(tree.parents))])

@@ -34,10 +34,10 @@ from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.demo import (DEMO_DECODE, REPETITION_CONTEXT_SIZE, model_or_demo,
                           repetition_settings)
 from mlx_mtp.errors import MTPError
-from mlx_mtp.exactness.gate import table_rows as gate_table_rows
+from mlx_mtp.exactness.gate import gate_rows
 from mlx_mtp.models import loader
 from mlx_mtp.models.distributed import SPLITS
-from mlx_mtp.models.draft_profile import table_rows as draft_profile_rows
+from mlx_mtp.models.draft_profile import profile_rows
 
 __all__ = ["generate", "stream_generate", "generate_step", "speculative_generate_step", "main"]
 
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     return cli_main(parser, run, lambda result: print_report(
-        result, gate_table_rows(result) + _rows_from_result(result), args.verbose), args=args)
+        result, gate_rows(result) + _rows_from_result(result), args.verbose), args=args)
 
 
 def _rate(tokens: int, tps: float) -> str:
@@ -310,7 +310,7 @@ def _rows_from_result(result: dict):
         per_round = max(result["rounds"], 1)
         for phase, ms in result["phase_ms"].items():
             rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
-        rows += draft_profile_rows(result.get("draft_profile"))
+        rows += profile_rows(result.get("draft_profile"))
     if result.get("split"):
         rows.append(("split", result["split"]))
         rows.append(("collectives per token (rank 0)",

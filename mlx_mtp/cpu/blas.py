@@ -13,7 +13,7 @@ few rows against small matrices, where a second BLIS thread costs more in hand-o
 (chosen by measurement with BLIS on the CPU). One-row products (decode) do not depend on the thread
 count, so the round loop runs with ``MLX_MTP_VERIFY_THREADS`` threads (unset: 1 with BLIS,
 OpenBLAS's own count, which one thread slows down; ``0`` = leave the count alone), and everything
-that measures a verify's exactness (``mlx_mtp.exactness.row_exact_layers.install``, the probe's block
+that measures a verify's exactness (``mlx_mtp.exactness.row_exact_layers.switch_to_row_exact``, the probe's block
 arm) does so too. The row kernel, which computes most of a verify's products on the CPU,
 chooses its own threads by each product's size (``mlx_mtp.exactness.row_exact_layers.kernel_threads``).
 

@@ -9,7 +9,7 @@ once per row. ``mlx_mtp/cpu/csrc/row_dot.c`` computes T rows in the one-row orde
 streams each weight row once, so an exact verify reads the weights about once, like a decode
 step. It covers the first N - N % 8 output columns: BLIS reduces the last N % 8 another way,
 which ``mlx_mtp.exactness.row_exact_layers`` computes with BLAS one-row products.
-``row_exact_layers.install`` uses the kernel for a layer only where a bitwise check on the layer's own
+``row_exact_layers.switch_to_row_exact`` uses the kernel for a layer only where a bitwise check on the layer's own
 weights says it equals the layer's own one-row call.
 
 The C source is built and loaded by ``mlx_mtp.cpu.native`` (a per-user cache, ``reason()`` when it

@@ -214,11 +214,11 @@ def report_verify(model, stats) -> None:
 
 
 def verify_report(mlx_model) -> dict:
-    """How a verify computes its rows: the row-exact layers (``row_exact_layers.report``) and,
+    """How a verify computes its rows: the row-exact layers (``row_exact_layers.row_exact_report``) and,
     with mixture-of-experts layers, how each width computes them (``experts``:
-    ``grouped_experts.report``)."""
-    out = row_exact_layers.report(mlx_model)
-    experts = grouped_experts.report(mlx_model)
+    ``grouped_experts.experts_report``)."""
+    out = row_exact_layers.row_exact_report(mlx_model)
+    experts = grouped_experts.experts_report(mlx_model)
     if experts:
         out["experts"] = experts
     return out
@@ -235,7 +235,7 @@ def row_exact_summary(exactness: dict) -> Optional[str]:
     return f"{text}; row kernel {info['kernel']}"
 
 
-def summary(exactness: dict) -> str:
+def verdict_summary(exactness: dict) -> str:
     """One cell for the CLI's stats table: the verdict the run used."""
     verdict = exactness.get("verdict")
     if verdict in (None, NOT_NEEDED):
@@ -252,7 +252,7 @@ def summary(exactness: dict) -> str:
     return text + (f", overridden by {ALLOW_INEXACT_ENV}=1" if exactness.get("override") else "")
 
 
-def table_rows(result: dict) -> list:
+def gate_rows(result: dict) -> list:
     """The CLI stats table's rows for the gate: whether MTP ran, and the verdict it used."""
     exactness = result.get("exactness") or {}
     if result["mtp_enabled"]:
@@ -263,7 +263,7 @@ def table_rows(result: dict) -> list:
         mtp = f"off ({result['gate_reason']})"
     promise = {BYTE_IDENTITY: "byte identity with plain decode",
                DISTRIBUTION: "the distribution of plain sampling"}.get(exactness.get("promise"))
-    rows = [("mtp", mtp), ("exactness probe", summary(exactness))]
+    rows = [("mtp", mtp), ("exactness probe", verdict_summary(exactness))]
     if promise is not None and result["mtp_enabled"] and not exactness.get("override"):
         rows.append(("exactness promise", promise))
     tree = exactness.get("tree")
@@ -274,5 +274,5 @@ def table_rows(result: dict) -> list:
         rows.append(("row-exact layers", layers))
     experts = (exactness.get("row_exact") or {}).get("experts")
     if experts:
-        rows.append(("expert layers", grouped_experts.summary(experts)))
+        rows.append(("expert layers", grouped_experts.experts_summary(experts)))
     return rows

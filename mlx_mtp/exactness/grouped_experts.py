@@ -8,7 +8,7 @@ check accepted for that width (``choose``): ``kernel``, the expert kernel
 (``mlx_mtp.cpu.expert_kernel``: each expert's rows in one pass over its weight, BLIS's one-row
 order); ``sorted``, mlx-lm's own one-row calls with the pairs sorted by expert (an expert's later
 rows find it in cache; quantized experts too); else ``gather``, mlx-lm's call. The check
-(``install``, once per layer signature, on the layer's own weights) compares a method's rows with
+(``switch_to_grouped``, once per layer signature, on the layer's own weights) compares a method's rows with
 the layer's one-row calls bitwise at every width 1..max_width, for rows sharing all their experts,
 rows sharing none and seeded random routes. The exactness probe still has the last word.
 """
@@ -32,7 +32,7 @@ ALL_ROUTES_TO = 8  # widths up to which every kind of check route runs (beyond: 
 
 
 class GroupedSwitchGLU(SwitchGLU):
-    """mlx-lm's ``SwitchGLU``; inside a verify, a block of rows by the method ``install``
+    """mlx-lm's ``SwitchGLU``; inside a verify, a block of rows by the method ``switch_to_grouped``
     checked for its width (``expert_widths``: width -> ``KERNEL`` or ``SORTED``)."""
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
@@ -165,7 +165,7 @@ def _signature(glu: SwitchGLU, max_width: int) -> Tuple:
             max_width) + arrays
 
 
-def install(model: nn.Module, max_width: int) -> Dict[str, Dict[int, str]]:
+def switch_to_grouped(model: nn.Module, max_width: int) -> Dict[str, Dict[int, str]]:
     """Switch every mlx-lm ``SwitchGLU`` of ``model`` to ``GroupedSwitchGLU`` with the methods
     its check accepts for widths up to ``max_width`` (checked once per layer signature, on the
     first such layer's weights). Returns {module path: {width: method}} of the layers switched."""
@@ -186,14 +186,14 @@ def install(model: nn.Module, max_width: int) -> Dict[str, Dict[int, str]]:
     return switched
 
 
-def method(layer, width: int) -> str:
+def expert_method(layer, width: int) -> str:
     """How ``layer`` computes a verify block of ``width`` rows."""
     if not isinstance(layer, GroupedSwitchGLU):
         return GATHER
     return layer.__dict__.get("expert_widths", {}).get(width, GATHER)
 
 
-def report(model: nn.Module) -> Dict[str, object]:
+def experts_report(model: nn.Module) -> Dict[str, object]:
     """The mixture-of-experts layers by method at each width they were checked for, and why the
     kernel cannot run where it cannot: for the run's stats (empty without such layers)."""
     layers = [m for _, m in model.named_modules() if isinstance(m, SwitchGLU)]
@@ -201,15 +201,15 @@ def report(model: nn.Module) -> Dict[str, object]:
         return {}
     widths = sorted({w for m in layers for w in m.__dict__.get("expert_widths", {})})
     out: Dict[str, object] = {"layers": len(layers), "widths": {
-        str(w): _counts(method(m, w) for m in layers) for w in widths}}
+        str(w): _counts(expert_method(m, w) for m in layers) for w in widths}}
     why = expert_kernel.problem()
     if why is not None:
         out["kernel"] = f"unavailable ({why})"
     return out
 
 
-def summary(info: Dict[str, object]) -> str:
-    """One cell for the CLI's stats table from ``report``: each method with the widths it ran
+def experts_summary(info: Dict[str, object]) -> str:
+    """One cell for the CLI's stats table from ``experts_report``: each method with the widths it ran
     (layers counted), e.g. ``40 layers: kernel at widths 1-6``."""
     spans: Dict[str, List[int]] = {}
     for w, counts in info["widths"].items():

@@ -6,7 +6,7 @@ multi-row product differently from a one-row one (on the CPU backend: BLIS for i
 rows; see docs/exactness.md). Then the verify logits are not byte-identical to
 decode and T=0 output can drift.
 
-``install`` measures, once per layer shape, whether each linear layer of the target is row-invariant
+``switch_to_row_exact`` measures, once per layer shape, whether each linear layer of the target is row-invariant
 for every verify width the session may use, on the layer's own weights and kernel. Layers that are
 not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time,
 which is exactly what decode does. Everything else keeps the fast multi-row path.
@@ -15,7 +15,7 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
 
 - ``kernel_products``: the compiled row kernel (``mlx_mtp.cpu.row_kernel``), which reproduces
   BLIS's one-row reduction order for all T rows while it streams the weights once (the last
-  N % 8 output columns from BLAS one-row calls). ``install`` uses it where the kernel is available and
+  N % 8 output columns from BLAS one-row calls). ``switch_to_row_exact`` uses it where the kernel is available and
   ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
   weights, for every width 2..max_width. Where it runs as a lazy op and equals the one-row call
   at one row too (``kernel_equal_one_row``), it also computes the one-row products of a decode
@@ -33,7 +33,7 @@ How a switched float32 layer (no bias) computes its rows, first choice first:
 T rows times every block are one batched matmul whose batch entries are one-row products (MLX runs a
 batched matmul as one BLAS call per batch entry, here each with M = 1, the call decode makes), rows
 varying fastest. So each block of weights is read from memory once and stays in cache for the other
-rows, in one MLX op. ``install`` checks this formulation bitwise against one-row products of the
+rows, in one MLX op. ``switch_to_row_exact`` checks this formulation bitwise against one-row products of the
 whole matrix on the layer's own weights (column blocking assumes the BLAS reduces each output column
 alike whatever the column count); where it differs, or for quantized layers, the rows are separate
 one-row calls. The exactness probe still has the last word.
@@ -64,7 +64,7 @@ BLOCK_BYTES = 1024 * 1024  # most bytes of weights one column block keeps in cac
 
 
 class _ExactRows:
-    """What ``install`` sets on a switched layer, and how the layer computes a verify block."""
+    """What ``switch_to_row_exact`` sets on a switched layer, and how the layer computes a verify block."""
 
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
     one_row_kernel: bool = False  # one-row products too through the kernel (``one_row_threads``)
@@ -111,7 +111,7 @@ def transposed_products(x: mx.array, weight: mx.array) -> mx.array:
     """``x @ weight.T`` as ``(weight @ x.T).T``: the same sums, with the verify's T rows on the
     BLAS's other operand side. OpenBLAS 0.3.21 (one thread) reduces this form's T columns like a
     one-row ``x @ weight.T`` for T up to 7 (its ``x @ weight.T`` only up to 3 rows), so a verify
-    reads the weights once in one BLAS call. ``install`` checks it per layer."""
+    reads the weights once in one BLAS call. ``switch_to_row_exact`` checks it per layer."""
     return mx.swapaxes(weight @ mx.swapaxes(x, -1, -2), -1, -2)
 
 
@@ -381,7 +381,7 @@ def bitwise_equal(x: mx.array, y: mx.array) -> bool:
             and bytes(memoryview(x)) == bytes(memoryview(y)))
 
 
-def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[str, int]:
+def switch_to_row_exact(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[str, int]:
     """Make the target's linear layers (and its embedding, when it is the tied LM head)
     row-exact where they need it, for verify widths up to ``max_width``. Returns
     {module path: first divergent width} for the layers switched."""
@@ -446,7 +446,7 @@ def install(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[s
     return switched
 
 
-def method(layer) -> str:
+def row_method(layer) -> str:
     """How a layer computes a verify block: ``kernel`` (``row_kernel``), ``transposed``
     (``transposed_products``), ``chunked`` (its own
     product on chunks of rows narrower than its first divergent width), ``blocked``
@@ -461,13 +461,13 @@ def method(layer) -> str:
     return "chunked" if layer.chunk_rows else "blocked" if layer.block_cols else "rows"
 
 
-def report(model: nn.Module) -> Dict[str, object]:
-    """The switched layers of ``model`` counted by ``method``, and whether the kernel is
+def row_exact_report(model: nn.Module) -> Dict[str, object]:
+    """The switched layers of ``model`` counted by ``row_method``, and whether the kernel is
     available (why not, when it is not) and, where a layer uses it, whether it runs lazily or
     eagerly (``mlx_mtp.cpu.lazy_ops.mode``): for the run's stats (``gate.verify_report``)."""
     counts: Dict[str, int] = {}
     for _, layer in model.named_modules():
-        m = method(layer)
+        m = row_method(layer)
         if m != "multi-row":
             counts[m] = counts.get(m, 0) + 1
     if not row_kernel.available():

@@ -112,7 +112,7 @@ def attach(drafter) -> DraftProfiler:
     return profiler
 
 
-def table_rows(profile: Optional[dict]) -> list:
+def profile_rows(profile: Optional[dict]) -> list:
     """Rows for the CLI's stats table."""
     rows = []
     if not profile:

@@ -82,9 +82,9 @@ class TrunkTarget:
         exact = exact and env.flag(ROW_EXACT_ENV)  # MLX_MTP_ROW_EXACT=0: the plain verify
         self.exact = exact
         if exact and max_width > self.exact_width:
-            self.row_exact_layers = row_exact_layers.install(self.model, max_width,
+            self.row_exact_layers = row_exact_layers.switch_to_row_exact(self.model, max_width,
                                                       tied_head=self.tied_head)
-            self.grouped_expert_layers = grouped_experts.install(self.model, max_width)
+            self.grouped_expert_layers = grouped_experts.switch_to_grouped(self.model, max_width)
             self.exact_width = max_width
 
     def project(self, hidden: mx.array) -> mx.array:

@@ -46,8 +46,8 @@ def test_the_arms_leave_the_installed_choice_as_it_was(wide_dir):
     model.target.prepare(3)
 
     def choices():
-        return {n: (row_exact_layers.method(m), m.block_cols) for n, m in
-                model.mlx_model.named_modules() if row_exact_layers.method(m) != "multi-row"}
+        return {n: (row_exact_layers.row_method(m), m.block_cols) for n, m in
+                model.mlx_model.named_modules() if row_exact_layers.row_method(m) != "multi-row"}
 
     before = choices()
     if cpu_blas.STATE.name == "BLIS":  # its multi-row products differ for 576-wide inputs
@@ -73,13 +73,13 @@ def test_all_kernel_arms_find_the_demo_pairs_row_invariant_layers_and_switch_the
     before = _classes(model)
     extra, head = verify_arms.speed_candidates(model, 3)
     assert head is model.target.lm_head_module and model.target.tied_head
-    assert all(row_exact_layers.method(layer) == "multi-row" for layer, _, _ in extra)
+    assert all(row_exact_layers.row_method(layer) == "multi-row" for layer, _, _ in extra)
     if cpu_blas.STATE.name == "BLIS" and row_kernel.available():
         # each of the demo target's 124 projections (16 layers) and its tied head either is
         # row-invariant under BLIS, the kernel equal to its one-row product (all of them on an
         # AVX2 host), or already runs through the kernel (the 16 down projections, whose
         # multi-row products BLIS reduces differently on an AVX-512 host)
-        installed = row_exact_layers.report(model.mlx_model)["layers"]
+        installed = row_exact_layers.row_exact_report(model.mlx_model)["layers"]
         assert set(installed) <= {"kernel"}
         assert len(extra) + installed.get("kernel", 0) == 125
         assert any(layer is head for layer, _, _ in extra)
@@ -96,7 +96,7 @@ def test_the_all_kernel_verify_is_bitwise_the_installed_verify_on_the_demo_pair(
     extra, _ = verify_arms.speed_candidates(model, 4)
     if not extra:
         pytest.skip(f"no layer goes through the kernel here ({cpu_blas.STATE.name}, kernel "
-                    f"{row_exact_layers.report(model.mlx_model)['kernel']})")
+                    f"{row_exact_layers.row_exact_report(model.mlx_model)['kernel']})")
     prompt = mx.array([[5 + i % 200 for i in range(40)]])
     block = mx.array([[9, 301, 77, 4000]])
     calls = []  # (arm on, the layer is one the arm switches) per kernel call

@@ -22,8 +22,8 @@ from mlx_mtp.cpu import row_kernel
 def calls_the_kernel(model) -> bool:
     """Whether a verify of ``model`` makes kernel calls: a layer computed by the row kernel with
     at least one group of 8 output columns (fewer go to BLAS one-row products entirely). Which
-    layers those are depends on how this BLAS reduces (``row_exact_layers.install`` measures it)."""
-    return any(row_exact_layers.method(m) == "kernel" and m.weight.shape[0] >= row_kernel.COLUMN_GROUP
+    layers those are depends on how this BLAS reduces (``row_exact_layers.switch_to_row_exact`` measures it)."""
+    return any(row_exact_layers.row_method(m) == "kernel" and m.weight.shape[0] >= row_kernel.COLUMN_GROUP
                for _, m in model.mlx_model.named_modules())
 
 
@@ -211,7 +211,7 @@ def test_no_pinning_where_the_verify_makes_no_kernel_call(monkeypatch):
     model = mlx_mtp.load_model(DEMO)
     full = len(os.sched_getaffinity(0))
     _, seen, _ = _run(model, 3)
-    kernel = any(row_exact_layers.method(m) == "kernel" for _, m in model.mlx_model.named_modules())
+    kernel = any(row_exact_layers.row_method(m) == "kernel" for _, m in model.mlx_model.named_modules())
     assert not kernel or lazy_kernels.available()
     assert ("verify", full, full) in seen and {(a, b) for _, a, b in seen} == {(full, full)}
 

@@ -55,7 +55,7 @@ ROUTES = {
 
 def test_install_switches_the_layer_and_its_rows_equal_one_row_calls():
     model = Block()
-    switched = grouped_experts.install(model, 6)
+    switched = grouped_experts.switch_to_grouped(model, 6)
     first = 1 if method() == grouped_experts.KERNEL else 2
     assert switched == {"experts": {w: method() for w in range(first, 7)}}
     assert type(model.experts) is grouped_experts.GroupedSwitchGLU
@@ -71,7 +71,7 @@ def test_install_switches_the_layer_and_its_rows_equal_one_row_calls():
 
 def test_wider_blocks_than_checked_keep_mlx_lms_call(monkeypatch):
     model = Block()
-    grouped_experts.install(model, 3)
+    grouped_experts.switch_to_grouped(model, 3)
     calls = []
     monkeypatch.setattr(grouped_experts, "kernel_call", lambda *a: calls.append(a))
     monkeypatch.setattr(grouped_experts, "sorted_call", lambda *a: calls.append(a))
@@ -80,26 +80,26 @@ def test_wider_blocks_than_checked_keep_mlx_lms_call(monkeypatch):
     with row_exact_layers.verifying():
         out = model.experts(x, r)
     assert calls == [] and out.shape == (1, 4, 3, D)
-    assert grouped_experts.method(model.experts, 4) == grouped_experts.GATHER
+    assert grouped_experts.expert_method(model.experts, 4) == grouped_experts.GATHER
 
 
 def test_a_layer_the_kernel_cannot_take_is_sorted_and_a_failing_check_keeps_its_call(
         monkeypatch):
     model = Block(bias=True)  # the kernel takes no bias; sorting is mlx-lm's own products
-    assert grouped_experts.install(model, 4) == {"experts": {w: "sorted" for w in (2, 3, 4)}}
+    assert grouped_experts.switch_to_grouped(model, 4) == {"experts": {w: "sorted" for w in (2, 3, 4)}}
     r = mx.array(ROUTES["shared"], dtype=mx.uint32)[None, :4]
     assert rows_equal(model.experts, mx.random.normal((1, 4, D), key=mx.random.key(3)), r)
     monkeypatch.setattr(grouped_experts, "sorted_call",
                         lambda glu, x, i: SwitchGLU.__call__(glu, x, i) + 1e-3)
     other = Block(seed=1, bias=True)
-    assert grouped_experts.install(other, 4) == {}
+    assert grouped_experts.switch_to_grouped(other, 4) == {}
     assert type(other.experts) is SwitchGLU
 
 
 def test_quantized_experts_are_sorted_by_expert_exactly():
     model = Block()
     nn.quantize(model, group_size=64, bits=4)
-    assert grouped_experts.install(model, 5) == {"experts": {w: "sorted" for w in range(2, 6)}}
+    assert grouped_experts.switch_to_grouped(model, 5) == {"experts": {w: "sorted" for w in range(2, 6)}}
     for name, route in ROUTES.items():
         r = mx.array(route, dtype=mx.uint32)[None]
         x = mx.random.normal((1, r.shape[1], D), key=mx.random.key(7 + len(name)))
@@ -113,32 +113,32 @@ def test_one_check_per_signature(monkeypatch):
     real = grouped_experts.choose
     monkeypatch.setattr(grouped_experts, "choose",
                         lambda glu, w: chosen.append(glu) or real(glu, w))
-    switched = grouped_experts.install(model, 2)
+    switched = grouped_experts.switch_to_grouped(model, 2)
     assert sorted(switched) == ["a", "b"] and len(chosen) == 1  # one check for both
 
 
 def test_the_report_and_its_table_cell(monkeypatch):
     model = Block()
-    grouped_experts.install(model, 4)
-    info = grouped_experts.report(model)
+    grouped_experts.switch_to_grouped(model, 4)
+    info = grouped_experts.experts_report(model)
     want = method()
     widths = {str(w): {want: 1} for w in range(1 if want == "kernel" else 2, 5)}
     assert info == {"layers": 1, "widths": widths}
     assert gate.verify_report(model)["experts"] == info
     span = "1-4" if want == "kernel" else "2-4"
-    cell = dict(gate.table_rows({"mtp_enabled": True,
+    cell = dict(gate.gate_rows({"mtp_enabled": True,
                                  "exactness": {"verdict": "equal", "widths": [],
                                                "row_exact": gate.verify_report(model)}}))
     assert cell["expert layers"] == f"1 layers: {want} at widths {span}"
     monkeypatch.setattr(expert_kernel, "problem", lambda: "no (test)")
-    assert grouped_experts.summary(grouped_experts.report(model)).endswith(
+    assert grouped_experts.experts_summary(grouped_experts.experts_report(model)).endswith(
         "; expert kernel unavailable (no (test))")
-    assert grouped_experts.report(nn.Linear(4, 4)) == {}
+    assert grouped_experts.experts_report(nn.Linear(4, 4)) == {}
 
 
 def test_off_the_cpu_the_layers_keep_mlx_lms_kernels(monkeypatch):
     """Measured on the CPU only: on another device nothing is checked or switched."""
     model = Block()
     monkeypatch.setattr(grouped_experts.mx, "default_device", lambda: mx.gpu)
-    assert grouped_experts.install(model, 4) == {}
+    assert grouped_experts.switch_to_grouped(model, 4) == {}
     assert type(model.experts) is SwitchGLU

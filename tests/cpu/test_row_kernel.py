@@ -1,7 +1,7 @@
 """The compiled row kernel (mlx_mtp.cpu.row_kernel): T-row products in the order it documents
 (checked against ``support.native_support.row_dot_reference``, on any host), bitwise equal to the
 bound BLAS's one-row products where those reduce in that order (BLIS's AVX2 configurations; measured
-here, not assumed from the library's name), how row_exact_layers.install picks it, and its fallbacks when
+here, not assumed from the library's name), how row_exact_layers.switch_to_row_exact picks it, and its fallbacks when
 it cannot be built."""
 
 import os
@@ -133,14 +133,14 @@ def test_install_picks_the_kernel_for_a_wide_layer(monkeypatch):
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
     first = row_exact_layers.first_divergent_width(layer, 4, 1024, mx.float32)
-    switched = row_exact_layers.install(layer, 4)
+    switched = row_exact_layers.switch_to_row_exact(layer, 4)
     assert switched == ({"": first} if first else {})
     if not (first and one_row_products_in_kernel_order()):
         # nothing to fix here, or this BLAS's one-row order is not the kernel's
-        assert not switched or row_exact_layers.method(layer) != "kernel"
+        assert not switched or row_exact_layers.row_method(layer) != "kernel"
         assert not switched or verify_equals_rows(layer, 4, 1024, seed=9)
         return
-    assert row_exact_layers.method(layer) == "kernel" and layer.use_kernel and layer.block_cols == 0
+    assert row_exact_layers.row_method(layer) == "kernel" and layer.use_kernel and layer.block_cols == 0
     calls = []
     original = row_kernel.products
     monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
@@ -151,7 +151,7 @@ def test_install_picks_the_kernel_for_a_wide_layer(monkeypatch):
     mx.eval(block, rows)
     assert calls == [640]
     assert all(bitwise(block[:, i : i + 1], rows[i]) for i in range(4))
-    assert row_exact_layers.report(layer) == {"layers": {"kernel": 1},
+    assert row_exact_layers.row_exact_report(layer) == {"layers": {"kernel": 1},
                                        "kernel": f"available, {lazy_kernels.mode()}"}
 
 
@@ -161,9 +161,9 @@ def test_switched_off_by_the_environment(fresh, monkeypatch):
     assert row_kernel.reason() == "MLX_MTP_ROW_KERNEL=0"
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    if row_exact_layers.install(layer, 3):
-        assert row_exact_layers.method(layer) == "blocked"
-        assert row_exact_layers.report(layer) == {
+    if row_exact_layers.switch_to_row_exact(layer, 3):
+        assert row_exact_layers.row_method(layer) == "blocked"
+        assert row_exact_layers.row_exact_report(layer) == {
             "layers": {"blocked": 1}, "kernel": "unavailable (MLX_MTP_ROW_KERNEL=0)"}
     with pytest.raises(RuntimeError, match=r"row kernel unavailable: MLX_MTP_ROW_KERNEL=0"):
         row_kernel.products(mx.zeros((2, 8)), np.zeros((8, 8), np.float32), 8)
@@ -183,8 +183,8 @@ def test_a_missing_compiler_leaves_the_fallbacks(fresh, monkeypatch):
                                    "(set CC)")
     layer = nn.Linear(1024, 640, bias=False)
     mx.eval(layer.parameters())
-    if row_exact_layers.install(layer, 3):
-        assert row_exact_layers.method(layer) == "blocked"
+    if row_exact_layers.switch_to_row_exact(layer, 3):
+        assert row_exact_layers.row_method(layer) == "blocked"
         assert verify_equals_rows(layer, 3, 1024, seed=2)
     assert not [f for f in os.listdir(fresh)], "a failed build leaves nothing in the cache"
 
@@ -247,12 +247,12 @@ def test_a_tied_lm_head_runs_its_as_linear_through_the_kernel(monkeypatch):
     mx.eval(model.parameters())
     emb = model.embed_tokens
     first = row_exact_layers.first_divergent_width(emb.as_linear, 3, 1024, mx.float32)
-    switched = row_exact_layers.install(model, 3, tied_head=True)
+    switched = row_exact_layers.switch_to_row_exact(model, 3, tied_head=True)
     assert switched == ({"embed_tokens": first} if first else {})
     if not (first and one_row_products_in_kernel_order()):
-        assert not switched or row_exact_layers.method(emb) != "kernel"
+        assert not switched or row_exact_layers.row_method(emb) != "kernel"
         return
-    assert row_exact_layers.method(emb) == "kernel"
+    assert row_exact_layers.row_method(emb) == "kernel"
     calls = []
     original = row_kernel.products
     monkeypatch.setattr(row_kernel, "products", lambda *a: calls.append(a[2]) or original(*a))
@@ -273,8 +273,8 @@ def test_a_strided_weight_is_declined_not_a_crash():
     layer.weight = mx.random.normal((1024, 640), key=mx.random.key(41)).T
     mx.eval(layer.parameters())
     assert not row_exact_layers.kernel_equal_rows(layer, layer, 3)
-    if row_exact_layers.install(layer, 3):
-        assert row_exact_layers.method(layer) != "kernel"
+    if row_exact_layers.switch_to_row_exact(layer, 3):
+        assert row_exact_layers.row_method(layer) != "kernel"
         assert verify_equals_rows(layer, 3, 1024, seed=42)
 
 
@@ -321,7 +321,7 @@ def test_a_verify_whose_kernel_products_run_on_every_core_equals_plain_decode(wi
     prompt = mx.array([5, 6, 7, 8])
     out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=12, block_size=4)]
     assert out == [t for t, _ in mlx_generate_step(prompt, model.mlx_model, max_tokens=12)]
-    if row_exact_layers.report(model.mlx_model)["layers"].get("kernel"):
+    if row_exact_layers.row_exact_report(model.mlx_model)["layers"].get("kernel"):
         assert row_exact_layers.threaded(model.mlx_model, 4)
     monkeypatch.setattr(row_exact_layers, "PARALLEL_WORK_BYTES", 1 << 62)
     assert not row_exact_layers.threaded(model.mlx_model, 4)

@@ -224,7 +224,7 @@ def test_wide_projections_verify_exactly_with_and_without_the_row_kernel(kernel,
         info = stats.exactness["row_exact"]
         # the stats count the forms the model runs (which ones depends on how this BLAS
         # reduces here: BLIS's AVX2 kernels switch every 576 / 1152-wide projection)
-        running = row_exact_layers.report(model.mlx_model)["layers"]
+        running = row_exact_layers.row_exact_report(model.mlx_model)["layers"]
         assert info["layers"] == running, info
         if kernel == "0" or not row_kernel.available():
             assert "kernel" not in info["layers"], info

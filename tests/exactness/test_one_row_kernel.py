@@ -43,7 +43,7 @@ def wide_layer(out_dims: int = 4096) -> nn.Linear:
 
 def test_a_one_row_product_runs_through_the_kernel_with_the_same_bytes(kernel_calls):
     layer = wide_layer()
-    row_exact_layers.install(layer, 4)
+    row_exact_layers.switch_to_row_exact(layer, 4)
     if not (layer.use_kernel and one_row_products_in_kernel_order()):
         pytest.skip("this BLAS's one-row order is not the kernel's: the layer does not use it")
     assert layer.one_row_kernel
@@ -85,7 +85,7 @@ def test_a_kernel_that_differs_at_one_row_is_kept_for_verify_rows_only(kernel_ca
 
     monkeypatch.setattr(row_kernel, "products", off_at_one_row)
     layer = wide_layer(1024)
-    row_exact_layers.install(layer, 4)
+    row_exact_layers.switch_to_row_exact(layer, 4)
     if not (layer.use_kernel and one_row_products_in_kernel_order()):
         pytest.skip("this BLAS's one-row order is not the kernel's: the layer does not use it")
     assert not layer.one_row_kernel
@@ -101,7 +101,7 @@ def test_eager_kernels_leave_one_row_products_to_the_blas(kernel_calls):
     """The eager kernel syncs with the host per call: a decode step keeps the BLAS call."""
     layer = wide_layer()
     with lazy_kernels.eager():
-        row_exact_layers.install(layer, 4)
+        row_exact_layers.switch_to_row_exact(layer, 4)
         assert not layer.one_row_kernel
         with row_exact_layers.verifying():
             mx.eval(layer(mx.random.normal((1, 1, 1024), key=mx.random.key(7))))
@@ -124,7 +124,7 @@ def test_generation_with_one_row_kernel_products_is_plain_decode(block_size, wid
     out = [t for t, _ in mlx_mtp.generate_step(prompt, model, max_tokens=16,
                                                block_size=block_size)]
     assert out == [t for t, _ in mlx_generate_step(prompt, model.mlx_model, max_tokens=16)]
-    if row_exact_layers.report(model.mlx_model)["layers"].get("kernel"):
+    if row_exact_layers.row_exact_report(model.mlx_model)["layers"].get("kernel"):
         assert any(m.one_row_kernel for _, m in model.mlx_model.named_modules()
                    if getattr(m, "use_kernel", False))
         assert any(in_steps)  # the first token's step at least

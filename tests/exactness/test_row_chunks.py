@@ -6,7 +6,7 @@ equal to one-row products.
 How a BLAS reduces a multi-row product depends on the kernels it picked for the CPU (OpenBLAS:
 ``openblas_get_corename``; a core it does not know, e.g. ``OPENBLAS_CORETYPE=Prescott``, gets
 generic kernels). So these tests never expect a form for a kind of CPU: they measure on this host
-which forms equal one-row products, expect ``row_exact_layers.install`` to follow that measurement, and
+which forms equal one-row products, expect ``row_exact_layers.switch_to_row_exact`` to follow that measurement, and
 expect every verify to equal the one-row products bitwise, whatever form was picked."""
 
 import functools
@@ -72,8 +72,8 @@ def test_install_uses_transposed_products_where_they_equal_one_row_calls(monkeyp
     exact_here = row_exact_layers.transposed_equal_rows(layer, layer.weight, 6, mx.float32)
     monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
     monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: True)
-    assert row_exact_layers.install(layer, 6) == {"": 4}
-    assert row_exact_layers.method(layer) == "transposed" and layer.transposed
+    assert row_exact_layers.switch_to_row_exact(layer, 6) == {"": 4}
+    assert row_exact_layers.row_method(layer) == "transposed" and layer.transposed
     calls = []
     original = row_exact_layers.transposed_products
     monkeypatch.setattr(row_exact_layers, "transposed_products",
@@ -102,8 +102,8 @@ def test_install_chunks_rows_below_the_first_divergent_width(monkeypatch, no_ker
     monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
     monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
     monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: True)
-    assert row_exact_layers.install(layer, 6) == {"": 4}
-    assert row_exact_layers.method(layer) == "chunked" and layer.chunk_rows == 3
+    assert row_exact_layers.switch_to_row_exact(layer, 6) == {"": 4}
+    assert row_exact_layers.row_method(layer) == "chunked" and layer.chunk_rows == 3
     widths = []
     matmul = nn.Linear.__call__
     monkeypatch.setattr(nn.Linear, "__call__",
@@ -133,11 +133,11 @@ def test_a_lora_adapter_chunks_rows_below_its_first_divergent_width(monkeypatch)
     layer.lora_b = mx.random.normal(layer.lora_b.shape, key=mx.random.key(5)) * 0.1
     mx.eval(layer.parameters())
     monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
-    assert row_exact_layers.install(layer, 6) == {"": 4, "linear": 4}  # the wrapped layer too
+    assert row_exact_layers.switch_to_row_exact(layer, 6) == {"": 4, "linear": 4}  # the wrapped layer too
     if row_exact_layers.chunks_equal_rows(layer, 6, 3, 256, mx.float32):
-        assert row_exact_layers.method(layer) == "chunked" and layer.chunk_rows == 3
+        assert row_exact_layers.row_method(layer) == "chunked" and layer.chunk_rows == 3
     else:  # 3-row products differ here too: the adapter's rows run one at a time
-        assert row_exact_layers.method(layer) == "rows" and layer.chunk_rows == 0
+        assert row_exact_layers.row_method(layer) == "rows" and layer.chunk_rows == 0
     x = mx.random.normal((1, 6, 256), key=mx.random.key(13))
     rows = [layer(x[:, i : i + 1]) for i in range(6)]
     with row_exact_layers.verifying():
@@ -152,8 +152,8 @@ def test_install_keeps_blocked_products_where_neither_form_equals(monkeypatch, n
     monkeypatch.setattr(row_exact_layers, "first_divergent_width", lambda *a: 4)
     monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
     monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: False)
-    row_exact_layers.install(layer, 6)
-    assert row_exact_layers.method(layer) == "blocked" and layer.chunk_rows == 0
+    row_exact_layers.switch_to_row_exact(layer, 6)
+    assert row_exact_layers.row_method(layer) == "blocked" and layer.chunk_rows == 0
     assert not layer.transposed
 
 
@@ -173,7 +173,7 @@ target = model.target
 target.prepare(6)
 methods = {}
 for _, layer in model.mlx_model.named_modules():
-    m = row_exact_layers.method(layer)
+    m = row_exact_layers.row_method(layer)
     methods[m] = methods.get(m, 0) + 1
 prompt = mx.array([[5 + i % 200 for i in range(40)]])
 result = {"blas": cpu_blas.STATE.name, "methods": methods, "widths": {}}
@@ -259,12 +259,12 @@ for N, K in ((8, 256), (128, 256), (512, 256), (256, 512), (4096, 1024), (1024, 
         mx.eval(flipped, plain)
     layer = nn.Linear(K, N, bias=False)
     layer.weight = w
-    row_exact_layers.install(layer, 6)
+    row_exact_layers.switch_to_row_exact(layer, 6)
     with row_exact_layers.verifying(), cpu_blas.verify_threads():
         blocks = [layer(x[:, :T]) for T in range(1, 7)]
         mx.eval(blocks)
     out[f"{N}x{K}"] = {"flipped": same(flipped, rows), "plain": same(plain, rows),
-                       "method": row_exact_layers.method(layer), "verify": same(blocks, rows)}
+                       "method": row_exact_layers.row_method(layer), "verify": same(blocks, rows)}
 print(json.dumps({"blas": cpu_blas.STATE.name, "shapes": out}))
 """
 
@@ -314,7 +314,7 @@ for block in (4, 6):
                                                stats=stats)]
     out["runs"][block] = [got == plain, stats.exactness.get("verdict"),
                           stats.exactness.get("row_exact", {}).get("layers"), stats.accepted,
-                          row_exact_layers.report(model.mlx_model)["layers"]]
+                          row_exact_layers.row_exact_report(model.mlx_model)["layers"]]
 print(json.dumps(out))
 """
 

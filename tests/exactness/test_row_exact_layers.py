@@ -61,7 +61,7 @@ def test_every_target_linear_is_row_exact_inside_verify(dense_dir, tied_dir, q4_
 def test_outside_verify_the_multi_row_path_is_untouched():
     layer = nn.Linear(64, 4, bias=False)
     mx.eval(layer.parameters())
-    row_exact_layers.install(layer, 4)
+    row_exact_layers.switch_to_row_exact(layer, 4)
     x = mx.random.normal((1, 4, 64), key=mx.random.key(3))
     plain = x @ layer.weight.T
     mx.eval(plain, layer(x))
@@ -117,7 +117,7 @@ def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel, monke
 
     divergent = row_exact_layers.first_divergent_width(layer, 3, 1024, mx.float32)
     blocks_ok = row_exact_layers.products_equal_rows(layer, layer.weight, 64, 3, mx.float32)
-    switched = row_exact_layers.install(layer, 3)
+    switched = row_exact_layers.switch_to_row_exact(layer, 3)
     assert switched == ({"": divergent} if divergent else {})
     if not divergent:  # this BLAS (bundled) reduces 3 rows like 1 here: the layer stays plain
         assert type(layer) is nn.Linear
@@ -187,11 +187,11 @@ def test_install_falls_back_to_whole_matrix_rows_where_blocks_differ(monkeypatch
     monkeypatch.setattr(row_exact_layers, "transposed_equal_rows", lambda *a: False)
     monkeypatch.setattr(row_exact_layers, "chunks_equal_rows", lambda *a: False)
     monkeypatch.setattr(row_exact_layers, "block_columns", lambda w: 7)
-    switched = row_exact_layers.install(layer, 3)
+    switched = row_exact_layers.switch_to_row_exact(layer, 3)
     assert switched == ({"": divergent} if divergent else {})
     if not divergent:  # a BLAS that reduces 3 rows like 1 here (bundled): nothing switched
         assert type(layer) is nn.Linear
         return
     assert layer.block_cols == (640 if whole_ok else 0)
-    assert row_exact_layers.method(layer) == ("blocked" if whole_ok else "rows")
+    assert row_exact_layers.row_method(layer) == ("blocked" if whole_ok else "rows")
     assert check_rows(layer, 1024, 3)

@@ -329,10 +329,10 @@ for c, forward in zip(caches, (t.decode, t.hidden)):  # a one-token step, mlx-lm
     outs.append([h, *t.cache_state(c)])
 equal.append(all(bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(*outs)))
 from mlx_mtp.exactness import row_exact_layers
-kernel = row_exact_layers.report(model.mlx_model)["layers"].get("kernel", 0)
+kernel = row_exact_layers.row_exact_report(model.mlx_model)["layers"].get("kernel", 0)
 print(json.dumps({"blas": cpu_blas.STATE.name, "equal": equal, "choices": choices,
                   "expected": expected, "kernel_layers": kernel,
-                  "methods": row_exact_layers.report(model.mlx_model)["layers"]}))
+                  "methods": row_exact_layers.row_exact_report(model.mlx_model)["layers"]}))
 """
 
 

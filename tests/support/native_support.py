@@ -81,7 +81,7 @@ def one_row_products_in_kernel_order() -> bool:
     """Whether the bound BLAS's one-row products reduce in the row kernel's order (BLIS's AVX2
     configurations do; BLIS's generic one, OpenBLAS and MLX's bundled BLAS do not): measured on
     a few shapes, K % 8 != 0 included, against ``row_dot_reference``. Where they do, the kernel's
-    multi-row products must equal them bitwise and ``row_exact_layers.install`` may pick it."""
+    multi-row products must equal them bitwise and ``row_exact_layers.switch_to_row_exact`` may pick it."""
     out = []
     for N, K in ((64, 1024), (16, 520), (8, 1027)):
         w = mx.random.normal((N, K), key=mx.random.key(N + K))

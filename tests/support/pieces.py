@@ -1,6 +1,6 @@
 """What ``compiled_layers``'s checks should choose for a target's verify pieces, derived from how its
-row-exact layers compute each width on this host (``row_exact_layers.method``, measured by
-``row_exact_layers.install``), never from the kind of CPU or BLAS.
+row-exact layers compute each width on this host (``row_exact_layers.row_method``, measured by
+``row_exact_layers.switch_to_row_exact``), never from the kind of CPU or BLAS.
 
 A piece puts a projection inside its compiled graph where the projection's product is plain MLX
 ops at that width: a layer not switched to row-exact products, one below its first divergent
@@ -19,7 +19,7 @@ IN_GRAPH = ("multi-row", "transposed", "chunked")
 
 def in_graph(projections, T: int) -> bool:
     """Whether every one of ``projections`` can sit inside a compiled graph at width ``T``."""
-    return all("bias" not in p and (row_exact_layers.method(p) in IN_GRAPH or T < p.exact_from)
+    return all("bias" not in p and (row_exact_layers.row_method(p) in IN_GRAPH or T < p.exact_from)
                for p in projections)
 
 

@@ -78,7 +78,7 @@ class Gemma4Target(TrunkTarget):
         breadth first): each row at its depth's position, the caches fed along every
         root-to-leaf path, so every row is the decode step of the chain through its ancestors;
         ``keep_path`` commits one path."""
-        with draft_tree.laid_out(draft_tree.verify_rows(tree, self.offset(cache))):
+        with draft_tree.laid_out(draft_tree.node_rows(tree, self.offset(cache))):
             return self.verify(ids, cache)
 
     def verify_batch(self, blocks: List[mx.array], caches: List[List[Any]]) -> List[mx.array]:

@@ -280,7 +280,7 @@ VERIFY_LAYER = {
 }
 
 
-def install(trunk, layers) -> int:
+def switch_to_compiled(trunk, layers) -> int:
     """Swap the classes of ``layers`` (mlx-lm decoder layers) and of the RMSNorms they and the
     trunk's final norm hold (``VerifyRMSNorm``), where their class is exactly mlx-lm's. Returns
     how many decoder layers were swapped."""

@@ -364,7 +364,7 @@ class Qwen3_5Target(TrunkTarget):
                     raise TypeError(f"unsupported GatedDeltaNet class {type(gdn).__name__}")
                 if spec_cls is not None:
                     gdn.__class__ = spec_cls
-        compiled_layers.install(self.trunk, self.layers)
+        compiled_layers.switch_to_compiled(self.trunk, self.layers)
 
     def make_cache(self) -> List[Any]:
         return [SpecArraysCache() if l.is_linear else KVCache() for l in self.layers]
@@ -398,7 +398,7 @@ class Qwen3_5Target(TrunkTarget):
         breadth first): every row is what a chain verify through the node's ancestors gives,
         and ``keep_path`` commits one root-to-node path."""
         start = next((c.offset for c in cache if not isinstance(c, SpecArraysCache)), 0)
-        with draft_tree.laid_out(draft_tree.verify_rows(tree, start)):
+        with draft_tree.laid_out(draft_tree.node_rows(tree, start)):
             return self.verify(ids, cache)
 
     def verify_batch(self, blocks: List[mx.array], caches: List[List[Any]]) -> List[mx.array]:
