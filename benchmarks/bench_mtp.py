@@ -408,7 +408,7 @@ def render(r: dict) -> str:
     ]
     for row in r["rows"]:
         lines.append(f"| {row['block_size']} | {result_cells(row)} |")
-    lines += _per_prompt_lines(r)
+    lines += per_prompt_lines(r)
     lines += ["", "## Round split (ms per round, share)", ""]
     if not all(row.get("phases_synced", True) for row in r["rows"]):
         lines += ["Draft and accept hook queued (the default): their device work is timed in the "
@@ -532,7 +532,7 @@ def _ratio_range(c: dict) -> str:
     return f"{c['median']:.2f}x ({c['min']:.2f}-{c['max']:.2f})"
 
 
-def _per_prompt_lines(r: dict) -> list:
+def per_prompt_lines(r: dict) -> list:
     rows = r.get("per_prompt") or []
     if not rows:
         return []

@@ -18,7 +18,7 @@ import mlx_mtp  # noqa: F401  (before mlx.core: binds the system BLAS)
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes
+from mlx_lm.utils import _get_classes  # mlx-lm's model classes for a config: no public name
 
 from mlx_mtp.models.qwen3_5.drafter import MTPHead, is_zero_centred_norm
 

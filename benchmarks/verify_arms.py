@@ -190,7 +190,7 @@ def speed_candidates(model, width: int):
         if not row_exact_layers.kernel_equal_rows(fn, layer, width):
             continue
         layer.exact_from, layer.block_cols, layer.use_kernel = 2, 0, True
-        found.append((layer, base, row_exact_layers._SWAP[base]))
+        found.append((layer, base, row_exact_layers.ROW_EXACT_CLASS[base]))
     return found, head
 
 

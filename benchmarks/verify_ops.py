@@ -31,7 +31,7 @@ from mlx.utils import tree_flatten
 
 from benchmarks import common
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.exactness.block_vs_chain import _prefill, _start
+from mlx_mtp.exactness.block_vs_chain import arm_caches, prefilled_caches
 from mlx_mtp.models.qwen3_5 import compiled_layers
 from mlx_mtp.models.qwen3_5 import target as qwen_target
 
@@ -72,7 +72,7 @@ def splitting(split: Split):
         return call
 
     for c in classes:
-        c.__call__ = layer_call(compiled_layers._VerifyDecoderLayer.__call__)
+        c.__call__ = layer_call(compiled_layers.VerifyDecoderLayer.__call__)
     qwen_target.capture_mixer = lambda *a: split.timed(
         "gdn_mixer", mixer, a, lambda o: [o[0], o[1], o[2], *o[3]])
     qwen_target.scaled_dot_product_attention = lambda *a, **k: split.timed(
@@ -108,11 +108,11 @@ def run(args, watch=None) -> dict:
     target.prepare(args.max_width)
     prompt = tokenizer.encode(args.prompt)
     block = [(37 * i + 11) % target.vocab_size for i in range(args.max_width)]
-    prefilled = _prefill(target, prompt)
+    prefilled = prefilled_caches(target, prompt)
     unit = common.idle.Watch.runner(watch)
 
     def verify(width, split=None):
-        cache = _start(target, prompt, None, prefilled)
+        cache = arm_caches(target, prompt, None, prefilled)
         mx.eval(target.cache_state(cache))
         t0 = time.perf_counter()
         with cpu_blas.verify_threads(), (splitting(split) if split else _nothing()):

@@ -82,7 +82,7 @@ def main(argv=None) -> str:
     for path, r in zip(args.records, records):
         lines.append(f"- {path}: commit {str(r.get('git_commit', '?'))[:12]}, {r.get('date', '?')}, "
                      f"{len(pairs_of(r))} pairs, plain {rows_classic(r):.1f} tok/s")
-    lines += bench_mtp._per_prompt_lines({"per_prompt": rows, "raw": raw})
+    lines += bench_mtp.per_prompt_lines({"per_prompt": rows, "raw": raw})
     held = [(row["prompt"], row.get("auto_vs_best_fixed_held_out") or {}) for row in rows]
     if any(h for _, h in held):  # the tables round to 0.01, the size of the question
         lines += ["", "Auto / best fixed block, held out, to three decimals (median over the "

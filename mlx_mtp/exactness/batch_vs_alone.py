@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import mlx.core as mx
 
 from mlx_mtp.cpu import blas as cpu_blas
-from mlx_mtp.exactness.block_vs_chain import _prefill, _start
+from mlx_mtp.exactness.block_vs_chain import arm_caches, prefilled_caches
 from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 
 _MEMO: "weakref.WeakKeyDictionary[Any, Dict[Tuple[int, ...], Optional[str]]]" = \
@@ -52,16 +52,16 @@ def probe_batch(target, max_batch: int, widest: int) -> Optional[str]:
 
 def _run(target, widths: List[int]) -> Optional[str]:
     seqs = [_tokens(target.vocab_size, s, w) for s, w in enumerate(widths)]
-    prefilled = [_prefill(target, prompt) for prompt, _ in seqs]
+    prefilled = [prefilled_caches(target, prompt) for prompt, _ in seqs]
     alone = []
     with cpu_blas.verify_threads():
         for (prompt, block), pre in zip(seqs, prefilled):
-            cache = _start(target, prompt, None, pre)
+            cache = arm_caches(target, prompt, None, pre)
             logits = target.logits(target.verify(mx.array(block)[None], cache)[0])
             target.rollback(cache, fed=len(block), keep=1)
             alone.append((logits, target.cache_state(cache)))
             mx.eval(alone[-1])
-        caches = [_start(target, prompt, None, pre) for (prompt, _), pre in zip(seqs, prefilled)]
+        caches = [arm_caches(target, prompt, None, pre) for (prompt, _), pre in zip(seqs, prefilled)]
         hidden = target.verify_batch([mx.array(block) for _, block in seqs], caches)
         logits = target.logits(mx.concatenate(hidden, axis=1)[0])
         mx.eval(logits)

@@ -98,7 +98,7 @@ def _eval_cache(target, cache) -> None:
     mx.eval(state(cache) if state is not None else [])
 
 
-def _prefill(target, prompt: Sequence[int], kv=None):
+def prefilled_caches(target, prompt: Sequence[int], kv=None):
     """Fresh caches and the prompt fed as a session feeds it: all but the last token, then it.
     With ``kv`` (``KVSettings``) the caches turn quantized after the first call, as a session's
     do once they pass ``quantized_kv_start``."""
@@ -113,8 +113,8 @@ def _prefill(target, prompt: Sequence[int], kv=None):
     return cache
 
 
-def _start(target, prompt: Sequence[int], kv, prefilled):
-    """The arm's caches: a deep copy of ``prefilled`` (caches after ``_prefill`` of ``prompt``;
+def arm_caches(target, prompt: Sequence[int], kv, prefilled):
+    """The arm's caches: a deep copy of ``prefilled`` (the ``prefilled_caches`` of ``prompt``;
     mlx-lm caches write their buffers in place, so each arm needs its own), else a prefill (also
     for caches that cannot be copied)."""
     if prefilled is not None:
@@ -122,14 +122,14 @@ def _start(target, prompt: Sequence[int], kv, prefilled):
             return copy.deepcopy(prefilled)
         except (TypeError, copy.Error):
             pass
-    return _prefill(target, prompt, kv)
+    return prefilled_caches(target, prompt, kv)
 
 
 def chain_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None,
                prefilled=None) -> List[mx.array]:
     """Logits rows of single-token decode steps over ``block`` (what plain decoding computes).
     ``prefilled``: the caches after the prompt's prefill, copied instead of prefilling again."""
-    cache = _start(target, prompt, kv, prefilled)
+    cache = arm_caches(target, prompt, kv, prefilled)
     rows = []
     for t in block:
         h = target.hidden(mx.array([[t]]), cache)
@@ -144,7 +144,7 @@ def block_rows(target, prompt: Sequence[int], block: Sequence[int], kv=None,
                prefilled=None) -> List[mx.array]:
     """Logits rows of one verify forward over ``block`` (what a speculative round computes).
     ``prefilled`` as in ``chain_rows``."""
-    cache = _start(target, prompt, kv, prefilled)
+    cache = arm_caches(target, prompt, kv, prefilled)
     with cpu_blas.verify_threads():  # as the round loop verifies
         h = target.verify(mx.array(block)[None], cache)
         logits = target.logits(h[0])
@@ -200,7 +200,8 @@ def clear_memo() -> None:
 # ------------------------------------------------------------------------------------- the probe
 
 
-def _error_line(e: Exception) -> str:
+def error_line(e: Exception) -> str:
+    """Why a probe could not run, as one line: the exception's type and first line."""
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
@@ -219,18 +220,18 @@ def _run(target, widths: List[int], draws: int, kv=None) -> Dict[int, ProbeResul
             break
         prompt, block = probe_tokens(vocab, max(pending), draw)
         try:
-            prefilled = _prefill(target, prompt, kv)  # once per draw: each arm copies it
+            prefilled = prefilled_caches(target, prompt, kv)  # once per draw: each arm copies it
             chain = chain_rows(target, prompt, block, kv, prefilled)
         except Exception as e:
             for w in pending:
-                results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=_error_line(e))
+                results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=error_line(e))
             return results
         for w in list(pending):
             try:
                 diff = first_difference(chain[:w], block_rows(target, prompt, block[:w], kv,
                                                               prefilled))
             except Exception as e:
-                results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=_error_line(e))
+                results[w] = ProbeResult(w, NOT_RUN, draws=draws, reason=error_line(e))
                 pending.remove(w)
                 continue
             row_bytes[w] = chain[0].nbytes

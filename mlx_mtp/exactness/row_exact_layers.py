@@ -288,7 +288,7 @@ class RowExactQuantizedEmbedding(_RowExactEmbedding, nn.QuantizedEmbedding):
     pass
 
 
-_SWAP = {
+ROW_EXACT_CLASS = {
     nn.Linear: RowExactLinear,
     nn.QuantizedLinear: RowExactQuantizedLinear,
     nn.Embedding: RowExactEmbedding,
@@ -397,7 +397,7 @@ def switch_to_row_exact(model: nn.Module, max_width: int, tied_head: bool = Fals
             if width:
                 switched[path] = width
             continue
-        base = next((b for b in type(layer).__mro__ if b in _SWAP), None)
+        base = next((b for b in type(layer).__mro__ if b in ROW_EXACT_CLASS), None)
         if base is None:
             continue
         embedding = issubclass(base, (nn.Embedding, nn.QuantizedEmbedding))
@@ -433,7 +433,7 @@ def switch_to_row_exact(model: nn.Module, max_width: int, tied_head: bool = Fals
             measured[sig] = (width, cols, kernel, chunk, flip, one_row)
         width, cols, kernel, chunk, flip, one_row = measured[sig]
         if width:
-            layer.__class__ = _SWAP[base]
+            layer.__class__ = ROW_EXACT_CLASS[base]
             layer.exact_from = width
             layer.block_cols = cols
             layer.use_kernel = kernel

@@ -19,8 +19,9 @@ import mlx.core as mx
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.exactness.block_vs_chain import (DIVERGES, EQUAL, NOT_RUN, PROBE_DRAWS, ProbeResult,
-                                              _error_line, _prefill, _start, chain_rows,
-                                              first_difference, model_signature, probe_tokens)
+                                              arm_caches, chain_rows, error_line,
+                                              first_difference, model_signature,
+                                              prefilled_caches, probe_tokens)
 from mlx_mtp.draft_tree import DraftTree
 
 
@@ -48,7 +49,7 @@ def probe_parents(topk: int, nodes: int, depth: int) -> List[int]:
 def tree_rows(target, tree: DraftTree, root: int, prompt, prefilled, kv=None
               ) -> List[mx.array]:
     """Logits rows of one ``verify_tree`` over ``root`` and the tree's nodes."""
-    cache = _start(target, prompt, kv, prefilled)
+    cache = arm_caches(target, prompt, kv, prefilled)
     with cpu_blas.verify_threads():  # as the round loop verifies
         h = target.verify_tree(mx.array([[root] + tree.tokens]), cache, tree)
         logits = target.logits(h[0])
@@ -97,7 +98,7 @@ def _run(target, parents: List[int], draws: int, config: str, kv) -> ProbeResult
         tree = DraftTree(mx.array(block[1:], dtype=mx.uint32), block[1:], parents,
                          [0] * (width - 1))
         try:
-            prefilled = _prefill(target, prompt, kv)
+            prefilled = prefilled_caches(target, prompt, kv)
             rows = tree_rows(target, tree, block[0], prompt, prefilled, kv)
             for leaf in tree.leaves():
                 path = tree.path(leaf)
@@ -110,5 +111,5 @@ def _run(target, parents: List[int], draws: int, config: str, kv) -> ProbeResult
                                        config=config)
                 total = chain[0].nbytes
         except Exception as e:
-            return ProbeResult(width, NOT_RUN, draws=draws, reason=_error_line(e), config=config)
+            return ProbeResult(width, NOT_RUN, draws=draws, reason=error_line(e), config=config)
     return ProbeResult(width, EQUAL, total_bytes=total, draws=draws, config=config)

@@ -137,6 +137,7 @@ def _fp8_classes(block, dtype, model_type: str):
     """mlx-lm's ``get_model_classes`` with a model whose ``sanitize`` first dequantizes FP8
     block-quantized weights (mlx-lm's own qwen3_5 / qwen3_next sanitize does not)."""
     def get_classes(config):
+        # mlx-lm's default get_model_classes: it has no public name (load_model's default)
         model_cls, args_cls = mlx_lm_utils._get_classes(config)
 
         class FP8Dequantizing(model_cls):

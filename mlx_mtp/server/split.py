@@ -153,7 +153,7 @@ def follow(load: Callable[[], Engine]) -> int:
     try:
         engine = load()
         split = engine.model.split
-        Worker._warm_up(engine)
+        Worker.run_warm_up(engine)
         print(f"mlx_mtp.server: rank {split.rank} of {split.size} ({split.kind} split, pid "
               f"{os.getpid()}) follows rank 0", flush=True)
         while True:

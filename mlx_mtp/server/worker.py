@@ -146,7 +146,7 @@ class Worker:
     def _load_and_serve(self) -> None:
         try:
             self.engine = self._make_engine()
-            self.warm_up = self._warm_up(self.engine)
+            self.warm_up = self.run_warm_up(self.engine)
             self.engine.start_batch(self.max_batch)
             logger.info("batch: %s", self.engine.batch_reason)
         except BaseException as e:  # handed to start(), which re-raises it on the main thread
@@ -177,7 +177,7 @@ class Worker:
         return self.engine.generate(request, ids, stop)
 
     @staticmethod
-    def _warm_up(engine: Engine) -> Finished:
+    def run_warm_up(engine: Engine) -> Finished:
         """Two tokens at startup: the exactness gate's probe and first-call costs are paid
         before the first client, and the log says whether MTP is on."""
         req = GenerationRequest(kind="text", model="", prompt="Hello", max_tokens=2)

@@ -211,7 +211,7 @@ def test_auto_against_each_fixed_block_pair_by_pair():
     # against block 3's 80 / 85 / 75), so its ratios are the paired ones
     assert row["auto_vs_best_fixed_held_out"] == {"median": 90 / 100, "min": 90 / 100,
                                                   "max": 88 / 80, "pairs": 3, "chosen": {"5": 3}}
-    lines = bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw})
+    lines = bench_mtp.per_prompt_lines({"per_prompt": [row], "raw": raw})
     assert lines[3] == ("| prompt | classic tok/s | block 3 tok/s | block 5 tok/s "
                         "| block auto tok/s | auto / best fixed | that block, paired "
                         "| auto / best fixed, held out "
@@ -234,10 +234,10 @@ def test_a_record_from_before_the_paired_comparison_still_renders():
     raw = _made_up_raw()
     [row] = bench_mtp.per_prompt(SimpleNamespace(prompts={"code": "x"},
                                                  block_sizes=[3, 5, "auto"]), raw)
-    new = bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw})
+    new = bench_mtp.per_prompt_lines({"per_prompt": [row], "raw": raw})
     del row["auto_vs_fixed_paired"], row["auto_vs_best_fixed_held_out"]
-    assert bench_mtp._per_prompt_lines({"per_prompt": [row], "raw": raw}) == new
-    old = bench_mtp._per_prompt_lines({"per_prompt": [row]})
+    assert bench_mtp.per_prompt_lines({"per_prompt": [row], "raw": raw}) == new
+    old = bench_mtp.per_prompt_lines({"per_prompt": [row]})
     assert old == ["", "## Per prompt (medians over pairs)", "",
                    "| prompt | classic tok/s | block 3 tok/s | block 5 tok/s | block auto tok/s "
                    "| auto / best fixed | auto / plain | widths auto chose (width: rounds) |",

@@ -232,7 +232,7 @@ def test_arms_from_the_copied_prefill_equal_arms_that_prefill_themselves(kind, r
     target = model.target
     target.prepare(4)
     prompt, block = probe_tokens(target.vocab_size, 4, 1)
-    prefilled = exactness._prefill(target, prompt)
+    prefilled = exactness.prefilled_caches(target, prompt)
     before = _state_bytes(target, prefilled)
     for arm in (chain_rows, block_rows):
         copied = arm(target, prompt, block, prefilled=prefilled)

@@ -255,7 +255,7 @@ def tail(layer, x: mx.array, r: mx.array) -> mx.array:
     return reference_tail(layer, x, r) if choice is None else compiled_tail(layer, x, r, choice)
 
 
-class _VerifyDecoderLayer:
+class VerifyDecoderLayer:
     """Mixin for mlx-lm's decoder layer: inside a verify, the input norm (``VerifyRMSNorm``)
     and the tail (``tail``) compiled; otherwise the parent's forward."""
 
@@ -266,11 +266,11 @@ class _VerifyDecoderLayer:
         return tail(self, x, mixer(self.input_layernorm(x), mask, cache))
 
 
-class Qwen3_5VerifyDecoderLayer(_VerifyDecoderLayer, _qwen3_5.DecoderLayer):
+class Qwen3_5VerifyDecoderLayer(VerifyDecoderLayer, _qwen3_5.DecoderLayer):
     pass
 
 
-class Qwen3NextVerifyDecoderLayer(_VerifyDecoderLayer, _qwen3_next.Qwen3NextDecoderLayer):
+class Qwen3NextVerifyDecoderLayer(VerifyDecoderLayer, _qwen3_next.Qwen3NextDecoderLayer):
     pass
 
 

@@ -36,6 +36,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import precise_swiglu
+# _gated_delta_step_ops: mlx-lm's compiled one-token step, which gated_delta_ops loops over and
+# exports under no public name; the stash keeps each step's state, so it calls the step itself
 from mlx_lm.models.gated_delta import (_gated_delta_step_ops, compute_g, gated_delta_ops,
                                        normalize_qk)
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
