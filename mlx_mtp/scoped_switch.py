@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 
-class Scope:
+class ScopedSwitch:
     def __init__(self):
         self.depth = 0  # open bodies
 

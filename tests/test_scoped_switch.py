@@ -1,12 +1,12 @@
-"""mlx_mtp.scope: on while any body is open, nested bodies included; off inside ``suspended``."""
+"""mlx_mtp.scoped_switch: on while any body is open, nested bodies included; off inside ``suspended``."""
 
 import pytest
 
-from mlx_mtp.scoped_switch import Scope
+from mlx_mtp.scoped_switch import ScopedSwitch
 
 
 def test_a_scope_stays_on_until_the_outermost_body_closes_and_suspends_inside():
-    s = Scope()
+    s = ScopedSwitch()
     assert not s
     with s.open():
         with s.open():
@@ -19,7 +19,7 @@ def test_a_scope_stays_on_until_the_outermost_body_closes_and_suspends_inside():
 
 
 def test_a_body_that_raises_still_closes():
-    s = Scope()
+    s = ScopedSwitch()
     with pytest.raises(ValueError):
         with s.open():
             raise ValueError("x")

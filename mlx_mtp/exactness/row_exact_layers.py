@@ -50,9 +50,9 @@ from mlx.utils import tree_flatten
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
-from mlx_mtp.scoped_switch import Scope
+from mlx_mtp.scoped_switch import ScopedSwitch
 
-_verifying = Scope()  # on inside a verify (``mlx_mtp.scope``)
+_verifying = ScopedSwitch()  # on inside a verify (``mlx_mtp.scoped_switch``)
 verifying = _verifying.open
 
 

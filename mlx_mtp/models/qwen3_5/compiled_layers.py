@@ -39,12 +39,12 @@ from mlx_lm.models.activations import swiglu
 
 from mlx_mtp.exactness import row_exact_layers
 from mlx_mtp.exactness.row_exact_layers import bitwise_equal
-from mlx_mtp.scoped_switch import Scope
+from mlx_mtp.scoped_switch import ScopedSwitch
 
 # False: every piece runs as the ops, to compare the two paths in one process (tests,
 # benchmarks/verify_arms.py's ``uncompiled_layers`` arm); nothing user-facing sets it.
 enabled = True
-_compiling = Scope()  # on inside a verify (``mlx_mtp.scope``)
+_compiling = ScopedSwitch()  # on inside a verify (``mlx_mtp.scoped_switch``)
 # Per process: keyed by the piece, its settings and its inputs' device, shapes and dtypes, so
 # every layer (of every model) with that signature shares them.
 _compiled: Dict[Tuple, Callable] = {}  # signature -> the compiled piece
@@ -135,7 +135,7 @@ def _all_equal(ref, new) -> bool:
 def _memo(module, key: Tuple, choose: Callable[[], object]):
     """``choose()`` once per ``key`` on this module: the signature checks below build their keys
     from every weight's shape, too slow to do on every call (a verify makes ~50 of these calls)."""
-    memo = module.__dict__.setdefault("_layer_block_memo", {})  # a plain attribute, no parameter
+    memo = module.__dict__.setdefault("_compiled_layers_memo", {})  # a plain attribute, no parameter
     key = key + (mx.default_device() == mx.cpu, row_exact_layers.active())
     if key not in memo:
         memo[key] = choose()
@@ -321,7 +321,7 @@ def _attn_shape(layer) -> Tuple:
 def rope_inside(layer) -> bool:
     """Whether the layer's rope is ``nn.RoPE`` (``mx.fast.rope``), which the compiled part can
     run with the offset as an input array: MLX's rope turns an int offset into an array itself,
-    and computes the same ops (``test_layer_block`` checks offsets 0..4099 and beyond)."""
+    and computes the same ops (``test_compiled_layers`` checks offsets 0..4099 and beyond)."""
     return type(layer.rope) is nn.RoPE
 
 
