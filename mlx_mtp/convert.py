@@ -1,22 +1,8 @@
-"""``convert`` and ``python -m mlx_mtp.convert``: one MLX folder with a (quantized) target and
-its MTP drafter, from any checkpoint that loads.
-
-The target goes through mlx-lm's own steps, in ``mlx_lm.convert``'s order (load lazily, cast to the
-dtype, ``quantize_model``, then mlx-lm's shard layout, config and tokenizer files), so mlx-lm alone
-loads the folder as a plain model and its tensors are ``mlx_lm.convert``'s. FP8 block-quantized
-checkpoints are dequantized on the way (``mlx_mtp.io.fp8``). The drafter goes beside it, where the
-loader looks when no ``--drafter`` is given:
-
-  OUT/mtp/        Qwen: a ``qwen3_5_mtp`` drafter folder (``model.safetensors``, ``config.json``
-                  with its ``quantization`` when ``head_bits`` is set)
-  OUT/mtp/draft_vocab/  the draft vocabulary sidecar, when one is asked for (used on load)
-  OUT/assistant/  Gemma 4: the assistant checkpoint at the target's dtype
-
-Everything is written into a temporary folder beside OUT and renamed into place only when
-complete: an interrupted run leaves nothing at OUT.
-
-``--model OUT`` then runs MTP with no ``--drafter``.
-"""
+"""``convert`` and ``python -m mlx_mtp.convert``: one MLX folder with a (quantized) target, written
+by mlx-lm's own steps so that mlx-lm alone loads it, and its MTP drafter beside it where the loader
+looks (``OUT/mtp/`` for Qwen, ``OUT/assistant/`` for Gemma 4), so ``--model OUT`` needs no
+``--drafter``. Written into a temporary folder, renamed into place only when complete.
+docs/models.md, "python -m mlx_mtp.convert", says what each part holds."""
 
 from __future__ import annotations
 
@@ -129,8 +115,8 @@ def convert(hf_path, mlx_path, *, quantize: bool = False, q_bits: Optional[int] 
             q_group_size: Optional[int] = None, dtype: Optional[str] = None, drafter=None,
             head_bits: Optional[int] = None, head_group_size: int = 64,
             draft_vocab: Optional[int] = None, corpus: Iterable = (), quiet: bool = False) -> dict:
-    """Write one MLX folder with the target and its MTP drafter (the module docstring says
-    what goes where), as ``python -m mlx_mtp.convert`` does.
+    """Write one MLX folder with the target and its MTP drafter (docs/models.md says what
+    goes where), as ``python -m mlx_mtp.convert`` does.
 
     Args:
         hf_path (str): The source checkpoint's folder or Hugging Face repo id.

@@ -1,24 +1,9 @@
-"""Give MLX's CPU backend a fast system BLAS on Linux.
-
-The Linux ``mlx[cpu]`` wheel calls ``cblas_sgemm`` for every f32 matmul (one row included) and
-bundles the single-threaded reference BLAS, many times slower than BLIS or OpenBLAS. Loading a
-system library with RTLD_GLOBAL *before* ``mlx.core`` is first imported makes MLX bind to it
-(LD_LIBRARY_PATH does not; loading after the import has no effect). See docs/cpu-backend.md.
-
-``MLX_MTP_CPU_BLAS``: unset = the fastest library found; ``off`` = MLX's bundled BLAS; a path =
-that library. This module must not import mlx.
-
-``verify_threads()``: the multi-row products of a speculative round (verify, accept hook) are a
-few rows against small matrices, where a second BLIS thread costs more in hand-off than it saves
-(chosen by measurement with BLIS on the CPU). One-row products (decode) do not depend on the thread
-count, so the round loop runs with ``MLX_MTP_VERIFY_THREADS`` threads (unset: 1 with BLIS,
-OpenBLAS's own count, which one thread slows down; ``0`` = leave the count alone), and everything
-that measures a verify's exactness (``mlx_mtp.exactness.row_exact_layers.switch_to_row_exact``, the probe's block
-arm) does so too. The row kernel, which computes most of a verify's products on the CPU,
-chooses its own threads by each product's size (``mlx_mtp.exactness.row_exact_layers.kernel_threads``).
-
-``prefill_threads()``: a prompt's prefill runs BLIS on every core (see there).
-"""
+"""Give MLX's CPU backend a fast system BLAS on Linux: load BLIS or OpenBLAS with RTLD_GLOBAL
+before ``mlx.core`` is first imported, so MLX binds to it (``MLX_MTP_CPU_BLAS``: unset = the first
+library found, ``off`` = MLX's bundled BLAS, a path = that library); and the thread counts of
+decode, of a round's multi-row products (``verify_threads``) and of a prefill
+(``prefill_threads``). This module must not import mlx. docs/cpu-backend.md, "The BLAS binding"
+and "Threads"."""
 
 from __future__ import annotations
 
@@ -36,7 +21,7 @@ from mlx_mtp import config  # imports no mlx
 ENV = "MLX_MTP_CPU_BLAS"
 VERIFY_THREADS_ENV = "MLX_MTP_VERIFY_THREADS"
 
-# Fastest first, as measured on x86 (BLIS's one-row products are the fastest);
+# Fastest first (BLIS's one-row products: benchmarks/bench_mtp.py's records with each library);
 # BLIS runs one thread fewer than the cores, split over columns (see blis_threads).
 _CANDIDATES: List[Tuple[str, str, str]] = [
     ("BLIS", "/usr/lib/*-linux-gnu/blis-pthread/libblis.so.4", "BLIS_NUM_THREADS"),
@@ -111,7 +96,7 @@ def blis_threads(cores: int) -> int:
     is descheduled often: mlx-lm's Python thread builds the next step while MLX computes this
     one, so with as many BLIS threads as cores three threads want two cores, and BLIS's own
     2-D split makes the threads meet at more barriers than a split over columns (chosen by
-    measurement on a 2-core machine; see docs/cpu-backend.md)."""
+    benchmarks/blas_spread.py, whose arms are these settings; docs/cpu-backend.md, "Threads")."""
     return max(1, cores - 1)
 
 

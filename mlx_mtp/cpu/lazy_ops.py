@@ -1,20 +1,8 @@
-"""mlx_mtp's C kernels as lazy MLX graph ops (an MLX C++ extension,
-``mlx_mtp/cpu/csrc/lazy_ops.cpp``).
-
-The eager kernels (``mlx_mtp.cpu.row_kernel.products``,
-``mlx_mtp.models.qwen3_5.gdn_kernel.states``) evaluate their inputs, a host sync each, and convert
-to and from numpy: dozens of syncs per verify on a realistic-size pair. The extension wraps the same
-C functions as MLX primitives whose CPU evaluation queues them on the CPU stream, so a verify stays
-one graph, read once. It is built on first use with CMake (the C files with the ctypes builds'
-flags, so the bytes are the same) into ``native``'s cache folder, named by a hash of the sources,
-flags, compiler and the MLX, nanobind and Python versions, and loaded once per process after a check
-that it accepts ``mx.array``s.
-
-It needs cmake, a C++ compiler and nanobind ABI-compatible with mlx.core's (``pip install
-'mlx-mtp[lazy]'``; MLX 0.32 needs nanobind 3.x: with 2.x the module builds but cannot take an
-``mx.array``). Where any of that fails, or with ``MLX_MTP_LAZY_KERNELS=0``, the kernels run
-eagerly and ``reason()`` says why.
-"""
+"""mlx_mtp's C kernels as lazy MLX graph ops: an MLX C++ extension
+(``mlx_mtp/cpu/csrc/lazy_ops.cpp``) that wraps the same C functions as MLX primitives queued on
+the CPU stream, so a verify stays one graph, read once. Built on first use with CMake into ``native``'s cache folder and loaded once per
+process; where that fails, or with ``MLX_MTP_LAZY_KERNELS=0``, the kernels run eagerly and
+``reason()`` says why. docs/cpu-backend.md, "Eager and lazy kernels"."""
 
 from __future__ import annotations
 

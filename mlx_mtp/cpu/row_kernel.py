@@ -1,24 +1,9 @@
-"""A compiled CPU kernel for multi-row products that equal BLIS's one-row products, bitwise.
-
-Plain decode multiplies one row (MLX's CPU backend calls ``cblas_sgemm`` with M = 1), and BLIS
-(0.9, AVX2) reduces each output of that product in a fixed order: 8 lanes (input index mod 8),
-each a sequential fused multiply-add, the lanes added pairwise ((0+1)+(2+3))+((4+5)+(6+7)), then
-the last K % 8 products added one by one. Its multi-row products take another order for inputs
-wider than 512, so an exact verify would have to compute each row on its own, reading the weights
-once per row. ``mlx_mtp/cpu/csrc/row_dot.c`` computes T rows in the one-row order while it
-streams each weight row once, so an exact verify reads the weights about once, like a decode
-step. It covers the first N - N % 8 output columns: BLIS reduces the last N % 8 another way,
-which ``mlx_mtp.exactness.row_exact_layers`` computes with BLAS one-row products.
-``row_exact_layers.switch_to_row_exact`` uses the kernel for a layer only where a bitwise check on the layer's own
-weights says it equals the layer's own one-row call.
-
-The C source is built and loaded by ``mlx_mtp.cpu.native`` (a per-user cache, ``reason()`` when it
-is unavailable, ``MLX_MTP_ROW_KERNEL=0``); where it is unavailable ``row_exact_layers`` keeps its other
-paths. Given the weight as an ``mx.array``, ``products`` runs the kernel as a lazy MLX op
-(``mlx_mtp.cpu.lazy_ops``: no host sync, the same bytes) where the extension builds; otherwise, and
-for a numpy weight, eagerly (it evaluates its input, a host sync, so it cannot run inside an
-``mx.compile``d function).
-"""
+"""The row kernel: T-row products equal to BLIS's one-row products bitwise, computed by
+``mlx_mtp/cpu/csrc/row_dot.c`` in BLIS's one-row reduction order while it streams each weight row
+once, for the first N - N % 8 output columns. ``products`` runs it as a lazy MLX op where
+``mlx_mtp.cpu.lazy_ops`` builds, else eagerly (a host sync). Built and loaded by
+``mlx_mtp.cpu.native``; ``MLX_MTP_ROW_KERNEL=0`` turns it off. docs/cpu-backend.md, "The row
+kernel"."""
 
 from __future__ import annotations
 

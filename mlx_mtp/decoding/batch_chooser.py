@@ -1,19 +1,8 @@
-"""``auto`` in batched rounds: one draft count for the whole batch, chosen by measured rate.
-
-A sequence's own chooser (``block_chooser``) would time a batched round as its own: it counts
-nothing of what its rows cost the others, and where the batch is compute-bound each keeps
-drafting while the batch would emit more tokens a second with fewer drafts. A round's cost is
-also far from a line in its rows and head passes (a product's rows go in tiles; a head pass over
-the whole batch can cost more than its rows), so ``BatchChooser`` does not model it: it measures
-the batch's rate, tokens emitted over the round's wall time, for each draft count k that every
-sequence drafts (at most its budget allows), per batch size.
-
-At each batch size it climbs: the count chosen is the best measured one, and a neighbour
-(k + 1, then k - 1) not measured at this size in the last ``stale_rounds`` rounds is measured
-first. A batch size met for the first time starts from the choice of the nearest size met
-(``first_drafts`` before any). A count's rate is the mean of its last ``window`` rounds' tokens
-over the median of their times. Deterministic: the same observations give the same choices.
-"""
+"""``auto`` in batched rounds: ``BatchChooser`` picks one draft count for the whole batch by the
+batch's measured rate (tokens emitted over the round's wall time) per draft count and batch size,
+climbing to a neighbour count where it was not measured lately. Deterministic: the same
+observations give the same choices. docs/block-size.md, "In a batch", says why a sequence's own
+chooser cannot do it."""
 
 from __future__ import annotations
 

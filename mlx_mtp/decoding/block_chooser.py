@@ -1,36 +1,8 @@
-"""``block_size="auto"``: choose each round's number of drafts from what the session measured.
-
-With conditional acceptances a_1..a_K (a_j = P(draft j kept | drafts 1..j-1 kept)) a round of k
-drafts emits on average E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j tokens (the 1 is the target's own
-token) and costs c(k + 1), the wall time of a round whose verify is k + 1 tokens wide, drafting
-included. ``choose`` returns the k that maximises E(k) / c(k + 1), expected tokens per second.
-Both come from the session's own rounds; nothing is assumed about the device.
-
-- Acceptance: per position, counts of the rounds that judged and kept that draft; every drafting
-  round first fades all counts by ``decay``. The estimate shrinks them towards ``prior`` (draft
-  1) or the previous position's estimate, worth ``prior_weight`` rounds. Two finer tables refine
-  it: per context (the drafts the previous round kept, shrunk with ``context_weight``) and per
-  key (the last ``token_context`` ids the run emitted, fed by ``see_tokens``, shrunk with
-  ``token_weight``); each decays on its own rounds only, and ``None`` switches it off.
-- Cost: per width, the median of its last ``cost_window`` round times, only ever lowered towards
-  the line through its measured drafting neighbours (worth ``pooling`` samples); an unmeasured
-  width is valued on that line. Width 1, the plain step, is no point on the line.
-- Exploration, deterministic (the same observations give the same choices): a deep draft
-  (j >= 2) gets the bonus ``optimism`` / (n_j + 1) ** ``BONUS_POWER``, n_j its judgments in this
-  generation, which widens the block by at most ``explore_reach`` drafts; a width next to the
-  choice not measured for ``stale_rounds`` rounds is valued at most at the dearest measured
-  narrower width (hill-climbing); width 1 is re-measured every ``stale_rounds`` rounds.
-- No drafts: overruled by the best drafting choice until ``min_evidence`` drafting rounds are
-  timed, and with contexts on draft 1 is valued at least at its pooled estimate. A choice of no
-  drafts commits to the rounds up to the next probe (``undrafted_stretch``), a round of one
-  draft; the gap between probes starts at ``PROBE_FIRST``, doubles after each probe that does
-  not bring drafting back, up to ``probe_every``, and starts again after any drafting round the
-  arithmetic chose.
-- ``RoundCosts`` (opt-in, not what ``"auto"`` makes) keeps round times across a session's
-  generations.
-The defaults were chosen by replaying recorded acceptance traces of the demo pair against
-measured round costs (``tools/simulate_chooser.py``); see docs/block-size.md.
-"""
+"""``block_size="auto"``: ``BlockChooser`` chooses each round's number of drafts k from what the
+session measured, the k that maximises E(k) / c(k + 1): the tokens a round of k drafts emits on
+average (from each draft's acceptance) over the wall time of a round k + 1 tokens wide.
+docs/block-size.md says how acceptance and cost are estimated, how it explores, what each
+``ChooserSettings`` field does, and how the defaults were chosen (``tools/simulate_chooser.py``)."""
 
 from __future__ import annotations
 
@@ -114,7 +86,7 @@ class RoundCosts:
 
 @dataclass(frozen=True)
 class ChooserSettings:
-    """``BlockChooser``'s tuning (the module docstring says how each setting takes part),
+    """``BlockChooser``'s tuning (docs/block-size.md, "Settings", says how each takes part),
     checked on creation."""
 
     prior: float = 0.7  # prior acceptance of draft 1

@@ -1,24 +1,8 @@
-"""The speculative round loop, shared by every family: prefill, then rounds of
-choose -> draft -> verify and walk -> commit -> emit.
-
-One round, with the bonus ``b`` sampled but not yet fed to the target:
-  choose  k drafts: the block size less one, or under ``auto`` the chooser's choice;
-  draft   the drafter proposes d_1..d_k on device (no host sync);
-  verify  one target forward over [b, d_1..d_k]; t_i = sample(p_i) for every row;
-  walk    a = the longest prefix with d_{i+1} == t_i (the round's one host read);
-  commit  roll the target caches back to the a + 1 kept tokens; the drafter consumes the
-          verified pairs and prepares the next round;
-  emit    d_1..d_a, t_a.
-With a deterministic (argmax) drafter this keeps exactly the target's distribution: t_i is drawn
-from the target's own p_i and a draft is kept only when it equals that draw. At temperature 0 the
-emitted ids equal mlx-lm's plain greedy decode. With a sampler from ``mlx_mtp.make_sampler`` and
-a drafter that can sample (``draft_sampled``), the walk is speculative sampling instead
-(``mlx_mtp.decoding.sampling``): emit d_1..d_a and the residual or bonus draw.
-
-The steps are in ``round_steps``, the session and its state in ``round_session``, and rounds
-without drafts (block size 1, ``auto``'s undrafted stretches) in ``pipelined_steps``. The public
-entry points, ``generate_step`` and ``speculative_generate_step``, are in ``api``.
-"""
+"""The speculative round loop shared by every family (``generate_rounds``): the gate, the prefill,
+then rounds of choose -> draft -> verify and walk -> commit -> record -> emit, each a function in
+``round_steps`` that calls the session's acceptance rule. The session and its state are in
+``round_session``, rounds without drafts in ``pipelined_steps``, the public entry points in
+``api``. docs/architecture.md, "One round", describes each step and why the output is exact."""
 
 from __future__ import annotations
 

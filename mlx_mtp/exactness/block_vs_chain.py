@@ -1,26 +1,7 @@
-"""The block-vs-chain exactness probe.
-
-Speculative decoding is exact at temperature 0 only if a verify forward over a block of W tokens
-gives, at every position, the same logits as W single-token decode steps. Whether it does depends
-on the device and its kernels (Apple GPU generation 15+ multi-row quantized matmuls, a CPU BLAS
-whose rows depend on the row count, ...), so it is measured, never assumed:
-
-  chain arm  fresh caches, prefill a synthetic 8-token prompt, then decode the block one token at a
-             time (``target.hidden`` + ``target.logits``), keeping each step's logits row;
-  block arm  fresh caches, the same prefill, then one ``target.verify`` over the whole block;
-  compare    every position's full logits row as raw bytes.
-Within a draw the prefill runs once: every arm starts from its own deep copy of the prefilled
-caches (the same bytes and buffer shapes the prefill left; re-running it for each width would be
-most of a block arm's time).
-
-Three draws of synthetic tokens; equal only if every draw is. A probe that cannot run is a
-``not_run`` verdict, which the gate treats as a decline. Results are memoized for the process per
-(target adapter, width, parameter dtypes / quantization / module classes, device). The probe only
-uses the target adapter interface (``make_cache``, ``hidden``, ``verify``, ``logits``,
-``vocab_size``, and ``prepare(max_width)`` where an adapter configures itself for the widths a
-session verifies, which it calls first as a session does), so it works for any family, and it
-draws no random numbers (a seeded session is not disturbed).
-"""
+"""The block-vs-chain exactness probe: per verify width, a synthetic prompt decoded one token at a
+time (the chain arm) and verified as one block (the block arm), every position's logits row
+compared as raw bytes, over ``PROBE_DRAWS`` draws. It uses only the ``Target`` protocol, draws no
+random numbers, and memoizes its results per process. docs/exactness.md, "The probe"."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
-"""The exactness gate: which promise a session keeps, and whether MTP may run.
-
-At temperature 0 the promise is byte identity with plain decode, so MTP runs only where the probe
-proves that verify blocks of every width the session may use equal the single-token chain, byte
-for byte, on this device. Anything else (a block that diverges, a probe that could not run)
-declines: the session decodes plainly with mlx-lm (``mlx_mtp.decoding.plain``) and logs one
-reason, which also goes into the stats. On Apple GPU generation 15+ the reason also names the
-kernel cause. ``MLX_MTP_ALLOW_INEXACT=1`` runs MTP anyway, with a loud warning, recorded in the
-stats.
-
-At temperature > 0 (any acceptance rule that samples) the promise is the distribution:
-speculative sampling emits tokens distributed exactly as the verify forward's target
-distribution, which differs from the chain's only by float rounding, as any kernel choice's
-does. No probe runs, MTP runs on every device, and the verify takes the kernels that measured
-fastest on the device kind: on the CPU the row-exact products (the row kernel streams the
-weights once for all rows, where BLAS's multi-row products pack them; the ``sampling-gate``
-records), elsewhere the plain multi-row kernels (on a CUDA GPU the row-exact fallbacks made a
-verify about twice as dear).
-"""
+"""The exactness gate: which promise a session keeps and whether MTP may run. At T=0 (byte
+identity) MTP runs only where the probe finds every verify width the session may use equal to
+the one-token chain on this device, else the session decodes plainly with mlx-lm and says why;
+at T > 0 (the distribution) no probe runs. Also the stats' verify report and the CLI table's
+gate rows. docs/exactness.md, "Two promises" and "The gate"."""
 
 from __future__ import annotations
 
@@ -69,8 +55,8 @@ class GateDecision:
     def exact_verify(self) -> bool:
         """Whether the verify computes its rows with the row-exact products (``row_exact_layers``):
         wherever byte identity is promised and proven, and for a sampled session on the CPU,
-        where they are the faster verify (module docstring). Never under the override.
-        ``MLX_MTP_ROW_EXACT=0`` still turns them off (``Trunk.prepare``)."""
+        where they are the faster verify (docs/exactness.md, "Two promises"). Never under the
+        override. ``MLX_MTP_ROW_EXACT=0`` still turns them off (``TrunkTarget.prepare``)."""
         if self.override:
             return False
         return self.promise == BYTE_IDENTITY or self.device.kind == "cpu"

@@ -145,10 +145,10 @@ def choose(glu: SwitchGLU, max_width: int) -> Dict[int, str]:
     """Width -> method for widths 1..max_width, the first whose check passes: ``KERNEL`` (from
     one row: it reads a one-token step's experts on every core where BLIS's one-row call reads
     on one; by ``row_exact_layers``'s thread rule), then ``SORTED`` (from two rows: at one it is
-    mlx-lm's call); widths missing keep mlx-lm's call. On the CPU only (where these were
-    measured; a GPU keeps mlx-lm's kernels)."""
+    mlx-lm's call); widths missing keep mlx-lm's call. On the CPU only: benchmarks/bench_moe.py
+    measured the grouping there; another device keeps mlx-lm's kernels."""
     chosen: Dict[int, str] = {}
-    if mx.default_device() != mx.cpu:  # measured on the CPU only: elsewhere mlx-lm's kernels
+    if mx.default_device() != mx.cpu:  # another device keeps mlx-lm's kernels (see above)
         return chosen
     if expert_kernel.problem() is None and kernel_fits(glu):
         chosen.update((w, KERNEL) for w in passing_widths(glu, kernel_call, max_width))

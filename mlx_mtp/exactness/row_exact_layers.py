@@ -1,43 +1,10 @@
-"""Row-exact verify matmuls: buy back block-vs-chain exactness where the matmul kernel needs it.
-
-A verify forward multiplies T rows at once; plain decode multiplies one. Some kernels reduce a
-multi-row product differently from a one-row one (on the CPU backend: BLIS for input dims
-> 512 and for output dims that are not a multiple of 8; OpenBLAS for mid-sized output dims from 4
-rows; see docs/exactness.md). Then the verify logits are not byte-identical to
-decode and T=0 output can drift.
-
-``switch_to_row_exact`` measures, once per layer shape, whether each linear layer of the target is row-invariant
-for every verify width the session may use, on the layer's own weights and kernel. Layers that are
-not get a subclass that, only inside ``verifying()``, computes a T-row input one row at a time,
-which is exactly what decode does. Everything else keeps the fast multi-row path.
-
-How a switched float32 layer (no bias) computes its rows, first choice first:
-
-- ``kernel_products``: the compiled row kernel (``mlx_mtp.cpu.row_kernel``), which reproduces
-  BLIS's one-row reduction order for all T rows while it streams the weights once (the last
-  N % 8 output columns from BLAS one-row calls). ``switch_to_row_exact`` uses it where the kernel is available and
-  ``kernel_equal_rows`` says it equals the layer's own one-row call, bitwise, on the layer's own
-  weights, for every width 2..max_width. Where it runs as a lazy op and equals the one-row call
-  at one row too (``kernel_equal_one_row``), it also computes the one-row products of a decode
-  step inside ``verifying()`` (``Target.decode``): the same bytes, a weight of at least
-  ``ONE_ROW_PARALLEL_BYTES`` read on every core where BLIS's one-row call reads on one.
-- ``transposed_products``: ``(W @ x.T).T``, the verify's rows on the other operand side of one
-  BLAS call, where ``transposed_equal_rows`` says it equals the layer's one-row call bitwise for
-  every width (OpenBLAS 0.3.21 on one thread: up to 7 rows, where ``x @ W.T`` diverges from 4).
-- ``chunked``: the layer's own product on chunks of rows narrower than its first divergent width
-  (quantized layers and biases too), where ``chunks_equal_rows`` says so; each chunk reads the
-  weights again.
-- ``one_row_products`` (below), else separate one-row calls (quantized layers too).
-
-``one_row_products``: a float matrix is split into column blocks of at most ``BLOCK_BYTES`` and the
-T rows times every block are one batched matmul whose batch entries are one-row products (MLX runs a
-batched matmul as one BLAS call per batch entry, here each with M = 1, the call decode makes), rows
-varying fastest. So each block of weights is read from memory once and stays in cache for the other
-rows, in one MLX op. ``switch_to_row_exact`` checks this formulation bitwise against one-row products of the
-whole matrix on the layer's own weights (column blocking assumes the BLAS reduces each output column
-alike whatever the column count); where it differs, or for quantized layers, the rows are separate
-one-row calls. The exactness probe still has the last word.
-"""
+"""Row-exact verify products: a target's linear layers (and a tied LM head's embedding) switched,
+where a multi-row product would reduce differently from a one-row one, to compute a verify's
+rows as decode's one-row products do. ``switch_to_row_exact`` checks each layer shape once on the
+layer's own weights and picks the first method a bitwise check accepts: the row kernel
+(``kernel_products``), ``transposed_products``, ``chunked``, ``one_row_products``, else separate
+one-row calls. The switched layers compute so only inside ``verifying()``.
+docs/exactness.md, "Row-exact products"."""
 
 from __future__ import annotations
 
@@ -187,9 +154,9 @@ def kernel_products(layer, x: mx.array) -> mx.array:
 
 
 # A product of at least this many weight bytes times rows runs on every core this process may
-# use: it does enough work to repay the threads' hand-off (a realistic-size target's 16-512 MB
-# layers); smaller ones, such as the demo pair's 1-2 MB layers, gained nothing from a second
-# thread (measurements: docs/cpu-backend.md).
+# use: it does enough work to repay the threads' hand-off (a realistic-size target's layers);
+# smaller ones, such as the demo pair's, gain nothing from a second thread (chosen by
+# benchmarks/verify_arms.py --kernel-threads; docs/cpu-backend.md, "Threads", cites its records).
 PARALLEL_WORK_BYTES = 16 * 1024 * 1024
 
 
@@ -206,9 +173,8 @@ def kernel_threads(work_bytes: int = 0) -> int:
 
 
 # A one-row product reads its weight once and does little else, so from this many weight bytes
-# on every usable core reads a share: one thread of a 2-core VM reads at 9-10 GB/s, two up to
-# 18 (chosen by measurement on the realistic calibrated pair's decode step, as the drafter's bf16
-# kernel's ``drafter_products.BF16_PARALLEL_BYTES``).
+# on every usable core reads a share (chosen by benchmarks/bench_decode_step.py on the realistic
+# calibrated pair, as ``drafter_products.BF16_PARALLEL_BYTES``; its record holds the numbers).
 ONE_ROW_PARALLEL_BYTES = 4 * 1024 * 1024
 
 

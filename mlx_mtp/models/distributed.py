@@ -1,20 +1,8 @@
-"""A target split across processes with ``mx.distributed`` (started by ``mlx.launch``).
-
-The target is split by mlx-lm's own methods: ``model.model.pipeline(group)`` (pipeline: each rank
-holds a run of layers; the forward sends the hidden states down the ranks and all-gathers the
-last rank's result) or ``model.shard(group)`` (tensor: every layer's heads and MLP split, an
-all-sum after each). Every rank keeps the embeddings, final norm and LM head, so every rank
-computes the same logits and runs its own copy of the MTP head: drafts, the walk and the rollback
-happen on every rank without a message; only the target's forward crosses ranks (one verify per
-round). Output is printed by rank 0 only.
-
-A rank that dies or hangs must not hang the others: ``Split.step`` (and ``guard``, every step of
-a token iterator: prefill, probe, one round) turns the backend's "peer lost" error (a rank that
-died: its sockets close) into one ``SplitFailed`` line, and bounds the step by ``timeout_s`` with
-a watchdog thread that prints one error line, calls ``on_stall`` (a server answers its clients)
-and ends the process with exit code 3 (a rank that hangs keeps its sockets open; ``os._exit``
-because a thread stuck in a collective cannot be interrupted otherwise).
-"""
+"""A target split across processes with ``mx.distributed`` (started by ``mlx.launch``), by
+mlx-lm's own ``pipeline`` or ``shard``. Every rank keeps the embeddings, final norm, LM head and
+its own MTP head, so only the target's forward crosses ranks. ``Split.step`` and ``guard`` turn
+a lost peer into one ``SplitFailed`` line, and a watchdog ends a rank whose step waits longer
+than ``timeout_s``. docs/server.md, "One target over several machines"."""
 
 from __future__ import annotations
 
@@ -209,6 +197,8 @@ class _Watchdog:
                         s.on_stall(message)
                     except BaseException:  # ending the process matters more
                         pass
+                # os._exit: a thread stuck in a collective cannot be interrupted otherwise (a
+                # rank that hangs keeps its sockets open, so no peer-lost error comes)
                 os._exit(WATCHDOG_EXIT)
 
 

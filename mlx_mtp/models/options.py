@@ -1,41 +1,6 @@
-"""How the MTP drafter runs: each drafter optimization is a switch.
-
-The defaults were chosen by measurement on the Linux CPU backend (see docs/configuration.md), and
-no switch that can change acceptance is on by default (the kernels' sums may order a near tie
-differently, as the row kernel's do):
-  device_ids    drafted ids stay on the device and the block is evaluated once: the round loop's
-                one-host-read-per-round design. Off: a host round trip per draft (kept so its cost
-                can be measured).
-  fused_argmax  at T=0 the LM head is projected in row chunks (``fused_chunk`` rows) with a
-                running argmax, so the full logits row never exists. Off: on the CPU the logits
-                row is tiny next to the weights it is computed from.
-  vocab         a reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). None: the sidecar
-                the model folder ships in ``mtp/draft_vocab/``, if any, else the full head.
-  compiled      a draft step and an accept hook run as one ``mx.compile``d graph each
-                (``mlx_mtp.models.qwen3_5.compiled_head``): embedding lookup, head, LM head +
-                argmax. On: at draft sizes the head is bound by per-op overhead, which compiling
-                cuts; drafts stay deterministic (not always bitwise the eager head's), the output
-                is unchanged.
-  merged        the compiled step runs ``mlx_mtp.models.qwen3_5.fused_head``'s head: its
-                q/k/v/gate and MLP gate/up products merged and its paired norms / RoPE calls as
-                one, so a step has fewer graph nodes. On; acceptance unchanged.
-  row_kernel    the compiled step's products (the merged head's and a whole unquantized LM
-                head's) through the row kernel as a lazy op
-                (``mlx_mtp.models.qwen3_5.drafter_products``), each weight row read once. None: on
-                where the loaded CPU BLAS is OpenBLAS (which packs the weights for every few-row
-                product) and the lazy row kernel runs. Drafts may differ in a near tie, never the
-                output.
-  bf16          the compiled step's products (the merged head's and the draft LM head's) with
-                the weights kept as bfloat16 and multiplied by the bf16 kernel as a lazy op
-                (``mlx_mtp.models.qwen3_5.drafter_products``): half the bytes a float32 product reads
-                (a bfloat16 copy of the LM head rows it drafts over is made). None: on where the
-                CPU kernels run and the copy rounds nothing (a bfloat16 checkpoint, cast to
-                float32 on load); True also rounds a float32 head, whose drafts may then differ
-                in a near tie (never the output). Measured faster on the CPU (docs/models.md).
-  bits          quantize the head's projections at load (affine, ``group_size``; ``fc`` stays
-                unquantized unless ``quantize_fc``). Off: MLX's quantized matmul is a scalar loop
-                on x86, slower than the unquantized head there.
-"""
+"""``DraftOptions``: how the MTP drafter runs, each drafter optimization a switch. No default can
+change the output; docs/models.md, "Drafter options", says what each does and which records
+chose the defaults."""
 
 from __future__ import annotations
 
@@ -52,16 +17,37 @@ DEFAULT_CHUNK = 8192  # rows per fused-argmax chunk; a multiple of 8 keeps BLIS 
 
 @dataclass(frozen=True)
 class DraftOptions:
+    # Drafted ids stay on the device, the block evaluated once per round (the loop's one host
+    # read). False: a host round trip per draft, kept so its cost can be measured.
     device_ids: bool = True
+    # A draft step and an accept hook each run as one ``mx.compile``d graph (``compiled_head``):
+    # embedding lookup, head, LM head + argmax. Drafts stay deterministic, not always bitwise
+    # the eager head's; the output is unchanged.
     compiled: bool = True
+    # The compiled step runs ``fused_head``'s merged head: q/k/v/gate and the MLP's gate/up as
+    # one product each, paired norms and RoPE calls as one. Acceptance unchanged.
     merged: bool = True
+    # At T=0 the LM head projected in chunks of ``fused_chunk`` rows with a running argmax, so
+    # the full logits row never exists. Off: on the CPU that row is small next to its weights.
     fused_argmax: bool = False
     fused_chunk: int = DEFAULT_CHUNK
+    # A reduced draft vocabulary sidecar (``mlx_mtp.draft_vocab``). None: the one the model
+    # folder ships in ``mtp/draft_vocab/``, if any, else the full head.
     vocab: Optional[Union[str, Path]] = None
+    # Quantize the head's projections at load (affine, ``group_size``); ``fc`` stays unquantized
+    # unless ``quantize_fc``. Off: MLX's CPU quantized matmul is slower than the float head.
     bits: Optional[int] = None
     group_size: int = 64
     quantize_fc: bool = False
+    # The compiled step's products (the merged head's, a whole unquantized LM head's) through
+    # the row kernel as a lazy op (``drafter_products``), each weight row read once. None: on
+    # where the loaded CPU BLAS is OpenBLAS and the lazy kernel runs. Drafts may differ in a
+    # near tie, never the output.
     row_kernel: Optional[bool] = None
+    # The compiled step's products on bfloat16 copies of the weights through the bf16 kernel
+    # (``drafter_products``): half the bytes. None: on where the CPU kernels run and the copy
+    # rounds nothing (a bfloat16 checkpoint cast to float32); True also rounds a float32 head,
+    # whose drafts may then differ in a near tie (never the output).
     bf16: Optional[bool] = None
 
     def __post_init__(self):

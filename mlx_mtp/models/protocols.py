@@ -1,19 +1,8 @@
-"""The two interfaces the shared round loop (``mlx_mtp.decoding.rounds``) runs on: a ``Target``
-(one per family, over mlx-lm's own model: ``mlx_mtp.models.qwen3_5.target``,
-``mlx_mtp.models.gemma4.target``) and a ``Drafter`` (``mlx_mtp.models.qwen3_5.drafter``,
-``mlx_mtp.models.gemma4.drafter``).
-
-Shapes are for batch 1: ids ``[1, T]``, hidden states ``[1, T, H]``, logits ``[T, V]``.
-
-Drafter state convention: after ``prefill`` / ``accept`` the drafter has consumed one pair per
-committed position, i.e. (hidden of the target at position p, token at position p + 1). The last
-pair's token is the bonus: sampled but not yet fed to the target. ``draft(k)`` proposes the k
-tokens that follow the bonus, as a device array, without reading anything back to the host.
-
-Optional, for lossless sampling at temperature > 0 (``mlx_mtp.decoding.sampling``): a drafter
-that can sample implements ``draft_sampled`` too (``SamplingDrafter``). One that cannot is still
-exact at any temperature: the loop then uses the point-mass rule with its argmax drafts.
-"""
+"""The two interfaces the shared round loop (``mlx_mtp.decoding.rounds``) runs on: a ``Target``,
+one per family over mlx-lm's own model, and a ``Drafter`` (``SamplingDrafter`` where it can sample
+its drafts; ``DrafterDefaults`` for the methods most drafters leave as they are). Shapes are for
+batch 1: ids ``[1, T]``, hidden states ``[1, T, H]``, logits ``[T, V]``. docs/architecture.md,
+"The protocols", gives each method's contract and the drafter's state convention."""
 
 from __future__ import annotations
 

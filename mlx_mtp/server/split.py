@@ -1,19 +1,8 @@
-"""The server on a target split over processes (``--split``, started by ``mlx.launch``).
-
-Every rank loads its part of the target and warms up the same way (two tokens: the exactness
-probe runs on the split target). Rank 0 serves HTTP; every other rank follows it. Before running
-a request, rank 0's decode thread sends the others the prompt ids and the request's settings
-(JSON through ``Split.bytes_from_rank0``); then every rank runs the same ``Engine.generate`` in
-lockstep, requests in rank 0's queue order, and rank 0 alone answers. The one thing rank 0
-decides that the others cannot is stopping early (the client went away, the server is stopping):
-``SharedStop`` shares it with one scalar all-sum after each forward. While idle, rank 0 sends a
-heartbeat every ``timeout_s / 4``, so a rank that dies or hangs is found between requests too;
-when rank 0 stops it sends ``shutdown`` and every rank exits 0.
-
-A lost rank (``SplitFailed``) or a stalled one (the split's watchdog) fails the running and queued
-requests with an error response, then ends rank 0 after ``FATAL_GRACE_S`` (time to send them); a
-follower ends with its error line. Each exchange is a ``Split.step``: bounded, never a hang.
-"""
+"""The server on a target split over processes (``--split``, started by ``mlx.launch``): rank 0
+serves HTTP and sends each request (prompt ids and settings) to the other ranks, which follow it
+in lockstep (``follow``); ``SharedStop`` shares an early stop after each forward, and an idle
+rank 0 sends heartbeats. A lost or stalled rank fails the waiting requests with an error
+response, then ends the launch. docs/server.md, "One target over several machines"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""mlx-lm's KV caches with a rollback that always works and keeps plain decode's bits.
-
-mlx-lm's ``RotatingKVCache`` refuses to trim once the context passes its window
-(``is_trimmable()`` turns False and ``trim_prompt_cache`` then silently trims nothing), so rejected
-drafts would stay in the window and corrupt the output. And even a trim that works
-(``KVCache``) leaves the buffer capacity that the rejected rows grew, which plain decode never
-had.
-
-These subclasses take a verify block the way plain decode takes its tokens: one single-token
-``update_and_fetch`` per row, keeping the cache state after each row (MLX arrays are values; the
-``[...]`` views taken here are not overwritten by later updates). Rolling back restores the state
-after the last kept row: the cache is then, bit for bit and in layout (ring order, buffer capacity),
-the one plain decode would hold. Layout matters: with some BLAS libraries MLX's attention rounds
-differently for a strided and a contiguous key tensor, and for one and several query rows.
-Memory stays what mlx-lm's caches use, plus the per-row states of one verify block.
-"""
+"""mlx-lm's ``KVCache`` and ``RotatingKVCache`` in subclasses whose rollback always works and keeps
+plain decode's bits: a verify block goes in as one single-token update per row, keeping the state
+after each, and a rollback restores the state after the last kept row, bit for bit and in layout
+(ring order, buffer capacity) what plain decode holds, also past the sliding window, where
+mlx-lm's rotating cache cannot be trimmed. docs/architecture.md, "Rollback"."""
 
 from __future__ import annotations
 

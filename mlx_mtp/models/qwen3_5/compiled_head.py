@@ -1,28 +1,8 @@
-"""The MTP head's forward over a few rows as one ``mx.compile``d graph.
-
-At draft sizes the head is bound by per-op overhead, not by its weights: a step is ~35 small
-ops, and each eager call pays Python graph building plus one scheduled kernel per op. Compiled,
-a step is one call whose graph MLX has already simplified and fused (elementwise chains become
-one kernel), traced once per (rows, cache capacity). What is left is mostly the LM head's
-weight read.
-
-What makes it traceable with fixed shapes: during the trace the head's KV cache is a
-``BufferKV`` that holds the whole preallocated buffer and an ``offset`` *array*, so
-  - RoPE takes the offset as an array (``mx.fast.rope`` accepts one): no retrace per position;
-  - the new rows go in with ``mx.slice_update`` at that offset;
-  - attention runs over the whole buffer with a boolean mask (key j is visible to row i iff
-    j <= offset + i), instead of over ``keys[:offset + S]``, whose length changes every step.
-The head's own ``__call__`` is what gets traced (a head with other wiring is traced as it is).
-
-A drafter step (and an accept hook) is more than the head: the embedding lookup before it and
-the LM head + argmax of its last row after it. ``step`` traces all of it as one graph (given the
-drafter's ``embed`` and ``pick``), so a step is one call and no eager op is built around it:
-the same ops as the eager lookup / projection / argmax (only the Python graph building goes).
-The K/V entries written are bitwise the eager head's; the head's output differs by rounding
-(the softmax reduces a longer row whose masked entries are exact zeros), so a draft can differ
-from the eager one in a near tie. Drafts stay deterministic, and the target verifies every one,
-so the output is unchanged.
-"""
+"""The MTP head's forward over a few rows, and a whole drafter step around it (embedding lookup,
+head, LM head + argmax: ``step``), as one ``mx.compile``d graph traced once per (rows, cache
+capacity): at draft sizes a step is bound by per-op overhead, not by its weights. During the
+trace the head's KV cache is a ``BufferKV`` (the whole buffer and an offset array), so shapes stay
+fixed. docs/models.md, "How the compiled draft step works"."""
 
 from __future__ import annotations
 

@@ -1,30 +1,10 @@
-"""The rest of a decoder layer's verify as compiled graphs per width.
-
-``gdn_block`` compiles the GatedDeltaNet layers' middle; what is left of a verify on small
-models is per-op overhead: mlx-lm's uncompiled ops for the RMSNorms (on the CPU
-``mx.fast.rms_norm`` runs as several separate ops, and a forward has two per layer), the residual
-adds, the MLP's ``silu(gate) * up`` and the attention layer's head split, q/k norms and output
-gate. Inside a verify (``compiling()``, entered by the target's ``verify``, and by its ``decode``,
-the loop's one-token steps: the same pieces at width 1; prefill and ``hidden``, the exactness
-probe's reference chain, stay mlx-lm's own code), these run as ``mx.compile``d functions, one
-per width, layer shape and dtype, weights passed in:
-
-- ``norm``: an RMSNorm (the input norms, the final norm): ``VerifyRMSNorm``.
-- ``tail``: a decoder layer after its mixer, ``h = x + r; out = h + mlp(norm(h))``: the whole
-  of it (``WHOLE``, the MLP's products inside the graph) where the MLP's three projections are
-  plain products at this width (or row-exact ones as transposed products or row chunks,
-  ``product_rows``: plain MLX ops too), else (``SPLIT``) the residual + norm as one graph and the
-  ``silu(gate) * up`` as another around the projections (row-exact layers compute some of them
-  with eager C calls that cannot sit inside ``mx.compile``).
-- ``attn_pre`` / ``attn_post``: the gated attention's parts before its KV-cache update (head
-  split, q/k norms, transposes, the rope with its offset as an input; the q/k/v products inside
-  where plain) and after the attention (merge, sigmoid gate; the output product inside where
-  plain). The SDPA stays outside: its key length changes every round.
-
-The same float operations in the same order, but fusion is the backend's business, so each
-signature is checked once against the uncompiled ops (mlx-lm's, op for op) on seeded random
-inputs with the layer's own weights, every output bitwise; where it differs, the ops run.
-"""
+"""The rest of a Qwen decoder layer's verify (``gdn_block`` compiles the GatedDeltaNet middle) as
+compiled graphs per width, layer shape and dtype: the RMSNorms (``VerifyRMSNorm``), the layer's
+tail after its mixer (``tail``: ``WHOLE``, the MLP's products inside, or ``SPLIT`` around them),
+and the gated attention's parts before its cache update and after its attention. Inside
+``compiling()`` (a verify and the loop's one-token steps) each runs compiled where a check of its
+signature, on seeded inputs with the layer's own weights, finds it bitwise equal to mlx-lm's ops;
+else the ops run. docs/cpu-backend.md, "The verify on the CPU"."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""The drafter's products through the row kernel (``mlx_mtp.cpu.row_kernel``) where the BLAS packs.
-
-A draft step and an accept hook multiply 1-6 rows by each of the head's weights and by the draft LM
-head. OpenBLAS runs such a product as a full GEMM that packs the weight first, every call; the row
-kernel, as a lazy MLX op (``mlx_mtp.cpu.lazy_ops``: it runs inside the compiled step), reads each
-weight row once. BLIS does not pack one-row products, so the kernel gains nothing there, and
-``None`` (auto) takes it with OpenBLAS only (chosen by measurement on the CPU). The kernel sums in
-another order than the BLAS: a draft may differ in a near tie, never the output (the target verifies
-it).
-
-``bf16`` (``DraftOptions.bf16``): the same products with the weights kept as bfloat16 and
-multiplied by the bf16 kernel (``bf16_products``), which widens each weight to float32 as it reads
-it and sums in float32: half the bytes a float32 product reads. A checkpoint shipped in bfloat16
-holds these very weights; a float32 one is rounded to them, so its drafts may differ in a near tie.
-"""
+"""How the drafter's products run: the BLAS, the row kernel where the BLAS packs few-row products
+(``DraftOptions.row_kernel``: None takes it with OpenBLAS only, as benchmarks/bench_drafter.py
+measured), or the bf16 kernel on bfloat16 copies of the weights (``DraftOptions.bf16``); and an
+MoE head's experts through the expert kernel. Drafts may differ from the BLAS's in a near tie,
+never the output. docs/models.md, "Drafter options" and "A bfloat16 drafter on the CPU"."""
 
 from __future__ import annotations
 
@@ -70,8 +60,8 @@ def bf16_weight(weight: mx.array) -> mx.array:
 
 
 # A bfloat16 weight of at least this many bytes is read by every core this process may use: a
-# draft step's one-row product is bound by the read, and one thread reads 9-10 GB/s where two
-# read 11-18 GB/s from 5 MB up (2-core x86 VM, weights out of cache); at 4 MB the two tie.
+# draft step's one-row product is bound by the read, which a second thread speeds up from about
+# this size (chosen by benchmarks/bench_drafter.py; its drafter-phases record holds the numbers).
 BF16_PARALLEL_BYTES = 4 * 1024 * 1024
 
 

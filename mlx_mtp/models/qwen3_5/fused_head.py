@@ -1,19 +1,8 @@
-"""The MTP head with its small products merged: fewer ops per draft step.
-
-At draft sizes a head step is bound by per-op dispatch, not by its weights (on the CPU each
-``mx.fast`` norm / RoPE / attention runs as several small fallback ops). ``FusedHead`` computes
-what ``MTPHead`` computes with fewer ops, on weights rearranged once when the drafter is built:
-  - the two pre-``fc`` norms as one norm over ``[embeds, hidden]`` stacked (weight ``[2, H]``);
-  - q, k, v and the output gate as one product, with q's and k's rows next to each other so
-    q_norm and k_norm are one norm and RoPE is one call over the q and k heads together;
-  - the MLP's gate and up as one product.
-A compiled step has 8 products instead of 11, and fewer graph nodes. Weights keep mlx's
-``[out, in]`` layout: the ``[in, out]`` layout that pays for the draft vocabulary's LM head
-(``x @ W``) is slower for the merged products. It computes what ``MTPHead`` computes up to rounding:
-drafts stay deterministic and the target verifies each one, so the output is unchanged. The head's
-own modules are untouched (saving, quantizing and ``carry`` still see ``MTPHead``); the merged
-weights are copies taken when the drafter is built.
-"""
+"""``FusedHead``: the MTP head with its small products merged (the pre-``fc`` norms as one, q/k/v
+and the output gate as one product, the MLP's gate and up as one), fewer ops per draft step, on
+copies of the weights taken when the drafter is built; the head's own modules stay as they are.
+It computes what ``MTPHead`` computes up to rounding. docs/models.md, "How the compiled draft
+step works"."""
 
 from __future__ import annotations
 

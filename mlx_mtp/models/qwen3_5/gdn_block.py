@@ -1,33 +1,10 @@
-"""A GatedDeltaNet layer's verify of T tokens, between its projections, as one compiled graph per
-T.
-
-At small sizes a verify's cost is the number of kernels it runs, and the GatedDeltaNet layers
-took most of a verify's extra: mlx-lm's ops path (``gated_delta_ops``) runs its compiled one-step
-op ``_gated_delta_step_ops`` T times from Python (per step 6 kernels and ~20 slices, squeezes and
-expand-dims), and the layer's norms and activations (on the CPU, ``rms_norm`` runs as separate
-ops) are one kernel per op. ``capture_mixer`` runs the conv window, conv, silu, q/k norms, the
-recurrence and the gated norm as one ``mx.compile``d function per T and layer shape (weights
-passed in), which fuses the elementwise ops (the depthwise conv too where it sums its taps as
-the products do: ``taps_conv``); its recurrence (``_block``) splits the per-token
-inputs once, keeps the reduced axis of its sums and runs 5 kernels a step, so a verify runs
-about as many kernels as a decode step.
-
-The same float operations in the same order, but fusion and a reduction's shape are the
-backend's business, so each signature (T, layer shape, dtypes, device) is checked once against
-the uncompiled reference (``reference_mixer``: mlx-lm's ops, op for op) on seeded random inputs
-with the layer's own weights, every output bitwise; where it differs, it keeps the reference.
-
-On larger layers the recurrence itself dominates (5 passes of MLX's elementwise kernels over the
-state per token). There ``kernel_mixer`` runs it in a C kernel (``gdn_kernel``: each block of state
-rows stays in L1 over the T tokens) between two compiled graphs (before: conv window, conv, silu,
-q/k norms, g, beta; after: the gated norm). The kernel evaluates its inputs, a host sync per layer,
-so it is tried only where T x the state's bytes is at least ``KERNEL_MIN_BYTES`` (``kernel_pays``),
-and used only where the same per-signature check passes; else the compiled graph, else the
-reference.
-
-A prompt's prefill (``prefill_recurrence``) runs mlx-lm's layer with only its recurrence in the
-same kernel, checked once per layer shape.
-"""
+"""A GatedDeltaNet layer's verify of T tokens, between its projections, as one ``mx.compile``d
+graph per T and layer shape (``capture_mixer``), or on large states with the recurrence in the C
+kernel (``gdn_kernel``) between two compiled graphs (``kernel_mixer``, where ``kernel_pays``);
+and a prompt's prefill with its recurrence in that kernel (``prefill_recurrence``). Each is used,
+per signature, only where a check on seeded inputs with the layer's own weights finds it bitwise
+equal to mlx-lm's ops (``reference_mixer``). docs/cpu-backend.md, "The verify on the CPU" and
+"The prefill on the CPU"."""
 
 from __future__ import annotations
 

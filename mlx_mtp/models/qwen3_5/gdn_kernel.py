@@ -1,19 +1,9 @@
-"""The GatedDeltaNet recurrence of a verify (T tokens, every step's state returned) as one compiled
-C kernel (``mlx_mtp/cpu/csrc/gdn_steps.c``), in the float operations of mlx-lm's one-token step.
-
-mlx-lm's ops path (``_gated_delta_step_ops``, which plain decode runs on the CPU) makes 5 passes
-over the whole recurrent state per token with MLX's elementwise kernels, which dominates a verify on
-a realistic-size layer (16 heads of 128 x 128, 1 MB of state). The kernel holds a block of state
-rows in L1 over the T tokens and reads and writes the state once per token. Its sums are sequential
-from zero in key order, as MLX's CPU ``sum`` over a contiguous axis is on x86, and it is built with
-``-ffp-contract=off``, as MLX's compiled CPU kernels are built without FMA, so it can equal the ops
-path bitwise; ``gdn_block`` uses it for a layer only where a check on the layer's own weights says
-it does.
-
-Built and loaded by ``mlx_mtp.cpu.native``; ``MLX_MTP_GDN_KERNEL=0`` (or ``MLX_MTP_ROW_KERNEL=0``,
-every kernel) switches it off. It runs as a lazy MLX op where ``mlx_mtp.cpu.lazy_ops`` is
-available (no host sync, the same bytes), else eagerly (it evaluates its inputs, a host sync).
-"""
+"""The GatedDeltaNet recurrence of T tokens (every step's state returned) as one C kernel
+(``mlx_mtp/cpu/csrc/gdn_steps.c``) in the float operations of mlx-lm's one-token step, one pass
+over the state per token; ``gdn_block`` uses it for a layer only where a check says it equals
+mlx-lm's ops bitwise. Built by ``mlx_mtp.cpu.native``; a lazy op where ``mlx_mtp.cpu.lazy_ops``
+builds, else eager (a host sync). ``MLX_MTP_GDN_KERNEL=0`` (or ``MLX_MTP_ROW_KERNEL=0``) turns it
+off. docs/cpu-backend.md, "The verify on the CPU"."""
 
 from __future__ import annotations
 

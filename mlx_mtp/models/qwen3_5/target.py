@@ -1,20 +1,12 @@
-"""Target adapter for the hybrid Qwen families: Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
-Qwen3-Next (``qwen3_next``). The target is mlx-lm's own model; we only swap the class of its
-GatedDeltaNet instances for a subclass that, inside a verify, keeps the recurrent state after every
-token of the block, so a partial accept is rolled back by selecting the state at the accepted length
-(no recompute). Between its projections, the layer's verify is one compiled graph per width, on
-large states with the recurrence in a C kernel, where a check says it equals mlx-lm's ops bitwise
-(``gdn_block``); the rest of each decoder layer's verify likewise (``compiled_layers``: norms, residual
-adds, MLP, the attention's parts around its cache update). Where mlx-lm would run its Metal kernel
-instead of the ops recurrence, the inputs are stashed and the kept tokens replayed. In a prompt's
-prefill (``Qwen3_5Target.prefill``) the layer runs the parent's forward with its recurrence in the
-same C kernel, where a check says so (``gdn_block.prefill_kernel_applies``).
+"""Target adapter for the hybrid Qwen families, Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``) and
+Qwen3-Next (``qwen3_next``): mlx-lm's own model, its GatedDeltaNet layers swapped for a subclass
+that keeps the recurrent state after every verified token, so a rollback selects the state at
+the accepted length; the verify's pieces compiled (``gdn_block``, ``compiled_layers``).
+docs/architecture.md, "Rollback"; docs/cpu-backend.md, "The verify on the CPU".
 
-Hooks mlx-lm 0.32.x internals: ``GatedDeltaNet.__call__`` (qwen3_5) and
-``Qwen3NextGatedDeltaNet.__call__`` (qwen3_next); ``tests/qwen3_5/test_target.py`` and
-``test_prefill.py`` pin the subclasses to the parents bitwise, so an mlx-lm change that breaks
-the copy fails there first.
-"""
+Hooks mlx-lm 0.32.x internals (``GatedDeltaNet.__call__``, ``Qwen3NextGatedDeltaNet.__call__``):
+``tests/qwen3_5/test_target.py`` and ``test_prefill.py`` pin the subclasses to the parents
+bitwise, so an mlx-lm change that breaks the copy fails there first."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""Reduced draft vocabulary: the drafter projects only the most frequent target ids.
-
-A wrong draft is rejected by the target, so a draft vocabulary can only cost acceptance (when the
-true next token lies outside it), never exactness. It is derived offline and shipped as a sidecar
-folder beside the drafter:
-
-  draft_vocab.safetensors  ``ids`` (uint32 [N], sorted target ids) and ``d2t`` (int32 [N], the
-                           EAGLE-3 offset map: target id = draft index + d2t[draft index])
-  draft_vocab.json         size, the target's vocabulary size, sha256 of the tokenizer vocabulary
-                           and a fingerprint of the LM head the rows come from, how it was built
-
-Build (the CLI: ``mlx_mtp/draft_vocab.py``):
-``python -m mlx_mtp.draft_vocab build --model M [--size N] --corpus FILES --out DIR``
-(``--generate-tokens T`` also counts the target's own greedy continuations of corpus paragraphs).
-A sidecar that is absent, or was built for another tokenizer or LM head, falls back to the full
-head with one warning.
-"""
+"""Reduced draft vocabulary: the drafter projects only the most frequent target ids, from a sidecar
+folder (``draft_vocab.safetensors``: the sorted ``ids`` and EAGLE-3's ``d2t``, target id = draft
+index + d2t[draft index]; ``draft_vocab.json``: sizes, the tokenizer vocabulary's sha256, the LM
+head's fingerprint) that ``python -m mlx_mtp.draft_vocab build`` writes. A draft can only be
+rejected, so it costs acceptance, never exactness. docs/models.md, "Reduced draft vocabulary"."""
 
 from __future__ import annotations
 
