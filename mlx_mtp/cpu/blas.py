@@ -195,7 +195,7 @@ def verify_thread_count(environ=None) -> int:
 
 # A round's BLAS threads where MLX_MTP_VERIFY_THREADS is unset, per library (else 1). OpenBLAS
 # keeps its own count: unlike BLIS, its few-row products run markedly slower on one thread than
-# on its default count (chosen by measurement on the CPU).
+# on its default count (the accept hook's time in benchmarks/bench_drafter.py shows it).
 ROUND_THREADS_DEFAULT = {"OpenBLAS": 0}
 
 

@@ -228,7 +228,8 @@ def chunks_equal_rows(fn, max_width: int, chunk: int, in_dims: int, dtype) -> bo
 
 
 def block_columns(weight: mx.array) -> int:
-    """Output columns per block of ``weight`` ([N, K]): 64 (chosen by measurement with BLIS),
+    """Output columns per block of ``weight`` ([N, K]): 64 (chosen with BLIS by
+    benchmarks/verify_arms.py's ``blocked`` arm),
     fewer where 64 rows of K would not fit BLOCK_BYTES (a multiple
     of 16, at least 16); the whole matrix when it is narrower."""
     N, K = weight.shape

@@ -260,7 +260,7 @@ KERNEL_TAPS, KERNEL_CONV = "kernel+taps", "kernel+conv"  # kernel_mixer, its con
 # measurement on the CPU with benchmarks/verify_arms.py).
 KERNEL_MIN_BYTES = 384 * 1024
 # As a lazy MLX op (``mlx_mtp.cpu.lazy_ops``) the kernel adds no host sync, so it pays from
-# smaller states on (chosen by measurement on the CPU); smaller states keep the compiled graph.
+# smaller states on (chosen with benchmarks/verify_arms.py too); smaller ones keep the graph.
 LAZY_KERNEL_MIN_BYTES = 128 * 1024
 
 
