@@ -76,9 +76,10 @@ def _by_rows(call, x):
 
 def transposed_products(x: mx.array, weight: mx.array) -> mx.array:
     """``x @ weight.T`` as ``(weight @ x.T).T``: the same sums, with the verify's T rows on the
-    BLAS's other operand side. OpenBLAS 0.3.21 (one thread) reduces this form's T columns like a
-    one-row ``x @ weight.T`` for T up to 7 (its ``x @ weight.T`` only up to 3 rows), so a verify
-    reads the weights once in one BLAS call. ``switch_to_row_exact`` checks it per layer."""
+    BLAS's other operand side. A BLAS may reduce this form's T columns like a one-row
+    ``x @ weight.T`` for more rows than it does ``x @ weight.T`` (OpenBLAS on one thread:
+    docs/exactness.md), so a verify reads the weights once in one BLAS call.
+    ``switch_to_row_exact`` checks it per layer."""
     return mx.swapaxes(weight @ mx.swapaxes(x, -1, -2), -1, -2)
 
 
@@ -98,7 +99,7 @@ def chunks(T: int, most: int):
 def chunked(call, x: mx.array, most: int) -> mx.array:
     """``call`` (the layer's own product) on the rows of ``x`` in chunks of at most ``most``
     rows (``chunks``). Where a BLAS reduces a product of up to ``most`` rows as it reduces one
-    row but a wider one otherwise (OpenBLAS 0.3.21, one thread: from 4 rows), each chunk is
+    row but a wider one otherwise (OpenBLAS on one thread: docs/exactness.md), each chunk is
     exact and reads the weights once: a verify of T rows reads them ceil(T / most) times in as
     many BLAS calls, where ``one_row_products`` makes T calls per column block."""
     parts = [call(x[..., a:b, :]) for a, b in chunks(x.shape[-2], most)]
