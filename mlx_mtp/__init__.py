@@ -20,7 +20,8 @@ warnings.filterwarnings("ignore", category=RuntimeWarning,
 from mlx_mtp.decoding.block_chooser import BlockChooser  # noqa: E402
 from mlx_mtp.errors import MTPError  # noqa: E402
 from mlx_mtp.models.loader import load, load_model  # noqa: E402
-from mlx_mtp.decoding.prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache  # noqa: E402
+from mlx_mtp.decoding.prompt_cache import (load_prompt_cache, make_prompt_cache,  # noqa: E402
+                                           save_prompt_cache)
 from mlx_mtp.decoding.sampling import make_sampler  # noqa: E402
 from mlx_mtp.generate import (generate, generate_step, speculative_generate_step,  # noqa: E402
                               stream_generate)

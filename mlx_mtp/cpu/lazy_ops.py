@@ -1,8 +1,9 @@
 """mlx_mtp's C kernels as lazy MLX graph ops: an MLX C++ extension
 (``mlx_mtp/cpu/csrc/lazy_ops.cpp``) that wraps the same C functions as MLX primitives queued on
-the CPU stream, so a verify stays one graph, read once. Built on first use with CMake into ``native``'s cache folder and loaded once per
-process; where that fails, or with ``MLX_MTP_LAZY_KERNELS=0``, the kernels run eagerly and
-``reason()`` says why. docs/cpu-backend.md, "Eager and lazy kernels"."""
+the CPU stream, so a verify stays one graph, read once. Built on first use with CMake into
+``native``'s cache folder and loaded once per process; where that fails, or with
+``MLX_MTP_LAZY_KERNELS=0``, the kernels run eagerly and ``reason()`` says why.
+docs/cpu-backend.md, "Eager and lazy kernels"."""
 
 from __future__ import annotations
 

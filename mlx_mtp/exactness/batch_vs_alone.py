@@ -61,7 +61,8 @@ def _run(target, widths: List[int]) -> Optional[str]:
             target.rollback(cache, fed=len(block), keep=1)
             alone.append((logits, target.cache_state(cache)))
             mx.eval(alone[-1])
-        caches = [arm_caches(target, prompt, None, pre) for (prompt, _), pre in zip(seqs, prefilled)]
+        caches = [arm_caches(target, prompt, None, pre)
+                  for (prompt, _), pre in zip(seqs, prefilled)]
         hidden = target.verify_batch([mx.array(block) for _, block in seqs], caches)
         logits = target.logits(mx.concatenate(hidden, axis=1)[0])
         mx.eval(logits)

@@ -200,9 +200,9 @@ def report_verify(model, stats) -> None:
 
 
 def verify_report(mlx_model) -> dict:
-    """How a verify computes its rows: the row-exact layers (``row_exact_layers.row_exact_report``) and,
-    with mixture-of-experts layers, how each width computes them (``experts``:
-    ``grouped_experts.experts_report``)."""
+    """How a verify computes its rows: the row-exact layers
+    (``row_exact_layers.row_exact_report``) and, with mixture-of-experts layers, how each width
+    computes them (``experts``: ``grouped_experts.experts_report``)."""
     out = row_exact_layers.row_exact_report(mlx_model)
     experts = grouped_experts.experts_report(mlx_model)
     if experts:

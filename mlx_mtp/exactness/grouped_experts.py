@@ -1,16 +1,11 @@
 """A mixture of experts' verify that reads each routed expert once: mlx-lm's ``SwitchGLU`` with its
-rows grouped by expert, every product bitwise the one-token decode's.
-
-mlx-lm computes each (row, expert) pair with its own one-row ``gather_mm`` call, so a verify of w
-rows reads an expert once per row routed to it. Inside a verify (``row_exact_layers.verifying()``, the
-one-token ``Target.decode`` steps too) a switched layer computes a block by the first method its
-check accepted for that width (``choose``): ``kernel``, the expert kernel
-(``mlx_mtp.cpu.expert_kernel``: each expert's rows in one pass over its weight, BLIS's one-row
-order); ``sorted``, mlx-lm's own one-row calls with the pairs sorted by expert (an expert's later
-rows find it in cache; quantized experts too); else ``gather``, mlx-lm's call. The check
-(``switch_to_grouped``, once per layer signature, on the layer's own weights) compares a method's rows with
-the layer's one-row calls bitwise at every width 1..max_width, for rows sharing all their experts,
-rows sharing none and seeded random routes. The exactness probe still has the last word.
+rows grouped by expert, every product bitwise the one-token decode's. Inside a verify
+(``row_exact_layers.verifying()``, one-token ``Target.decode`` steps too) a switched layer
+computes a block by the first method its check accepted for that width (``choose``): ``kernel``,
+the expert kernel (``mlx_mtp.cpu.expert_kernel``); ``sorted``, mlx-lm's own one-row calls sorted
+by expert; else ``gather``, mlx-lm's call. The check (``switch_to_grouped``, once per layer
+signature, on the layer's own weights) compares a method's rows with the layer's one-row calls
+bitwise. docs/exactness.md, "Grouped experts".
 """
 
 from __future__ import annotations
@@ -129,7 +124,8 @@ def passing_widths(glu: SwitchGLU, call: Callable, max_width: int, first: int = 
             with cpu_blas.verify_threads():  # as the round loop verifies
                 block = call(glu, x[:, :T], route[:, :T])
                 mx.eval(block)
-            if not all(row_exact_layers.bitwise_equal(block[:, t : t + 1], rows[t]) for t in range(T)):
+            if not all(row_exact_layers.bitwise_equal(block[:, t : t + 1], rows[t])
+                       for t in range(T)):
                 ok.discard(T)
     return sorted(ok)
 
@@ -209,8 +205,8 @@ def experts_report(model: nn.Module) -> Dict[str, object]:
 
 
 def experts_summary(info: Dict[str, object]) -> str:
-    """One cell for the CLI's stats table from ``experts_report``: each method with the widths it ran
-    (layers counted), e.g. ``40 layers: kernel at widths 1-6``."""
+    """One cell for the CLI's stats table from ``experts_report``: each method with the widths it
+    ran (layers counted), e.g. ``40 layers: kernel at widths 1-6``."""
     spans: Dict[str, List[int]] = {}
     for w, counts in info["widths"].items():
         for name in counts:

@@ -31,7 +31,8 @@ BLOCK_BYTES = 1024 * 1024  # most bytes of weights one column block keeps in cac
 
 
 class _ExactRows:
-    """What ``switch_to_row_exact`` sets on a switched layer, and how the layer computes a verify block."""
+    """What ``switch_to_row_exact`` sets on a switched layer, and how the layer computes a
+    verify block."""
 
     exact_from: int = 2  # widths >= this run row by row inside ``verifying()``
     one_row_kernel: bool = False  # one-row products too through the kernel (``one_row_threads``)
@@ -349,7 +350,8 @@ def bitwise_equal(x: mx.array, y: mx.array) -> bool:
             and bytes(memoryview(x)) == bytes(memoryview(y)))
 
 
-def switch_to_row_exact(model: nn.Module, max_width: int, tied_head: bool = False) -> Dict[str, int]:
+def switch_to_row_exact(model: nn.Module, max_width: int,
+                        tied_head: bool = False) -> Dict[str, int]:
     """Make the target's linear layers (and its embedding, when it is the tied LM head)
     row-exact where they need it, for verify widths up to ``max_width``. Returns
     {module path: first divergent width} for the layers switched."""

@@ -1,6 +1,7 @@
-"""The part of a target adapter that does not depend on the family: an mlx-lm model whose text
-trunk returns post-norm hidden states, and the row-exact verify set-up
-(``mlx_mtp.exactness.row_exact_layers``). Family adapters add caches, logits, verify and rollback."""
+"""``TrunkTarget``: the part of a target adapter that does not depend on the family, an mlx-lm
+model whose text trunk returns post-norm hidden states, and the row-exact verify set-up
+(``mlx_mtp.exactness.row_exact_layers``). Family adapters add caches, logits, verify and
+rollback (docs/architecture.md, "Adding a family")."""
 
 from __future__ import annotations
 

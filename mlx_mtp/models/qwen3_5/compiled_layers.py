@@ -87,7 +87,8 @@ def _mm(x: mx.array, w: mx.array, most) -> mx.array:
         return row_exact_layers.transposed_products(x, w)
     if most >= T:
         return x @ w.T
-    return mx.concatenate([x[..., a:b, :] @ w.T for a, b in row_exact_layers.chunks(T, most)], axis=-2)
+    return mx.concatenate([x[..., a:b, :] @ w.T for a, b in row_exact_layers.chunks(T, most)],
+                          axis=-2)
 
 
 def _sig(*arrays) -> Tuple:
@@ -115,7 +116,7 @@ def _all_equal(ref, new) -> bool:
 def _memo(module, key: Tuple, choose: Callable[[], object]):
     """``choose()`` once per ``key`` on this module: the signature checks below build their keys
     from every weight's shape, too slow to do on every call (a verify makes ~50 of these calls)."""
-    memo = module.__dict__.setdefault("_compiled_layers_memo", {})  # a plain attribute, no parameter
+    memo = module.__dict__.setdefault("_compiled_layers_memo", {})  # an attribute, no parameter
     key = key + (mx.default_device() == mx.cpu, row_exact_layers.active())
     if key not in memo:
         memo[key] = choose()
@@ -407,8 +408,9 @@ def attention_choice(layer, x: mx.array, rows: int) -> Tuple[Optional[bool], Opt
                for a in _arrays(layer[n])]
     plain_pre = _attn_plain(layer, L, ("q_proj", "k_proj", "v_proj"))
     plain_post = _attn_plain(layer, L, ("o_proj",))
-    key = ("attn", rows, row_exact_layers.active(), plain_pre, plain_post, layer.num_attention_heads,
-           layer.num_key_value_heads, layer.q_norm.eps, layer.k_norm.eps,
+    key = ("attn", rows, row_exact_layers.active(), plain_pre, plain_post,
+           layer.num_attention_heads, layer.num_key_value_heads, layer.q_norm.eps,
+           layer.k_norm.eps,
            *("bias" in layer[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))) + _sig(x, *weights)
     if key not in _checked:
         (xr,) = _random_like([x], 3167)

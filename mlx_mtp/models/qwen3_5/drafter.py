@@ -285,7 +285,7 @@ class QwenMTPDrafter(DrafterDefaults):
             d.first_draft_hidden = last[s : s + 1][None]
             d.first_draft_logits = None  # projected again where a tree or a sampler needs it
 
-    # -- prompt caches across turns (mlx_mtp.decoding.prompt_cache) ------------------------------------
+    # -- prompt caches across turns (mlx_mtp.decoding.prompt_cache) -------------------------------
 
     def carry(self) -> list:
         """What a prompt cache keeps between turns: the head's KV caches (exact entries only)."""

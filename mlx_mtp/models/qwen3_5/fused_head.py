@@ -61,7 +61,8 @@ class FusedLayer(nn.Module):
         self.inter = mlp.gate_proj.weight.shape[0]
         self.w_gu = mx.concatenate([mlp.gate_proj.weight, mlp.up_proj.weight], axis=0)
         self.w_down = mlp.down_proj.weight
-        # x @ W.T of each product: the BLAS, the row kernel or the bf16 kernel (``drafter_products``)
+        # x @ W.T of each product: the BLAS, the row kernel or the bf16 kernel
+        # (``drafter_products``)
         self.mm_qkvg, self.mm_o, self.mm_gu, self.mm_down = (
             drafter_products.matmul_for(w, row_kernel, bf16)
             for w in (self.w_qkvg, self.w_o, self.w_gu, self.w_down))

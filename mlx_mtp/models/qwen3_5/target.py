@@ -421,9 +421,10 @@ class Qwen3_5Target(TrunkTarget):
                 _compact(c, fed, path)
 
     def decode(self, ids: mx.array, cache: List[Any]) -> mx.array:
-        """A one-token step through the verify's compiled pieces (``gdn_block``, ``compiled_layers``:
-        each checked bitwise against mlx-lm's ops, else the ops run), fewer and fused ops than
-        mlx-lm's decode step; the rollback stash it keeps is dropped (a step is never undone)."""
+        """A one-token step through the verify's compiled pieces (``gdn_block``,
+        ``compiled_layers``: each checked bitwise against mlx-lm's ops, else the ops run), fewer
+        and fused ops than mlx-lm's decode step; the rollback stash it keeps is dropped (a step
+        is never undone)."""
         with compiled_layers.compiling():
             h = self.flagged_trunk(ids, cache, SpecArraysCache, "capture")
         for c in cache:
