@@ -8,13 +8,15 @@ at p + 1. ``Turn.finish`` (run when a generation ends or is closed) brings the c
 what mlx-lm's cache would hold after the same yields: it rewinds kept-but-unread rows, or feeds
 the last yielded token as the single-token decode step mlx-lm ran for it. The target's hidden
 state at the last position stays in the cache (``hidden``) and the next turn pairs it with its
-first token, so the head's context continues where the target's does.
+first token, so the head's context continues where the target's does. A caller may also ask
+for copies of the cache at points inside the next prompt (``PromptCache.checkpoints``).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.models import cache as _mlx_cache
@@ -30,13 +32,22 @@ class PromptCache(list):
     """The target's per-layer caches (this list, in the order and classes the target uses) plus
     the drafter's: ``drafter_state`` (what the drafter carries between turns; None: it starts
     afresh at the next MTP turn) and ``hidden`` (``[1, 1, H]``, the target's hidden state at the
-    last processed position; None when empty or unknown)."""
+    last processed position, which the next turn pairs with its first token; None when empty or
+    unknown, or in a checkpoint, whose drafter has already paired it).
+
+    ``checkpoints``: positions in the next turn's prompt after which its prefill keeps a copy of
+    the cache (each ends a prefill chunk); the copies land in ``kept``, by position. A copy at
+    position s holds the target's state of the prompt's first s tokens and a drafter that has
+    consumed the pair of token s too, so it continues a prompt whose first s + 1 tokens are
+    these."""
 
     def __init__(self, layers, family: str, drafter_state=None, hidden: Optional[mx.array] = None):
         super().__init__(layers)
         self.family = family
         self.drafter_state = drafter_state
         self.hidden = hidden
+        self.checkpoints: Tuple[int, ...] = ()
+        self.kept: Dict[int, "PromptCache"] = {}
 
     @property
     def offset(self) -> int:
@@ -49,6 +60,40 @@ def make_prompt_cache(model, max_kv_size: Optional[int] = None) -> PromptCache:
     _check_model(model)
     note_max_kv_size(model, max_kv_size)
     return PromptCache(model.target.make_cache(), model.target.family)
+
+
+def copy_prompt_cache(cache: PromptCache) -> PromptCache:
+    """An independent copy (mlx-lm's caches write their buffers in place): what one cache holds,
+    for a second generation to continue from while the first is kept."""
+    mx.eval([a for a in _arrays(cache)])
+    out = copy.deepcopy(cache)
+    out.checkpoints, out.kept = (), {}
+    return out
+
+
+def prompt_cache_nbytes(cache: PromptCache) -> int:
+    """The bytes of every array the cache holds (its buffers as allocated, stashes included)."""
+    return sum(a.nbytes for a in _arrays(cache))
+
+
+def _arrays(cache: PromptCache) -> list:
+    found: Dict[int, mx.array] = {}
+
+    def walk(x, depth):
+        if isinstance(x, mx.array):
+            found[id(x)] = x
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y, depth)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y, depth)
+        elif depth > 0 and hasattr(x, "__dict__"):  # a cache object's own attributes
+            for y in vars(x).values():
+                walk(y, depth - 1)
+
+    walk(list(cache) + list(cache.drafter_state or []) + [cache.hidden], 2)
+    return list(found.values())
 
 
 def _check_model(model) -> None:
@@ -93,6 +138,7 @@ class Turn:
         self.kv = kv
         self.drafter = drafter
         self.last: Optional[_Round] = None
+        cache.kept = {}
         for c in cache:  # a caller may stop mid-round: keep what ``target.rewind`` replays from
             if hasattr(c, "keep_stash"):
                 c.keep_stash = True
@@ -108,6 +154,13 @@ class Turn:
             d.reset()
             self.cache.hidden = None  # a fresh head starts its context at this prompt
         d.bind_cache(self.cache)  # the Gemma 4 assistant reads the target's K/V
+
+    def keep(self, position: int) -> None:
+        """A checkpoint: the prefill has fed the target ``position`` prompt tokens and the
+        drafter their pairs, the last one with token ``position``; keep a copy."""
+        c = self.cache
+        carried = self.drafter.carry() if self.drafter is not None else None
+        c.kept[position] = copy_prompt_cache(PromptCache(list(c), c.family, carried, None))
 
     def pair_previous(self, first_id: mx.array) -> None:
         if self.drafter is not None and self.cache.hidden is not None:

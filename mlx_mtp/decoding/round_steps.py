@@ -101,15 +101,18 @@ def _prepare(session: Session, prompt: mx.array, exact: bool) -> None:
 def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
                     report: Callable[[int, int], None]) -> Iterator[None]:
     """Every prompt token but the last, ``prefill_step_size`` at a time; yields between
-    chunks (not after the last)."""
+    chunks (not after the last). A prompt cache's checkpoint ends a chunk, and the turn keeps a
+    copy there."""
     target, drafter, cache = session.target, session.drafter, session.cache
     prompt_len = session.prompt_len
     # Every core for the chunk's products, except across split ranks (two ranks on one machine
     # would run twice as many BLAS threads as cores).
     threads = cpu_blas.prefill_threads if session.split is None else contextlib.nullcontext
+    checkpoints = cache.checkpoints if session.turn is not None else ()
     start = 0
     while prompt_len - start > 1:
         stop = min(start + request.prefill_step_size, prompt_len - 1)
+        stop = min([p for p in checkpoints if start < p < stop], default=stop)
         with threads():
             hidden = target.prefill(prompt[None, start:stop], cache,
                                     request.embeddings(start, stop))
@@ -117,6 +120,8 @@ def _prefill_chunks(session: Session, prompt: mx.array, request: Request,
                 drafter.prefill(hidden, prompt[start + 1 : stop + 1])
             session.kv.quantize(cache)
             mx.eval(target.cache_state(cache), drafter.state_arrays() if drafter else [])
+        if stop in checkpoints:
+            session.turn.keep(stop)
         start = stop
         report(start, prompt_len)
         if prompt_len - start > 1:
