@@ -7,7 +7,9 @@ rows packed (``mlx_mtp.models.packed_batch``), and the drafter's head steps wher
 batches them (``Drafter.draft_batch``). A sequence joins between rounds (its prompt prefilled
 alone) and leaves when its consumer stops reading. At temperature 0 each sequence's tokens are what it decodes
 alone, byte for byte, where the batch-vs-alone probe (``mlx_mtp.exactness.batch_vs_alone``)
-passes on this device; ``BatchRounds`` refuses to start where it does not.
+passes on this device; ``BatchRounds`` refuses to start where it does not. A sequence may start
+from a prompt cache (``mlx_mtp.make_prompt_cache``), which ends holding the prompt and exactly the
+tokens its reader read, as ``generate_step``'s does.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness import gate
 from mlx_mtp.exactness.batch_vs_alone import probe_batch
 from mlx_mtp.io.kv_settings import KVSettings
-from mlx_mtp.decoding.prompt_cache import make_prompt_cache
+from mlx_mtp.decoding.prompt_cache import PromptCache, Turn, check_prompt_cache, make_prompt_cache
 from mlx_mtp.models.packed_batch import split_rows
 
 
@@ -127,11 +129,13 @@ class BatchRounds:
     def start(self, prompt, *, max_tokens: int = DEFAULT_MAX_TOKENS, sampler=None,
               logits_processors=None, seed: Optional[int] = None, acceptance: str = "auto",
               stats: Optional[RunStats] = None, prefill_step_size: int = 2048,
-              progress: Optional[Callable[[int, int], None]] = None) -> BatchedSequence:
+              progress: Optional[Callable[[int, int], None]] = None,
+              prompt_cache: Optional[PromptCache] = None) -> BatchedSequence:
         """A sequence joins: its prompt's first prefill chunk now (alone, as ``generate_step``
         chunks it), each further chunk before a round, so a long prompt does not stall the
         others; its first token is emitted with its last chunk. The arguments are
-        ``generate_step``'s."""
+        ``generate_step``'s; a ``prompt_cache`` is settled when ``tokens`` ends (its
+        ``Turn.finish``)."""
         if len(self.active) >= self.max_batch:
             raise MTPError(f"the batch is full ({self.max_batch} sequences)")
         model = self.model
@@ -150,8 +154,11 @@ class BatchRounds:
         if not decision.mtp_enabled:
             raise MTPError(f"batched rounds: the exactness gate declined MTP: "
                            f"{decision.reason}")
-        session = open_session(model, make_prompt_cache(model), KVSettings(), None, drafter, rule,
-                               stats, request, prompt.size)
+        cache = (make_prompt_cache(model) if prompt_cache is None
+                 else check_prompt_cache(model, prompt_cache))
+        turn = Turn(model, cache, KVSettings(), drafter) if prompt_cache is not None else None
+        session = open_session(model, cache, KVSettings(), turn, drafter, rule, stats, request,
+                               prompt.size)
         seq = BatchedSequence(session, prefill_steps(session, prompt, request, exact=True))
         seq.join_step()
         self.active.append(seq)
@@ -167,16 +174,26 @@ class BatchRounds:
     def tokens(self, seq: BatchedSequence) -> Iterator[Emitted]:
         """The sequence's ``(token, logprobs, from_draft)``, as ``generate_step`` yields them;
         runs a round for the whole batch whenever this sequence has none left to read. Closing
-        it removes the sequence."""
+        it removes the sequence; its prompt cache then holds exactly the tokens read (not after
+        an error, as ``generate_step``'s)."""
+        read, settle = 0, True
         try:
             while True:
                 while not seq.out:
                     if seq.done:
                         return
                     self.round()
-                yield seq.out.popleft()
+                item = seq.out.popleft()
+                read += 1
+                yield item
+        except BaseException as e:
+            settle = isinstance(e, GeneratorExit)
+            raise
         finally:
             self.remove(seq)
+            turn = seq.session.turn
+            if settle and turn is not None and seq.joining is None:
+                turn.finish(read)
 
     # ------------------------------------------------------------------------------ a round
 
@@ -189,7 +206,10 @@ class BatchRounds:
         read)."""
         for s in [s for s in self.active if s.joining is not None]:
             s.join_step()
-        seqs = [s for s in self.active if s.joining is None and not s.done]
+        # A prompt cache can take back the unread tokens of its sequence's last round only: a
+        # sequence with one holds back until its reader has read what it has.
+        seqs = [s for s in self.active if s.joining is None and not s.done
+                and not (s.session.turn is not None and s.out)]
         if not seqs:
             return
         if len(seqs) == 1 and all(s.joining is None for s in self.active):

@@ -1,5 +1,5 @@
 """Prompt caches a server keeps across requests: checkpoints inside a prompt
-(``PromptCache.checkpoints``) and copies. At T=0 a
+(``PromptCache.checkpoints``), prompt caches in batched rounds, and their copies. At T=0 a
 generation that starts from any of them is mlx-lm's greedy decode from a cache holding the same
 tokens, and the caches stay bitwise mlx-lm's."""
 
@@ -10,8 +10,9 @@ from mlx_lm.models import cache as mlx_cache
 from support import tiny_checkpoints as tc
 
 import mlx_mtp
+from mlx_mtp.decoding.batch_rounds import BatchRounds
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.io.prompt_cache import copy_prompt_cache, prompt_cache_nbytes
+from mlx_mtp.decoding.prompt_cache import copy_prompt_cache, prompt_cache_nbytes
 
 PROMPT = [(7 * i + 5) % 251 + 1 for i in range(40)]
 OTHER = [(11 * i + 2) % 251 + 1 for i in range(9)]
@@ -126,4 +127,45 @@ def _arrays_of(c):
         elif isinstance(v, (list, tuple)):
             out += [x for x in v if isinstance(x, mx.array)]
     return out
+
+
+# ------------------------------------------------------------------------------ batched rounds
+
+
+def test_batched_sequences_keep_their_prompt_caches_as_mlx_lm(agree):
+    """Two sequences decode together from their own prompt caches (one with a checkpoint), their
+    readers stop inside rounds; then each cache holds its prompt and exactly the tokens read,
+    bitwise mlx-lm's, and a second turn from it is mlx-lm's. A reader that does not read holds
+    its sequence back (at most one round of unread tokens, which the cache can take back)."""
+    model, ref = agree
+    batch = BatchRounds(model, 2, block_size=4)
+    prompts = [PROMPT, OTHER + PROMPT[:5]]
+    caches = [mlx_mtp.make_prompt_cache(model) for _ in prompts]
+    caches[0].checkpoints = (9,)
+    seqs = [batch.start(mx.array(p), max_tokens=64, prompt_cache=c)
+            for p, c in zip(prompts, caches)]
+    gens = [batch.tokens(s) for s in seqs]
+    got = [[next(gens[0])[0]], []]
+    for _ in range(15):  # the first reader waits: its sequence sits out once it has tokens
+        got[1].append(next(gens[1])[0])
+        assert len(seqs[0].out) <= 4
+    got[0] += take(gens[0], 10)
+    got[1] += take(gens[1], 3)
+    # mlx-lm's caches: the first prompt's checkpoint chunk taken alone, as the prefill chunks it
+    refs = [mlx_lm_cache(ref, prompts[0][:9]), mlx_cache.make_prompt_cache(ref)]
+    want = [take(mlx_generate_step(mx.array(prompts[0][9:]), ref, prompt_cache=refs[0]), 11),
+            take(mlx_generate_step(mx.array(prompts[1]), ref, prompt_cache=refs[1]), 18)]
+    assert got == want
+    for c, r, p, g in zip(caches, refs, prompts, got):
+        assert c.offset == r[-1].offset == len(p) + len(g)
+        assert bitwise(model.target.cache_state(c), model.target.cache_state(r))
+    assert caches[0].kept[9].offset == 9
+
+    turn = [OTHER[:4], PROMPT[:3]]
+    seqs = [batch.start(mx.array(t), max_tokens=64, prompt_cache=c)
+            for t, c in zip(turn, caches)]
+    got = [take(batch.tokens(s), 12) for s in seqs]
+    want = [take(mlx_generate_step(mx.array(t), ref, prompt_cache=r), 12)
+            for t, r in zip(turn, refs)]
+    assert got == want
 
