@@ -94,6 +94,25 @@ unit_interval = _checked(float, "a number", lambda v: 0.0 <= v <= 1.0, "between 
 non_negative_int = _checked(int, "an integer", lambda v: v >= 0, ">= 0")
 
 
+_SIZE_UNITS = {"": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+               "T": 10**12, "TB": 10**12}
+
+
+def byte_size(s):
+    """A number of bytes, with mlx_lm.server's units (``512M``, ``8G``: powers of 10)."""
+    text = s.strip().upper()
+    digits = text.rstrip("KMGTB")
+    unit = text[len(digits):]
+    try:
+        value = float(digits)
+    except ValueError:
+        value = None
+    if value is None or unit not in _SIZE_UNITS or not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 512M or 8G "
+                                         f"(0: none), got {s!r}")
+    return int(value * _SIZE_UNITS[unit])
+
+
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     """The flags that say how a run speculates and how its drafter runs, the same (names, types,
     defaults, help) for ``mlx_mtp.generate`` and ``mlx_mtp.server``; ``speculation_options``

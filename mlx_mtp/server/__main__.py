@@ -15,6 +15,7 @@ from mlx_mtp.decoding.limits import DEFAULT_MAX_BATCH
 from mlx_mtp.models.distributed import SPLITS, init_split
 
 DEFAULT_MAX_QUEUE = 16
+DEFAULT_PROMPT_CACHE_BYTES = "4G"  # the caches kept across requests (docs/server.md)
 # On SIGTERM/Ctrl-C, requests still open after this long are cut (a decode may run for minutes).
 GRACEFUL_SHUTDOWN_S = 3
 
@@ -40,6 +41,11 @@ def build_parser() -> cli.Parser:
     p.add_argument("--max-batch", type=cli.positive_int, default=DEFAULT_MAX_BATCH,
                    help="most requests decoded together in one batched round; 1 serves one "
                         f"request at a time (default: {DEFAULT_MAX_BATCH})")
+    p.add_argument("--prompt-cache-bytes", type=cli.byte_size, default=None, metavar="SIZE",
+                   help="keep the caches of recent requests up to this many bytes (e.g. 512M, "
+                        "8G; least recently used evicted), so a prompt that starts as a kept "
+                        "one prefills only the rest; 0 turns it off "
+                        f"(default: {DEFAULT_PROMPT_CACHE_BYTES})")
     p.add_argument("--no-mtp", action="store_true",
                    help="serve mlx-lm's plain decode of the same target, for comparison")
     p.add_argument("--split", choices=SPLITS, default=None,
@@ -72,6 +78,17 @@ def _repetition_defaults(args) -> dict:
             "repetition_context_size": context}
 
 
+def _prompt_cache_bytes(args) -> int:
+    """``--prompt-cache-bytes``, or its default; refused where nothing could be kept."""
+    if args.prompt_cache_bytes is None:
+        return cli.byte_size(DEFAULT_PROMPT_CACHE_BYTES)
+    if args.prompt_cache_bytes > 0 and (args.split or args.no_mtp):
+        raise MTPError(f"--prompt-cache-bytes: {'--split' if args.split else '--no-mtp'} serves "
+                       "without a prompt cache (every prompt is prefilled in full); leave the "
+                       "flag out or pass 0")
+    return args.prompt_cache_bytes
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -88,6 +105,7 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     try:
+        prompt_cache_bytes = _prompt_cache_bytes(args)
         model = model_or_demo(args.model, args.drafter)
         speculation, draft_options = cli.speculation_options(args)
         split = init_split(args.split, program="mlx_mtp.server") if args.split else None
@@ -106,9 +124,9 @@ def main(argv=None) -> int:
     if split is not None:
         from mlx_mtp.server.split import SplitWorker
 
-        worker = SplitWorker(load, args.max_queue, args.max_batch)
+        worker = SplitWorker(load, args.max_queue, args.max_batch, prompt_cache_bytes)
     else:
-        worker = Worker(load, args.max_queue, args.max_batch)
+        worker = Worker(load, args.max_queue, args.max_batch, prompt_cache_bytes)
     try:
         worker.start()
     except MTPError as e:
@@ -118,7 +136,8 @@ def main(argv=None) -> int:
     model_id = args.model or DEMO_MODEL_ID
     print(f"mlx_mtp.server: {model_id} on http://{args.host}:{args.port} "
           f"(MTP {'on' if mtp['mtp_enabled'] else 'off'}: {mtp['gate_reason']}; "
-          f"queue {args.max_queue}; {worker.engine.batch_reason}; no authentication)"
+          f"queue {args.max_queue}; {worker.engine.batch_reason}; "
+          f"prompt cache {worker.engine.prompt_cache_reason}; no authentication)"
           + (f" [rank 0 of {split.size}, {split.kind} split, pid {os.getpid()}]" if split else ""),
           flush=True)
     defaults = Defaults(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p,

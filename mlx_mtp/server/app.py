@@ -200,6 +200,7 @@ class _Routes:
             "draft": worker.engine.draft_summary() if warm else None,
             "sampling": worker.engine.sampling_gate() if warm else None,
             "batch": worker.engine.batch_summary() if warm else None,
+            "prompt_cache": worker.engine.prompt_cache_summary() if warm else None,
             "running": worker.busy, "queued": worker.queued,
             "max_queue": worker.max_queue}, status_code=200 if ok else 503)
 

@@ -5,7 +5,8 @@ Runs on the server's one decode thread (``worker.py``) and uses the library's AP
 ``mlx_mtp.decoding.responses``, and for ``--no-mtp`` ``plain_stream_generate``, as the CLI) plus
 mlx-lm's own pieces: its chat conversion for tokenizers without a template, its logits
 processors, its stop sequences and text state machine (``mlx_lm.generate``), so stop strings and
-reasoning text behave as in ``mlx_lm.server``.
+reasoning text behave as in ``mlx_lm.server``. With a prompt cache (``start_prompt_cache``,
+``prompt_reuse.py``) a request prefills only what the cache does not hold of its prompt.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mlx_mtp.exactness.device import current_device_facts
 from mlx_mtp.errors import MTPError
 from mlx_mtp.models.options import DraftOptions
 
+from mlx_mtp.server.prompt_reuse import PromptReuse, Reused, continuation_points, with_history
 from mlx_mtp.server.schema import GenerationRequest, RequestError
 
 NO_MTP_REASON = "--no-mtp: mlx-lm plain decode"
@@ -40,6 +42,7 @@ class Started:
     """The prompt is prefilled and the first token is out: the request is valid."""
 
     prompt_tokens: int
+    cached_tokens: int = 0  # of them, taken from the prompt cache (not prefilled)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     mtp: dict
+    cached_tokens: int = 0
 
 
 Event = Union[Started, Delta, Finished]
@@ -82,6 +86,8 @@ def mtp_summary(stats: RunStats) -> dict:
                                  else None),
         "accepted_by_sibling_rank": list(stats.sibling_rank_hits),
         "generation_tps": stats.generation_tps,
+        "prefilled_tokens": stats.prompt_tokens,  # the prompt tokens this request prefilled
+        "prefill_s": stats.prompt_s,
         **split,
     }
 
@@ -103,6 +109,8 @@ class Engine:
         self.batch: Optional[BatchRounds] = None  # requests decode together (``start_batch``)
         self.max_batch = 1
         self.batch_reason = "one request at a time: --max-batch 1"
+        self.prompt_cache: Optional[PromptReuse] = None  # ``start_prompt_cache``
+        self.prompt_cache_reason = "off: --prompt-cache-bytes 0"
 
     def start_batch(self, max_batch: int) -> None:
         """Decode up to ``max_batch`` requests together in batched rounds, where this model
@@ -127,6 +135,26 @@ class Engine:
                 why = str(e)
         self.batch_reason = (f"up to {max_batch} requests per round" if why is None
                              else f"one request at a time: {why}")
+
+    def start_prompt_cache(self, max_bytes: int) -> None:
+        """Keep the caches of requests, up to ``max_bytes`` (0: none), for later requests whose
+        prompts start alike; else ``prompt_cache_reason`` says why not."""
+        if max_bytes == 0:
+            return
+        if self.no_mtp:
+            self.prompt_cache_reason = "off: --no-mtp serves mlx-lm's plain decode"
+        elif getattr(self.model, "split", None) is not None:
+            self.prompt_cache_reason = ("off: a split target prefills every prompt in full "
+                                        "(every rank would have to keep the same caches)")
+        else:
+            self.prompt_cache = PromptReuse(self.model, max_bytes)
+            self.prompt_cache_reason = f"up to {max_bytes} bytes"
+
+    def prompt_cache_summary(self) -> dict:
+        """The ``prompt_cache`` object of ``/health``."""
+        if self.prompt_cache is None:
+            return {"enabled": False, "reason": self.prompt_cache_reason}
+        return self.prompt_cache.summary()
 
     def batch_summary(self) -> dict:
         """The ``batch`` object of ``/health``; under ``auto`` with ``drafts``: the draft count
@@ -175,16 +203,11 @@ class Engine:
                 process_message_content(messages)
             except (ValueError, KeyError, TypeError) as e:
                 raise RequestError(f"messages: {_first_line(e)}", param="messages") from None
-            if tok.has_chat_template:
-                try:
-                    ids = tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                  tokenize=True)
-                except Exception as e:  # a template that rejects the conversation (roles...)
-                    raise RequestError(f"messages: the chat template refused them: "
-                                       f"{_first_line(e)}", param="messages") from None
-                ids = ids["input_ids"] if isinstance(ids, dict) else ids
-            else:
-                ids = tok.encode(convert_chat(messages))
+            try:
+                ids = self._render_chat(messages)
+            except Exception as e:  # a template that rejects the conversation (roles...)
+                raise RequestError(f"messages: the chat template refused them: "
+                                   f"{_first_line(e)}", param="messages") from None
         else:
             # Like mlx-lm's stream_generate and the CLI: special tokens unless the text has a BOS.
             add_special = tok.bos_token is None or not req.prompt.startswith(tok.bos_token)
@@ -198,6 +221,27 @@ class Engine:
                                f"tokens, with room needed for at least one generated token",
                                param="messages" if req.kind == "chat" else "prompt")
         return ids
+
+    def _render_chat(self, messages: List[dict]) -> List[int]:
+        """Chat messages (their content processed) -> the prompt's ids: the chat template with
+        the generation prompt, or mlx-lm's plain layout for a tokenizer without one."""
+        tok = self.tokenizer
+        if not tok.has_chat_template:
+            return list(tok.encode(convert_chat(messages)))
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+    def _reuse_points(self, req: GenerationRequest, ids: List[int]) -> List[int]:
+        """Prompt lengths that later prompts may share with this one (``prompt_reuse``): a chat's
+        continuation points, else (or where the template refuses the probes) the whole
+        prompt."""
+        if req.kind == "chat":
+            messages = copy.deepcopy(req.messages)
+            process_message_content(messages)  # (it passed in ``prompt_ids``)
+            points = continuation_points(ids, self._render_chat, messages)
+            if points:
+                return points
+        return [len(ids)]
 
     def _initial_state(self, req: GenerationRequest, ids: List[int]) -> str:
         """mlx_lm.server's choice: a chat prompt that opens a thinking block starts in it."""
@@ -213,34 +257,41 @@ class Engine:
     # ------------------------------------------------------------------------------ decode
 
     @staticmethod
-    def _draws(req: GenerationRequest):
+    def _draws(req: GenerationRequest, reused: Optional[Reused]):
+        """The request's sampler and logits processors; from a prompt cache, the processors see
+        the cached prompt tokens too (the round loop gives them the rest onward)."""
         sampler = mlx_mtp.make_sampler(temp=req.temperature, top_p=req.top_p, min_p=req.min_p,
                                        top_k=req.top_k)
         processors = make_logits_processors(repetition_penalty=req.repetition_penalty,
                                             repetition_context_size=req.repetition_context_size)
+        if reused is not None:
+            processors = with_history(processors, reused.ids[: reused.cached])
         return sampler, processors
 
     def _batched_responses(self, req: GenerationRequest, ids: List[int], stats: RunStats,
-                           on_sequence: Callable):
+                           on_sequence: Callable, reused: Optional[Reused]):
         """The request's responses from the batch (``BatchRounds``); it joins the batch when
         first read, and ``on_sequence`` gets its ``BatchedSequence``."""
-        sampler, processors = self._draws(req)
+        sampler, processors = self._draws(req, reused)
+        rest = ids if reused is None else reused.rest
 
         def tokens():
-            seq = self.batch.start(mx.array(ids), max_tokens=req.max_tokens, sampler=sampler,
+            seq = self.batch.start(mx.array(rest), max_tokens=req.max_tokens, sampler=sampler,
                                    logits_processors=processors, seed=req.seed,
-                                   acceptance=self.speculation.acceptance, stats=stats)
+                                   acceptance=self.speculation.acceptance, stats=stats,
+                                   prompt_cache=reused.cache if reused is not None else None)
             on_sequence(seq)
             yield from self.batch.tokens(seq)
 
-        tokenizer, prompt, _ = prepare(self.tokenizer, ids, stats)
+        tokenizer, prompt, _ = prepare(self.tokenizer, rest, stats)
         return stream_responses(tokens(), tokenizer, prompt, req.max_tokens, stats)
 
-    def _responses(self, req: GenerationRequest, ids: List[int], stats: RunStats):
-        sampler, processors = self._draws(req)
+    def _responses(self, req: GenerationRequest, ids: List[int], stats: RunStats,
+                   reused: Optional[Reused]):
+        sampler, processors = self._draws(req, reused)
         if req.seed is not None:
             mx.random.seed(req.seed)
-        prompt = mx.array(ids)
+        prompt = mx.array(ids if reused is None else reused.rest)
         if self.no_mtp:  # mlx-lm's own plain decode of the target, as the CLI's --no-mtp
             return plain_stream_generate(self.model, self.tokenizer, prompt,
                                          max_tokens=req.max_tokens, sampler=sampler,
@@ -252,6 +303,7 @@ class Engine:
         return mlx_mtp.stream_generate(self.model, self.tokenizer, prompt,
                                        max_tokens=req.max_tokens, sampler=sampler, stats=stats,
                                        logits_processors=processors,
+                                       prompt_cache=reused.cache if reused is not None else None,
                                        **speculation.as_kwargs())
 
     def generate(self, req: GenerationRequest, ids: List[int],
@@ -260,20 +312,28 @@ class Engine:
         """``Started``, ``Delta``s, then one ``Finished``. Checks ``cancelled`` after every token,
         so a cancelled request stops before the next round and its generator is closed. With
         ``on_sequence`` the request decodes in the batch (``start_batch``), and
-        ``on_sequence`` gets its ``BatchedSequence`` once it joined."""
+        ``on_sequence`` gets its ``BatchedSequence`` once it joined. With a prompt cache the
+        request starts from the kept cache that holds most of its prompt, and what it leaves is
+        kept for later requests (``prompt_reuse``); not after a failure."""
         tok = self.tokenizer
         stats = RunStats(block_size=1, mtp_enabled=False, gate_reason=NO_MTP_REASON) \
             if self.no_mtp else RunStats()
         matcher = make_stop_sequences(tok, req.stop).matcher()
         state = make_text_state_machine(tok, req.stop).make_state(self._initial_state(req, ids))
-        responses = (self._responses(req, ids, stats) if on_sequence is None
-                     else self._batched_responses(req, ids, stats, on_sequence))
-        n, finish = 0, "length"
+        reuse = self.prompt_cache
+        reused = reuse.open(ids, self._reuse_points(req, ids)) if reuse is not None else None
+        cached = reused.cached if reused is not None else 0
+        responses = (self._responses(req, ids, stats, reused) if on_sequence is None
+                     else self._batched_responses(req, ids, stats, on_sequence, reused))
+        n, finish, tokens, ended = 0, "length", [], False
         try:
             for gen in responses:
                 n += 1
+                tokens.append(gen.token)
                 if n == 1:
-                    yield Started(len(ids))
+                    if reused is not None:
+                        reuse.keep_checkpoints(reused)
+                    yield Started(len(ids), cached)
                 stop_word = matcher.advance(gen.token) and gen.token not in tok.eos_token_ids
                 if stop_word:  # mlx_lm.server: drop the held-back start of the stop string
                     state, _ = TextStateMachine.discard(state)
@@ -294,13 +354,16 @@ class Engine:
                 if cancelled():
                     finish = "cancelled"
                     break
+            ended = True
         finally:
-            responses.close()
+            responses.close()  # a prompt cache now holds the prompt and exactly ``tokens``
+        if reused is not None and ended and n:
+            reuse.keep_finished(reused, tokens)
         mtp = mtp_summary(stats)
         # whether this request decoded in the batch, and how the server batches (``/health``)
         mtp["batched"] = on_sequence is not None
         mtp["batch_reason"] = self.batch_reason
-        yield Finished(finish, len(ids), n, mtp)
+        yield Finished(finish, len(ids), n, mtp, cached)
 
 
 def _delta(segments) -> Delta:

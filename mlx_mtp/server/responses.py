@@ -71,8 +71,11 @@ class ResponseIds:
 
 
 def usage(done: Finished) -> dict:
+    """OpenAI's usage; ``prompt_tokens_details.cached_tokens``: the prompt tokens taken from the
+    prompt cache."""
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",

@@ -65,9 +65,11 @@ class SplitWorker(Worker):
 
     fatal = (SplitFailed,)
 
-    def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1):
-        # a split target decodes one request at a time (``Engine.start_batch`` says so)
-        super().__init__(self._make_engine_watched, max_queue, max_batch)
+    def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1,
+                 prompt_cache_bytes: int = 0):
+        # a split target decodes one request at a time and keeps no prompt cache
+        # (``Engine.start_batch`` and ``Engine.start_prompt_cache`` say so)
+        super().__init__(self._make_engine_watched, max_queue, max_batch, prompt_cache_bytes)
         self._make_split_engine = make_engine
         self._sent = time.monotonic()
         self.failed: Optional[str] = None

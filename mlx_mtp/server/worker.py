@@ -76,13 +76,17 @@ class Worker:
     # instead of failing one request; the subclass that lists them answers every client.
     fatal: tuple = ()
 
-    def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1):
+    def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1,
+                 prompt_cache_bytes: int = 0):
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if prompt_cache_bytes < 0:
+            raise ValueError(f"prompt_cache_bytes must be >= 0, got {prompt_cache_bytes}")
         self.max_queue = max_queue
         self.max_batch = max_batch
+        self.prompt_cache_bytes = prompt_cache_bytes
         self.batched: List["_Member"] = []  # the requests decoding together
         self.engine: Optional[Engine] = None
         self.warm_up: Optional[Finished] = None
@@ -149,6 +153,8 @@ class Worker:
             self.warm_up = self.run_warm_up(self.engine)
             self.engine.start_batch(self.max_batch)
             logger.info("batch: %s", self.engine.batch_reason)
+            self.engine.start_prompt_cache(self.prompt_cache_bytes)  # (after the warm-up's)
+            logger.info("prompt cache: %s", self.engine.prompt_cache_reason)
         except BaseException as e:  # handed to start(), which re-raises it on the main thread
             self._error = e
             return
