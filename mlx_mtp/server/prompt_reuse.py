@@ -18,8 +18,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 
-from mlx_mtp.io.lru_prompt_cache import LRUPromptCache
-from mlx_mtp.io.prompt_cache import PromptCache, make_prompt_cache
+from mlx_mtp.decoding.lru_prompt_cache import LRUPromptCache
+from mlx_mtp.decoding.prompt_cache import PromptCache, make_prompt_cache
 
 logger = logging.getLogger("mlx_mtp.server")
 

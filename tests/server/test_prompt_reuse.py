@@ -1,7 +1,7 @@
 """The server's prompt cache in process: the LRU store of whole prompt caches
-(``mlx_mtp.io.lru_prompt_cache``), where a chat's later prompts share its prompt (measured on the
-demo pair's plain layout and on a Qwen3.5-style thinking template), the logits processors that see
-the cached tokens, the size flag's parser and where the server keeps no cache."""
+(``mlx_mtp.decoding.lru_prompt_cache``), where a chat's later prompts share its prompt (measured
+on the demo pair's plain layout and on a Qwen3.5-style thinking template), the logits processors
+that see the cached tokens, the size flag's parser and where the server keeps no cache."""
 
 import argparse
 from types import SimpleNamespace
@@ -15,8 +15,8 @@ import mlx_mtp
 from mlx_mtp import MTPError
 from mlx_mtp.cli import byte_size
 from mlx_mtp.demo import demo_path
-from mlx_mtp.io.lru_prompt_cache import LRUPromptCache
-from mlx_mtp.io.prompt_cache import PromptCache
+from mlx_mtp.decoding.lru_prompt_cache import LRUPromptCache
+from mlx_mtp.decoding.prompt_cache import PromptCache
 from mlx_mtp.server.engine import Engine
 from mlx_mtp.server.prompt_reuse import (PromptReuse, continuation_points, shared_length,
                                          with_history)
@@ -92,7 +92,7 @@ def test_what_the_store_refuses():
         LRUPromptCache(10**6).insert([1, 2, 3, 4, 5], entry(3))
 
 
-# ------------------------------------------------------------------------------ what later prompts share
+# ------------------------------------------------------------------------- what later prompts share
 
 
 # A Qwen3.5-style ChatML template: the generation prompt opens a thinking block, and an earlier

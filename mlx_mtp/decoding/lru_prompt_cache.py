@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from mlx_mtp.errors import MTPError
-from mlx_mtp.io.prompt_cache import PromptCache, copy_prompt_cache, prompt_cache_nbytes
+from mlx_mtp.decoding.prompt_cache import PromptCache, copy_prompt_cache, prompt_cache_nbytes
 
 
 @dataclass
