@@ -1,17 +1,14 @@
 """A chat as chat apps and coding agents send it: every turn resends the whole conversation (the
-system message, each user message so far and the server's own earlier answers) through the
-``openai`` client, streamed at T=0. Each user message pastes the next lines of a source file, so
-the prompt grows to thousands of tokens over ``--turns`` turns.
+system message, the user messages so far, the server's own earlier answers) through the ``openai``
+client, streamed at T=0. Each user message pastes the next lines of a source file, so the prompt
+grows to thousands of tokens over ``--turns`` turns.
 
-Three servers on the same checkpoint, all up at once (an idle server waits on its queue and uses
-no CPU): ``mlx_mtp.server`` with its prompt cache (``cached``), the same server with the cache off
-(``--prompt-cache-bytes 0``: every prompt prefilled in full, ``cold``), and ``mlx_lm.server``
-(plain decode, with its own LRU prompt cache). Turn by turn the arms take turns (the order
-rotating with the turn), each following its own conversation. Per turn and arm: time to first
-token, client-side decode tok/s (tokens after the first over the time after the first), the
-prompt tokens and those served from a cache (``usage.prompt_tokens_details.cached_tokens``), the
-tokens the mlx_mtp servers prefilled (``mtp.prefilled_tokens``), and whether the text equals the
-cold server's. Writes benchmark_results/<topic>-<host>-<date>.md and .json.
+Three servers on one checkpoint, up at once: ``mlx_mtp.server`` with its prompt cache
+(``cached``), the same with ``--prompt-cache-bytes 0`` (``cold``) and ``mlx_lm.server`` (plain
+decode, its own LRU prompt cache). The arms take turns, turn by turn, each following its own
+conversation. Per turn and arm: time to first token, decode tok/s after the first token, the prompt
+tokens served from a cache and those prefilled, whether the text equals the cold server's.
+Writes benchmark_results/<topic>-<host>-<date>.md and .json.
 
     python -m benchmarks.bench_conversation --model PATH
     python -m benchmarks.bench_conversation --render RECORD.json --summary "..."   # no run
@@ -35,6 +32,9 @@ SYSTEM = ("You are a senior Python engineer reviewing a colleague's code. Each m
           "next part of the file; explain what it does and point out anything to fix, briefly.")
 QUESTIONS = ("What does this part do?", "Anything to fix here?", "How would you test this?",
              "Can this be simpler?", "What are the edge cases?")
+# What the prompt cache is for: the last turn's time to first token at most this share of the
+# cold server's (the record says whether the run met it).
+TTFT_GOAL = 0.2
 SOURCE = "argparse.py"  # of the standard library: the same text on every machine of one Python
 
 
@@ -160,6 +160,10 @@ def render(r: dict) -> str:
     for arm in ARMS:
         lines.append(f"| {LABELS[arm]} | {ttft[arm]:.0f} | {total[arm] / 1e3:.1f} | "
                      f"{ttft[arm] / ttft['cold']:.2f}x | {total[arm] / total['cold']:.2f}x |")
+    ratio = ttft["cached"] / ttft["cold"]
+    lines += ["", f"Turn {last}'s time to first token with the prompt cache is {ratio:.2f}x the "
+              f"cold server's: the goal of at most {TTFT_GOAL}x is "
+              f"{'met' if ratio <= TTFT_GOAL else 'NOT met'}."]
     lines += common.what_it_says(r)
     return "\n".join(lines)
 

@@ -52,6 +52,11 @@ def test_bench_conversation_writes_the_record(tmp_path, ckpt_root):
                     "| mlx_mtp.server --prompt-cache-bytes 0 | ", "| mlx_lm.server | ",
                     "## What it says"):
         assert section in text
+    rows = {(r["turn"], r["arm"]): r["ttft_ms"] for r in data["rows"]}
+    ratio = rows[(3, "cached")] / rows[(3, "cold")]
+    assert (f"Turn 3's time to first token with the prompt cache is {ratio:.2f}x the cold "
+            f"server's: the goal of at most 0.2x is {'met' if ratio <= 0.2 else 'NOT met'}."
+            ) in text
 
 
 def test_bad_counts_are_one_line_errors(capsys):
