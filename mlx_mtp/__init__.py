@@ -18,6 +18,7 @@ warnings.filterwarnings("ignore", category=RuntimeWarning,
                         message=r"'mlx_mtp\.generate' found in sys\.modules")
 
 from mlx_mtp.decoding.block_chooser import BlockChooser  # noqa: E402
+from mlx_mtp.demo import DEMO_DECODE  # noqa: E402
 from mlx_mtp.errors import MTPError  # noqa: E402
 from mlx_mtp.models.loader import load, load_model  # noqa: E402
 from mlx_mtp.decoding.prompt_cache import (load_prompt_cache, make_prompt_cache,  # noqa: E402
@@ -30,7 +31,7 @@ from mlx_mtp.batch_generate import batch_generate  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockChooser", "MTPError", "load", "load_model", "generate", "generate_step", "batch_generate",
+__all__ = ["BlockChooser", "DEMO_DECODE", "MTPError", "load", "load_model", "generate", "generate_step", "batch_generate",
            "speculative_generate_step", "stream_generate", "make_sampler", "make_prompt_cache",
            "save_prompt_cache", "load_prompt_cache",
            "__version__"]

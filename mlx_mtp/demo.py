@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlx_lm.sample_utils import make_logits_processors
+
 from mlx_mtp.errors import MTPError
 
 DEMO_DIR = Path(__file__).resolve().parent / "demo_pair"
@@ -23,10 +25,21 @@ class DemoDecode:
     dozen tokens, which every draft then predicts. mlx-lm's repetition penalty keeps its text
     from looping (its share of distinct 4-token n-grams from about 0.1 to above 0.8 on code
     prompts), so that what the demo shows, and what its benchmarks measure, is text that reads as
-    code. MTP applies the same logits processors as plain decode: T=0 output stays identical."""
+    code. MTP applies the same logits processors as plain decode: T=0 output stays identical.
+
+    The Python API does not apply them by itself: with the same arguments it decodes as mlx-lm
+    does, so the demo's settings are passed like any others (``generation_kwargs``)."""
 
     repetition_penalty: float = 1.3
     repetition_context_size: int = 48
+
+    def generation_kwargs(self) -> dict:
+        """The keyword arguments that give ``generate`` / ``stream_generate`` /
+        ``generate_step`` (mlx_mtp's or mlx-lm's) the demo's decode: ``logits_processors`` with
+        mlx-lm's repetition penalty."""
+        return {"logits_processors": make_logits_processors(
+            repetition_penalty=self.repetition_penalty,
+            repetition_context_size=self.repetition_context_size)}
 
 
 DEMO_DECODE = DemoDecode()

@@ -13,6 +13,7 @@ import mlx.nn as nn
 from mlx_lm import utils as mlx_lm_utils
 
 from mlx_mtp.cpu import blas as cpu_blas
+from mlx_mtp.demo import demo_path
 from mlx_mtp.io.checkpoint import (cast_floats, default_dtype, first_line, load_mlx_lm_model,
                                    load_tokenizer, read_config, resolve_path, safetensors_header,
                                    weight_files)
@@ -72,7 +73,7 @@ def _mlx_lm_version() -> str:
     return mlx_lm.__version__
 
 
-def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
+def load(path_or_hf_repo=None, tokenizer_config: Optional[dict] = None,
          model_config: Optional[dict] = None, adapter_path: Optional[str] = None,
          lazy: bool = False, return_config: bool = False, revision: Optional[str] = None,
          trust_remote_code: bool = False, *, drafter=None, dtype="auto",
@@ -80,7 +81,9 @@ def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
     """Load a target and its MTP drafter, as ``mlx_lm.load`` loads a model.
 
     Args:
-        path_or_hf_repo (str): The target's folder or Hugging Face repo id.
+        path_or_hf_repo (str, optional): The target's folder or Hugging Face repo id.
+          Default: ``None``, the demo pair embedded in the package (the CLI's default; its
+          decode settings: ``mlx_mtp.DEMO_DECODE.generation_kwargs()``).
         tokenizer_config (dict, optional): Tokenizer settings, as mlx-lm's. Default: ``None``.
         model_config (dict, optional): Overrides of the target's config. Default: ``None``.
         adapter_path (str, optional): LoRA adapters for the target (the head stays the
@@ -104,6 +107,11 @@ def load(path_or_hf_repo, tokenizer_config: Optional[dict] = None,
         Tuple[MTPModel, TokenizerWrapper]: The model and its tokenizer, and with
           ``return_config`` the config third.
     """
+    if path_or_hf_repo is None:
+        if drafter is not None:
+            raise MTPError("drafter needs a path_or_hf_repo: the embedded demo pair has its own "
+                           "head")
+        path_or_hf_repo = demo_path()
     model = load_model(path_or_hf_repo, drafter=drafter, dtype=dtype, require_head=require_head,
                        draft_options=draft_options, model_config=model_config,
                        adapter_path=adapter_path, lazy=lazy, revision=revision,

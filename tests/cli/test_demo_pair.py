@@ -71,6 +71,39 @@ def test_the_demo_loads_through_the_real_checkpoint_path():
     assert tok.eos_token_ids == {tok.convert_tokens_to_ids("<|endoftext|>")}
 
 
+def test_load_without_a_path_is_the_demo_pair_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, tok = mlx_mtp.load()
+    assert model.path == demo.DEMO_DIR and model.drafter is not None
+    assert tok.encode(DEFAULT_PROMPT) == mlx_mtp.load(demo.DEMO_DIR)[1].encode(DEFAULT_PROMPT)
+    with pytest.raises(MTPError) as e:
+        mlx_mtp.load(drafter="/some/head")
+    assert str(e.value) == ("drafter needs a path_or_hf_repo: the embedded demo pair has its own "
+                            "head")
+
+
+def test_the_demo_decode_kwargs_give_the_api_mlx_lms_penalized_decode():
+    """``DEMO_DECODE.generation_kwargs()`` is mlx-lm's repetition penalty as logits processors:
+    the API with them decodes as mlx-lm's greedy decode with the same processors, and the
+    penalty changes the text (what it is there for)."""
+    model, tok = mlx_mtp.load()
+    kwargs = mlx_mtp.DEMO_DECODE.generation_kwargs()
+    assert set(kwargs) == {"logits_processors"}
+    ids = [r.token for r in mlx_mtp.stream_generate(model, tok, DEFAULT_PROMPT, max_tokens=40,
+                                                    block_size=3, **kwargs)]
+    mlx_model, _ = mlx_load_model(demo.DEMO_DIR)
+    processors = make_logits_processors(
+        repetition_penalty=demo.DEMO_DECODE.repetition_penalty,
+        repetition_context_size=demo.DEMO_DECODE.repetition_context_size)
+    ref = [t for t, _ in mlx_generate_step(mx.array(tok.encode(DEFAULT_PROMPT)), mlx_model,
+                                           max_tokens=40, logits_processors=processors)]
+    assert ids == ref[:len(ids)] and len(ids) == next(
+        (i + 1 for i, t in enumerate(ref) if t in tok.eos_token_ids), 40)
+    unpenalized = [r.token for r in mlx_mtp.stream_generate(model, tok, DEFAULT_PROMPT,
+                                                            max_tokens=40, block_size=3)]
+    assert unpenalized != ids
+
+
 @pytest.mark.subprocess
 def test_drafter_without_model_is_one_line_error():
     r = cli("--drafter", "/some/head", check=False)
