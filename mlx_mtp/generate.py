@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", type=str2bool, default=True, metavar="{True,False}",
                    help="after the text, print the run's statistics to stderr (default True; "
                         "False: the text only), as mlx_lm.generate's --verbose")
+    p.add_argument("--stats", choices=("short", "full"), default="short",
+                   help="the statistics table: short (what a run's flags change: MTP on or off, "
+                        "tok/s, acceptance, block sizes) or full (also the counts, time per "
+                        "phase, the drafter step, the BLAS and the C kernels); docs/usage.md "
+                        "explains every row")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
 
@@ -267,8 +272,10 @@ def print_report(result: dict, stats_rows, verbose: bool = True) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    full = args.stats == "full"
     return cli_main(parser, run, lambda result: print_report(
-        result, gate_rows(result) + _rows_from_result(result), args.verbose), args=args)
+        result, gate_rows(result, full) + _rows_from_result(result, full), args.verbose),
+        args=args)
 
 
 def _rate(tokens: int, tps: float) -> str:
@@ -276,49 +283,59 @@ def _rate(tokens: int, tps: float) -> str:
     return f"{tokens} tokens, " + (f"{tps:.1f} tok/s" if tps > 0 else "n/a tok/s")
 
 
-def _rows_from_result(result: dict):
+def _rows_from_result(result: dict, full: bool = False):
+    """The table's rows after the gate's: what a run's flags change (speed, acceptance, block
+    sizes) and with ``full`` also the counts, phases, drafter, BLAS and kernels."""
     rows = [
         ("prompt", _rate(result["prompt_tokens"], result["prompt_tps"])),
         ("generation", _rate(result["generation_tokens"], result["generation_tps"])),
     ]
     if result["mtp_enabled"]:
+        tree = result.get("draft_topk", 1) > 1
+        if full or result["temperature"] > 0:
+            rows.append(("acceptance rule", result["acceptance_rule"]))
         rows += [
-            ("acceptance rule", result["acceptance_rule"]),
+            ("tokens per round", f"{result['tokens_per_round']:.3f}"),
             ("block size", result["block_size"] if result["block_size"] != AUTO
              else f"auto (up to {result['max_block_size']})"),
             ("block sizes used (width: rounds)", ", ".join(
                 f"{w}: {n}" for w, n in result["block_sizes"].items()) or "-"),
-            ("rounds", result["rounds"]),
-            ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),
-            ("acceptance rate", f"{result['acceptance_rate']:.3f}"),
-            ("tokens per round", f"{result['tokens_per_round']:.3f}"),
         ]
-        tree = result.get("draft_topk", 1) > 1
+        if full:
+            rows += [
+                ("rounds", result["rounds"]),
+                ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),
+                ("acceptance rate", f"{result['acceptance_rate']:.3f}"),
+            ]
         if tree:
             rows += [("draft tree", f"top {result['draft_topk']} per node, at most "
                                     f"{result['draft_tokens']} nodes"),
-                     ("tree rounds", f"{result['tree_rounds']} of {result['rounds']}"),
-                     ("tree nodes verified per tree round",
+                     ("tree rounds", f"{result['tree_rounds']} of {result['rounds']}")]
+        if tree and full:
+            rows += [("tree nodes verified per tree round",
                       f"{result['tree_nodes_per_round']:.2f}"),
                      ("accepted nodes by sibling rank (0: the head's first choice)",
                       ", ".join(map(str, result["accepted_by_sibling_rank"])) or "-")]
         for j, (rate, n) in enumerate(zip(result["per_position_acceptance"],
                                           result["per_position_rounds"]), 1):
-            rows.append((f"depth {j} reached (share of the {n} rounds that drafted that deep)"
-                         if tree else f"draft {j} accepted (share of the {n} rounds that "
-                         f"drafted it)", f"{rate:.3f}"))
-        per_round = max(result["rounds"], 1)
-        for phase, ms in result["phase_ms"].items():
-            rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
-        rows += profile_rows(result.get("draft_profile"))
+            # the share of the rounds that drafted position j (reached depth j) where it was kept
+            rows.append((f"depth {j} reached" if tree else f"draft {j} accepted",
+                         f"{rate:.3f} (of {n} rounds)"))
+        if full:
+            per_round = max(result["rounds"], 1)
+            for phase, ms in result["phase_ms"].items():
+                rows.append((f"{phase} ms/round", f"{ms / per_round:.2f}"))
+            rows += profile_rows(result.get("draft_profile"))
     if result.get("split"):
         rows.append(("split", result["split"]))
-        rows.append(("collectives per token (rank 0)",
-                     f"{result['split_messages_per_token']:.2f} "
-                     f"({result['split_bytes_per_token'] / 1e3:.1f} kB)"))
+        if full:
+            rows.append(("collectives per token (rank 0)",
+                         f"{result['split_messages_per_token']:.2f} "
+                         f"({result['split_bytes_per_token'] / 1e3:.1f} kB)"))
     rows.append(("peak memory", f"{result['peak_memory_gb']:.3f} GB"))
-    rows.append(("cpu blas", result["cpu_blas"]))
-    rows.append(("C kernels", result["cpu_kernels"]))
+    if full:
+        rows.append(("cpu blas", result["cpu_blas"]))
+        rows.append(("C kernels", result["cpu_kernels"]))
     return rows
 
 

@@ -238,8 +238,9 @@ def verdict_summary(exactness: dict) -> str:
     return text + (f", overridden by {ALLOW_INEXACT_ENV}=1" if exactness.get("override") else "")
 
 
-def gate_rows(result: dict) -> list:
-    """The CLI stats table's rows for the gate: whether MTP ran, and the verdict it used."""
+def gate_rows(result: dict, full: bool = False) -> list:
+    """The CLI stats table's rows for the gate: whether MTP ran and what the output promises
+    (the default table); ``full`` adds the probe's verdicts and how the verify computes its rows."""
     exactness = result.get("exactness") or {}
     if result["mtp_enabled"]:
         mtp = f"on, NOT exact ({ALLOW_INEXACT_ENV}=1)" if exactness.get("override") else "on"
@@ -247,11 +248,20 @@ def gate_rows(result: dict) -> list:
         mtp = "off (declined by the exactness gate: mlx-lm plain decode)"
     else:
         mtp = f"off ({result['gate_reason']})"
-    promise = {BYTE_IDENTITY: "byte identity with plain decode",
-               DISTRIBUTION: "the distribution of plain sampling"}.get(exactness.get("promise"))
-    rows = [("mtp", mtp), ("exactness probe", verdict_summary(exactness))]
-    if promise is not None and result["mtp_enabled"] and not exactness.get("override"):
-        rows.append(("exactness promise", promise))
+    rows = [("mtp", mtp)]
+    promise = exactness.get("promise")
+    if exactness.get("override") or not result["mtp_enabled"]:
+        if exactness.get("verdict") not in (None, NOT_NEEDED):
+            rows.append(("exactness probe", verdict_summary(exactness)))
+    elif promise == BYTE_IDENTITY and exactness.get("verdict") == EQUAL:
+        rows.append(("exactness", "the same tokens as plain greedy decode (the probe checked "
+                                  "this device)"))
+    elif promise == DISTRIBUTION:
+        rows.append(("exactness", "the same distribution as plain sampling"))
+    if not full:
+        return rows
+    if rows[-1][0] != "exactness probe":
+        rows.append(("exactness probe", verdict_summary(exactness)))
     tree = exactness.get("tree")
     if tree:
         rows.append(("tree probe", f"{tree['verdict']} ({tree['config']})"))

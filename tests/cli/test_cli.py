@@ -1,6 +1,7 @@
 """``python -m mlx_mtp.generate``: output, JSON fields, and one-line errors without tracebacks."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -59,16 +60,54 @@ def test_no_mtp_needs_no_head(mlx_dir):
     assert out["mtp_enabled"] is False
 
 
+def table(stderr: str) -> dict:
+    """The stats table after the ``=`` line: label -> value."""
+    lines = stderr.splitlines()
+    rows = lines[lines.index("=" * 40) + 3:]  # after the header and its rule
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in rows)
+
+
+SHORT = ["mtp", "exactness", "prompt", "generation", "tokens per round", "block size",
+         "block sizes used (width: rounds)", "draft 1 accepted", "draft 2 accepted",
+         "peak memory"]
+FULL_ONLY = ["exactness probe", "row-exact layers", "acceptance rule", "rounds",
+             "drafted / accepted", "acceptance rate", "verify ms/round", "draft ms/round",
+             "accept ms/round", "finalize ms/round", "residual ms/round", "drafter step ms (Nx)",
+             "drafter step split (ms)", "accept hook ms (Nx)", "accept hook split (ms)",
+             "cpu blas", "C kernels"]
+
+
 @pytest.mark.subprocess
-def test_human_output_is_text_then_one_table(dense_dir):
-    r = cli("--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 8)
+def test_human_output_is_text_then_one_short_table_and_full_adds_the_internals(dense_dir):
+    args = ["--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 8, "--block-size", 3]
+    r = cli(*args)
     assert "=" * 40 not in r.stdout  # the text alone on stdout, the statistics on stderr
-    lines = r.stderr.splitlines()
-    sep = lines.index("=" * 40)
-    table = "\n".join(lines[sep + 1 :])
-    for label in ("acceptance rate", "tokens per round", "draft 1 accepted", "verify ms/round",
-                  "residual ms/round", "peak memory"):
-        assert label in table, label
+    short = table(r.stderr)
+    assert list(short) == SHORT
+    assert short["mtp"] == "on"
+    assert short["exactness"] == ("the same tokens as plain greedy decode (the probe checked "
+                                  "this device)")
+    assert short["block size"] == "3"
+    out = json.loads(cli(*args, "--json").stdout)
+    assert short["tokens per round"] == f"{out['tokens_per_round']:.3f}"
+    assert short["draft 1 accepted"] == (f"{out['per_position_acceptance'][0]:.3f} "
+                                         f"(of {out['per_position_rounds'][0]} rounds)")
+    full = table(cli(*args, "--stats", "full").stderr)
+    assert {re.sub(r"\(\d+x\)", "(Nx)", label) for label in full} == set(SHORT) | set(FULL_ONLY)
+    assert full["exactness probe"] == "equal (width 2, 3)"
+    assert full["acceptance rule"] == "greedy"
+
+
+@pytest.mark.subprocess
+def test_the_short_table_names_the_rule_when_sampling_and_why_mtp_is_off(dense_dir):
+    args = ["--model", dense_dir, "--prompt", PROMPT, "--max-tokens", 8]
+    sampled = table(cli(*args, "--temp", "0.7", "--seed", "3").stderr)
+    assert sampled["exactness"] == "the same distribution as plain sampling"
+    assert sampled["acceptance rule"] == "gumbel-coupled"
+    assert "exactness probe" not in sampled
+    plain = table(cli(*args, "--no-mtp").stderr)
+    assert list(plain) == ["mtp", "prompt", "generation", "peak memory"]
+    assert plain["mtp"] == "off (--no-mtp: mlx-lm plain decode)"
 
 
 @pytest.mark.subprocess

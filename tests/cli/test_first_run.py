@@ -34,7 +34,7 @@ def test_the_default_run_writes_text_that_does_not_loop_and_equals_plain_decode(
 def test_the_text_goes_to_stdout_and_the_statistics_to_stderr():
     r = cli("--max-tokens", "12")
     assert "statistic" not in r.stdout and "tok/s" not in r.stdout
-    assert "statistic" in r.stderr and "acceptance rule" in r.stderr
+    assert "statistic" in r.stderr and "tokens per round" in r.stderr
     text = json.loads(cli("--max-tokens", "12", "--json").stdout)["text"]
     assert r.stdout == text + "\n"
     quiet = cli("--max-tokens", "12", "--verbose", "False")

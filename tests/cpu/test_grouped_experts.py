@@ -128,7 +128,8 @@ def test_the_report_and_its_table_cell(monkeypatch):
     span = "1-4" if want == "kernel" else "2-4"
     cell = dict(gate.gate_rows({"mtp_enabled": True,
                                  "exactness": {"verdict": "equal", "widths": [],
-                                               "row_exact": gate.verify_report(model)}}))
+                                               "row_exact": gate.verify_report(model)}},
+                                 full=True))
     assert cell["expert layers"] == f"1 layers: {want} at widths {span}"
     monkeypatch.setattr(expert_kernel, "problem", lambda: "no (test)")
     assert grouped_experts.experts_summary(grouped_experts.experts_report(model)).endswith(
