@@ -1,7 +1,15 @@
 """The server as a newcomer meets it: ``python -m mlx_mtp.server`` with no ``--model`` (the demo
-pair), the README's chat request through the ``openai`` client, and what the server logs."""
+pair), the README's and docs/server.md's examples run as written (the server's port aside), a
+chat request through the ``openai`` client, and what the server logs."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
 
 import pytest
+from support.doc_blocks import assert_code_like, the_block
 
 from benchmarks.common import distinct_ngram_share
 from benchmarks.harness.server_process import ServerProcess
@@ -13,8 +21,9 @@ pytest.importorskip("uvicorn")
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
-# The README's chat example for the demo pair.
-README_CHAT = "Write a Python class for a stack."
+# A chat framing that leads the demo pair to code.
+CHAT = "Write a Python class for a stack."
+DOC_PORT = "127.0.0.1:8080"  # the port the examples use; the tests' server has its own
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +42,41 @@ def demo_tokenizer():
     return mlx_mtp.load(str(demo_path()))[1]
 
 
-def test_the_readme_chat_request_gets_text_that_does_not_loop(server, demo_tokenizer):
+def on_the_test_port(text: str, server) -> str:
+    assert DOC_PORT in text
+    return text.replace(DOC_PORT, f"127.0.0.1:{server.port}")
+
+
+def test_the_readme_server_command_is_the_one_the_tests_start():
+    words = shlex.split(the_block("README.md", "bash", "mlx_mtp.server").strip())
+    assert words == ["python", "-m", "mlx_mtp.server", "--port", "8080"]  # the fixture's server
+
+
+def test_the_readme_openai_example_prints_code(server, tmp_path):
+    block = on_the_test_port(the_block("README.md", "python", "OpenAI("), server)
+    (tmp_path / "example.py").write_text(block)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    text, tokens_per_round = r.stdout.rstrip("\n").rsplit("\n", 1)
+    assert_code_like(text)
+    assert float(tokens_per_round) >= 1.0
+
+
+def test_the_curl_example_of_docs_server_gets_code(server):
+    command = on_the_test_port(the_block("docs/server.md", "bash", "curl "), server)
+    r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["usage"]["completion_tokens"] > 0
+    assert_code_like(out["choices"][0]["text"])
+
+
+def test_a_chat_request_for_code_gets_text_that_does_not_loop(server, demo_tokenizer):
     r = server.client.chat.completions.create(
         model=DEMO_MODEL_ID, max_tokens=256, temperature=0,
-        messages=[{"role": "user", "content": README_CHAT}])
+        messages=[{"role": "user", "content": CHAT}])
     assert r.usage.completion_tokens == 256
     ids = demo_tokenizer.encode(r.choices[0].message.content, add_special_tokens=False)
     assert distinct_ngram_share(ids, 4) >= 0.6
