@@ -117,6 +117,8 @@ def test_the_short_table_names_the_rule_when_sampling_and_why_mtp_is_off(dense_d
     (["--block-size", "0"], "error: argument --block-size: must be between 1 and 16, got 0"),
     (["--block-size", "100"], "error: argument --block-size: must be between 1 and 16, got 100"),
     (["--temp", "-1"], "error: argument --temp: must be >= 0, got -1"),
+    (["--stats", "verbose"],
+     "error: argument --stats: invalid choice: 'verbose' (choose from 'short', 'full')"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message):
     r = cli(*args, check=False)
