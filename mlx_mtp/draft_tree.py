@@ -67,19 +67,24 @@ class TreeSearch:
     of each expanded node from its logits row and returns the ``topk`` new candidates of highest
     path score, the next depth's expansions; ``select`` keeps the best ``nodes``. Scores are
     summed log-probabilities of the drafter's logits. Each ``expand`` reads its scores on the
-    host once (the tree's shape depends on them)."""
+    host once (the tree's shape depends on them). ``process(logits, paths)``: the request's
+    logits processors over the rows first, row r after the target ids ``paths[r]`` (a drafter
+    binds its id table: ``mlx_mtp.decoding.draft_processing.TreeRows``)."""
 
     ROOT = -1
 
-    def __init__(self, topk: int, to_target=lambda cols: cols):
+    def __init__(self, topk: int, to_target=lambda cols: cols, process=None):
         self.topk = topk
         self.to_target = to_target  # drafter columns -> target ids (a reduced vocabulary)
+        self.process = process
         self.cands: List[list] = []  # [token, score, parent candidate (ROOT), depth, rank]
         self.reads = 0
 
     def expand(self, logits, parents: List[int], depth: int) -> List[int]:
         """``logits [len(parents), V]``: row r holds the drafter's logits after candidate
         ``parents[r]`` (``ROOT``: the bonus); the new candidates sit at ``depth``."""
+        if self.process is not None:
+            logits = self.process(logits, [self.path_tokens(p) for p in parents])
         k = self.topk
         cols = mx.argpartition(-logits, k - 1, axis=-1)[:, :k]
         best = mx.take_along_axis(logits, cols, axis=-1)
@@ -100,6 +105,14 @@ class TreeSearch:
 
     def token(self, c: int) -> int:
         return self.cands[c][0]
+
+    def path_tokens(self, c: int) -> List[int]:
+        """The target ids from the first depth down to candidate ``c`` (none for ``ROOT``)."""
+        out = []
+        while c != self.ROOT:
+            out.append(self.cands[c][0])
+            c = self.cands[c][2]
+        return out[::-1]
 
     def parent(self, c: int) -> int:
         return self.cands[c][2]

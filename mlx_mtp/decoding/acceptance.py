@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
 from mlx_mtp.decoding import keyed_sampling, sampling
+from mlx_mtp.decoding.draft_processing import DraftProcessors, drafter_problem
 from mlx_mtp.decoding.keyed_sampling import PositionKeys
 from mlx_mtp.decoding.request import Request
 from mlx_mtp.decoding.sampling import RandomStreams, Sampler, is_argmax
@@ -48,7 +49,8 @@ class Draft:
 class AcceptanceRule:
     """What every rule gives the round steps. ``sampler`` and ``processors`` are the user's
     (mlx-lm's meaning); the logits processors are applied to the verify rows by the steps, and
-    ``draft`` receives the history so that a rule's drafts can see them too."""
+    to the drafts through ``drafting`` (``draft_processing.DraftProcessors``), which ``draft``
+    and a tree's drafting hand the history."""
 
     name: str  # stats.acceptance_rule, ``--json``, the server's ``mtp.acceptance_rule``
     samples = True  # draws at temperature > 0: the promise is the distribution, not the bytes
@@ -59,6 +61,7 @@ class AcceptanceRule:
     def __init__(self, sampler, processors: Sequence):
         self.sampler = sampler
         self.processors = list(processors)
+        self.drafting = DraftProcessors(self.processors)
 
     def draft(self, drafter, k: int, history: Optional[mx.array], position: int,
               vocab_size: int) -> Draft:
@@ -85,16 +88,21 @@ class AcceptanceRule:
 
 
 class PointMass(AcceptanceRule):
-    """The drafter's argmax drafts (``Drafter.draft``); the target draws each row with the
-    user's sampler; a draft is kept while it equals the target's draw at its row (speculative
-    sampling for a one-hot q). The draws of a draft tree's rows are made the same way, and its
-    walk keeps a child equal to its parent's draw (``draft_tree.accepted_path``)."""
+    """The drafter's argmax drafts (``Drafter.draft``; with logits processors the argmax of the
+    processed logits, through ``draft_sampled``); the target draws each row with the user's
+    sampler; a draft is kept while it equals the target's draw at its row (speculative sampling
+    for a one-hot q). The draws of a draft tree's rows are made the same way, and its walk keeps
+    a child equal to its parent's draw (``draft_tree.accepted_path``)."""
 
     name = POINT_MASS
     drafts_argmax = True
 
     def draft(self, drafter, k, history, position, vocab_size):
-        return Draft(ids=drafter.draft(k))
+        pick = self.drafting.argmax(history, vocab_size)
+        if pick is None:
+            return Draft(ids=drafter.draft(k))
+        drafter.draft_sampled(k, pick)
+        return Draft(ids=pick.drafts())
 
     def draw_targets(self, logits, logprobs, proposal, block, position):
         return self.sampler(logprobs), []
@@ -143,7 +151,8 @@ class GumbelCoupled(KeyedPointMass):
 
     def draft(self, drafter, k, history, position, vocab_size):
         sampler = keyed_sampling.CoupledDraftSampler(self.sampler, self.keys, position,
-                                                     vocab_size, self.processors, history)
+                                                     vocab_size, self.drafting.for_sampler(),
+                                                     history)
         drafter.draft_sampled(k, sampler)
         return Draft(ids=sampler.drafts(), noise=sampler.noise)
 
@@ -162,7 +171,7 @@ class SpeculativeSampling(AcceptanceRule):
 
     def draft(self, drafter, k, history, position, vocab_size):
         sampler = sampling.DraftSampler(self.sampler, self.streams.draft(), vocab_size,
-                                        self.processors, history)
+                                        self.drafting.for_sampler(), history)
         drafter.draft_sampled(k, sampler)
         ids, probs, prob_ids = sampler.result()
         return Draft(ids=ids, probs=probs, prob_ids=prob_ids)
@@ -229,7 +238,16 @@ def choose_rule(request: Request, drafter, vocab_size: int) -> AcceptanceRule:
     """The request's acceptance rule (``rule_name``) with its sampler, logits processors and the
     randomness it needs: key streams for speculative sampling, keys per output position for a
     sampling rule under ``auto`` (the seed drawn from mlx's global random state when the request
-    has none)."""
+    has none). Its drafts apply the logits processors where the drafter can take processed
+    picks (``draft_processing.drafter_problem``)."""
+    rule = _rule(request, drafter, vocab_size)
+    if drafter is not None and rule.processors:
+        rule.drafting = DraftProcessors(rule.processors,
+                                        drafter_problem(drafter, request.tree is not None))
+    return rule
+
+
+def _rule(request: "Request", drafter, vocab_size: int) -> AcceptanceRule:
     auto = request.chooser is not None
     name = rule_name(request.sampler, drafter, request.acceptance, auto=auto,
                      tree=request.tree is not None)

@@ -28,6 +28,7 @@ from mlx_mtp.decoding.acceptance import Draft, choose_rule
 from mlx_mtp.decoding.batch_chooser import BatchChooser
 from mlx_mtp.decoding.api import checked_max_tokens, checked_prompt
 from mlx_mtp.decoding.block_chooser import AUTO
+from mlx_mtp.decoding.draft_processing import takes_keyword
 from mlx_mtp.decoding.limits import DEFAULT_MAX_BLOCK_SIZE, DEFAULT_MAX_TOKENS
 from mlx_mtp.decoding.request import Request
 from mlx_mtp.decoding.round_session import Progress, Session, open_session, start_stats
@@ -122,6 +123,7 @@ class BatchRounds:
             if reason is not None:
                 raise MTPError(f"batched rounds declined: batch-vs-alone probe: {reason}")
         self.active: List[BatchedSequence] = []
+        self.takes_picks = _takes_picks(model.drafter)
         self.chooser = BatchChooser(self.widest - 1) if block_size == AUTO else None
 
     # ------------------------------------------------------------------------ joining, leaving
@@ -267,21 +269,34 @@ class BatchRounds:
 
     def _draft(self, seqs: List[BatchedSequence], plans) -> List[Draft]:
         """Every sequence's drafts: the argmax drafts' head steps batched, where the family
-        batches them (``draft_batch``); a rule that samples its drafts drafts on its own."""
+        batches them (``draft_batch``), each sequence's logits processors over its own rows
+        (``draft_batch``'s ``picks``: the processed argmax with its history); a rule that
+        samples its drafts drafts on its own."""
         proposals = [Draft() for _ in seqs]
         together = [i for i, (s, p) in enumerate(zip(seqs, plans))
                     if p.drafts > 0 and s.session.rule.drafts_argmax]
+        picks = {i: seqs[i].session.rule.drafting.argmax(seqs[i].progress.history,
+                                                         self.model.target.vocab_size)
+                 for i in together}
+        if not self.takes_picks:  # processed drafts: each sequence's own draft_sampled
+            together = [i for i in together if picks[i] is None]
         batched = hasattr(self.model.drafter, "draft_batch") and len(together) > 1
         for i, (s, plan) in enumerate(zip(seqs, plans)):
             if not (batched and i in together):
                 proposals[i] = draft(s.session, s.progress, plan)
         if batched:
+            drafters = [seqs[i].session.drafter for i in together]
+            drafts = [plans[i].drafts for i in together]
             with _phases([seqs[i] for i in together], "draft"):
-                ids = self.model.drafter.draft_batch([seqs[i].session.drafter for i in together],
-                                                     [plans[i].drafts for i in together])
+                if any(picks[i] is not None for i in together):
+                    ids = self.model.drafter.draft_batch(drafters, drafts,
+                                                         picks=[picks[i] for i in together])
+                else:
+                    ids = self.model.drafter.draft_batch(drafters, drafts)
             for i, x in zip(together, ids):
                 proposals[i].ids = x
                 seqs[i].stats.draft_syncs += 1
+                seqs[i].stats.draft_processors = seqs[i].session.rule.drafting.status
         return proposals
 
     def _accept(self, accepts) -> None:
@@ -299,6 +314,12 @@ class BatchRounds:
                 for s, h, ids in accepts:
                     s.session.drafter.accept(h, ids)
             mx.async_eval([a for s in seqs for a in s.session.drafter.state_arrays()])
+
+
+def _takes_picks(drafter) -> bool:
+    """Whether the family's ``draft_batch`` picks ids through per-sequence ``picks``."""
+    batch = getattr(drafter, "draft_batch", None)
+    return batch is not None and takes_keyword(batch, "picks")
 
 
 @contextlib.contextmanager

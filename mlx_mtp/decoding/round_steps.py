@@ -242,13 +242,17 @@ def draft(session: Session, progress: Progress, plan: RoundPlan) -> Draft:
             nodes = session.tree.nodes
             if session.shapes is not None:  # auto: the budget scales with the round's depth
                 nodes = min(nodes, session.tree.topk * plan.drafts)
-            tree = drafter.draft_tree(session.tree.topk, nodes, plan.drafts)
+            # the logits processors over every node's row, with its path (draft_processing)
+            rows = session.rule.drafting.tree_rows(progress.history, session.target.vocab_size)
+            tree = (drafter.draft_tree(session.tree.topk, nodes, plan.drafts) if rows is None
+                    else drafter.draft_tree(session.tree.topk, nodes, plan.drafts, process=rows))
             proposal = Draft(ids=tree.ids, tree=tree)
         else:
             proposal = session.rule.draft(drafter, plan.drafts, progress.history,
                                           progress.emitted, session.target.vocab_size)
         session.queue(proposal.ids, proposal.probs if proposal.probs is not None else [])
         stats.draft_syncs += 1 + drafter.syncs - syncs
+        stats.draft_processors = session.rule.drafting.status
     return proposal
 
 

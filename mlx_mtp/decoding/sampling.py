@@ -196,6 +196,21 @@ class RandomStreams:
 # ------------------------------------------------------------------------------------ drafting
 
 
+def process_draft_row(logits: mx.array, tokens: mx.array, processors: Sequence,
+                      ids: Optional[mx.array] = None, vocab_size: int = 0) -> mx.array:
+    """A drafter's logits row ``[1, Vd]`` after the user's ``processors`` with history
+    ``tokens``. Processors index by target id: a row over a reduced vocabulary (``ids``, its
+    column c being target id ``ids[c]``) is lifted to the full ``vocab_size`` with -inf
+    elsewhere, processed, and taken back to its columns."""
+    full = mx.array(logits)  # mlx-lm's processors assign into their input: keep the caller's
+    if ids is not None:
+        full = mx.full((1, vocab_size), -mx.inf, dtype=logits.dtype)
+        full[:, ids] = logits
+    for proc in processors:
+        full = proc(tokens, full)
+    return full if ids is None else full[:, ids]
+
+
 class DraftSampler:
     """Handed to a drafter's ``draft_sampled``: turns one draft step's logits into a sampled id and
     records the distribution q it was drawn from (after the user's processing, so q sits close
@@ -222,13 +237,7 @@ class DraftSampler:
             return logits
         tokens = self.history if not self.ids else mx.concatenate(
             [self.history, *[d.astype(self.history.dtype) for d in self.ids]])
-        full = mx.array(logits)  # mlx-lm's processors assign into their input: keep the caller's
-        if ids is not None:  # processors index by target id: lift to the full vocabulary
-            full = mx.full((1, self.vocab_size), -mx.inf, dtype=logits.dtype)
-            full[:, ids] = logits
-        for proc in self.processors:
-            full = proc(tokens, full)
-        return full if ids is None else full[:, ids]
+        return process_draft_row(logits, tokens, self.processors, ids, self.vocab_size)
 
     def __call__(self, logits: mx.array, ids: Optional[mx.array] = None) -> mx.array:
         """``logits [1, Vd]`` -> the sampled target id ``[1]`` (uint32), on device."""

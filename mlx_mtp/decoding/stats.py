@@ -54,6 +54,9 @@ class RunStats:
     # greedy / point-mass / speculative-sampling (``mlx_mtp.decoding.sampling``); None when no
     # MTP loop ran.
     acceptance_rule: Optional[str] = None
+    # The logits processors on the drafts (mlx_mtp.decoding.draft_processing): "applied",
+    # "not applied: <why>", or None (no processors, or no draft made).
+    draft_processors: Optional[str] = None
     # The exactness gate's decision (mlx_mtp.exactness.gate): MTP on or declined, why, and the
     # probe.
     mtp_enabled: bool = True
@@ -201,6 +204,7 @@ class RunStats:
                                      else 0.0),
             "accepted_by_sibling_rank": list(self.sibling_rank_hits),
             "acceptance_rule": self.acceptance_rule,
+            "draft_processors": self.draft_processors,
             "mtp_enabled": self.mtp_enabled,
             "gate_reason": self.gate_reason,
             "exactness": self.exactness,

@@ -96,10 +96,12 @@ class Drafter(Protocol):
 
 class SamplingDrafter(Drafter, Protocol):
     def draft_sampled(self, k: int, sample) -> mx.array:
-        """Like ``draft``, but draw each of the ``k`` ids with ``sample(logits [1, Vd], ids=None)``
-        (a ``mlx_mtp.decoding.sampling.DraftSampler``: it applies the user's processing, samples
-        on the drafting stream and records q). ``ids`` is the drafter's id table when its LM head
-        covers only part of the vocabulary. Returns the sampled ids ``[k]``; no host sync."""
+        """Like ``draft``, but pick each of the ``k`` ids with ``sample(logits [1, Vd], ids=None)``
+        from the step's logits row (a ``mlx_mtp.decoding.sampling.DraftSampler``: it applies the
+        user's processing, samples on the drafting stream and records q; or a
+        ``mlx_mtp.decoding.draft_processing.DraftArgmax``: the argmax after the logits
+        processors). ``ids`` is the drafter's id table when its LM head covers only part of the
+        vocabulary. Returns the picked ids ``[k]``; no host sync."""
 
 
 class DrafterDefaults:

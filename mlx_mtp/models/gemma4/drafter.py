@@ -196,14 +196,17 @@ class Gemma4AssistantDrafter(DrafterDefaults):
     def draft(self, k: int) -> mx.array:
         return self._draft(k, self.assistant.argmax)
 
-    def draft_tree(self, topk: int, nodes: int, depth: int) -> draft_tree.DraftTree:
+    def draft_tree(self, topk: int, nodes: int, depth: int,
+                   process=None) -> draft_tree.DraftTree:
         """A tree of at most ``nodes`` drafts and ``depth`` levels after the bonus
         (``draft_tree.TreeSearch``): the ``topk`` best children of each expanded node by the
         assistant's log-probabilities (over the centroid head's candidates where it has one);
         at each depth the ``topk`` children of highest path probability are expanded, one
         assistant step over all of them as a batch (every step attends to the same committed
-        K/V at the same position, so the nodes need no mask); the best ``nodes`` are kept."""
-        search = draft_tree.TreeSearch(topk)
+        K/V at the same position, so the nodes need no mask); the best ``nodes`` are kept.
+        ``process(logits, paths)``: the request's logits processors over each expansion's rows
+        first."""
+        search = draft_tree.TreeSearch(topk, process=process)
         hn, h = self.assistant(self.target.embed(self.bonus[None]), self.hidden, self.shared_kv,
                                self.position)
         state = {search.ROOT: h}
@@ -222,8 +225,9 @@ class Gemma4AssistantDrafter(DrafterDefaults):
         return search.select(nodes)
 
     def draft_sampled(self, k: int, sample) -> mx.array:
-        """Like ``draft``, each id drawn by ``sample(logits [1, V])`` (the sampling drafter
-        protocol): full-vocabulary logits, -inf outside the centroid head's candidates."""
+        """Like ``draft``, each id picked by ``sample(logits [1, V])`` (the sampling drafter
+        protocol: a draw, or the argmax after logits processors): full-vocabulary logits, -inf
+        outside the centroid head's candidates."""
         return self._draft(k, lambda hn: sample(self.assistant.logits(hn)))
 
     # -- prompt caches across turns: nothing of its own to carry (it reads the target's K/V) --

@@ -8,6 +8,7 @@ embedding and LM head and keeps its own KV cache, whose offset always equals the
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from itertools import accumulate
 from typing import List, Optional
 
@@ -145,20 +146,21 @@ class QwenMTPDrafter(DrafterDefaults):
         g, self.first_draft, self.first_draft_logits = self._step(next_ids, hidden)
         self.first_draft_hidden = g[:, -1:]
 
-    def _step(self, ids: mx.array, hidden: mx.array):
+    def _step(self, ids: mx.array, hidden: mx.array, logits: bool = False):
         """The head over ``ids [S]`` and ``hidden [1, S, H]``: ``(g, argmax id of the last row
-        [1], its logits [1, Vd] or None when fused)``. One compiled call for a draft step or an
-        accept hook (the profiler then charges it all to ``layers``), else eager stage by stage."""
+        [1], its logits [1, Vd] or None when fused)``; ``logits``: never fused (a pick after
+        logits processors reads the row). One compiled call for a draft step or an accept hook
+        (the profiler then charges it all to ``layers``), else eager stage by stage."""
         prof = self.profiler
         if self.whole_step and self.compiled.usable(ids.shape[0], self.cache):
-            g, tok, logits = self.compiled.step(ids[None], hidden, self.cache)
-            prof.stage("layers", g, tok, logits)
-            return g, tok, logits
+            g, tok, row = self.compiled.step(ids[None], hidden, self.cache)
+            prof.stage("layers", g, tok, row)
+            return g, tok, row
         embeds = self.target.embed(ids[None])
         prof.stage("ids", embeds)
         g = self._forward(embeds, hidden)
         prof.stage("layers", g)
-        return (g, *self.lm.argmax(g[:, -1], prof))
+        return (g, *self.lm.argmax(g[:, -1], prof, fused=False if logits else None))
 
     def _forward(self, embeds: mx.array, hidden: mx.array) -> mx.array:
         """The head over ``S`` new rows: compiled for the few rows of a draft step or an accept
@@ -184,7 +186,7 @@ class QwenMTPDrafter(DrafterDefaults):
         for _ in range(k - 1):
             with prof.step("draft"):
                 prev = ids[-1] if self.options.device_ids else self._via_host(ids[-1])
-                g, tok, logits = self._step(prev, g)
+                g, tok, logits = self._step(prev, g, logits=pick is not None)
                 ids.append(tok if pick is None else pick(g[:, -1], logits))
         self.in_round = k - 1
         return mx.concatenate(ids)
@@ -192,17 +194,20 @@ class QwenMTPDrafter(DrafterDefaults):
     def draft(self, k: int) -> mx.array:
         return self._draft(k, self.first_draft)
 
-    def draft_tree(self, topk: int, nodes: int, depth: int) -> DraftTree:
+    def draft_tree(self, topk: int, nodes: int, depth: int, process=None) -> DraftTree:
         """A tree of at most ``nodes`` drafts and ``depth`` levels after the bonus
         (``draft_tree.TreeSearch``): the ``topk`` best children of each expanded node by the
         head's log-probabilities; at each depth the ``topk`` children of highest path
         probability are expanded, the head run once over them, each row attending along its
-        path; the ``nodes`` of highest path probability are kept."""
+        path; the ``nodes`` of highest path probability are kept. ``process(logits, paths,
+        ids=)``: the request's logits processors over each expansion's rows first."""
         logits = self.first_draft_logits
         if logits is None:
             logits = self.lm.project(self.first_draft_hidden[:, -1])
         base = self.offset
-        search = draft_tree.TreeSearch(topk, self.lm.to_target)
+        search = draft_tree.TreeSearch(
+            topk, self.lm.to_target,
+            process=None if process is None else partial(process, ids=self.lm.ids))
         parent_g = {search.ROOT: self.first_draft_hidden}
         entry = {}  # expanded candidate -> its in-round head cache entry
         frontier = search.expand(logits, [search.ROOT], 1)
@@ -230,15 +235,18 @@ class QwenMTPDrafter(DrafterDefaults):
         return tok
 
     def draft_sampled(self, k: int, sample) -> mx.array:
-        """Like ``draft``, but every id is drawn by ``sample``
-        (``mlx_mtp.decoding.sampling.DraftSampler``), which records the distribution q it was
-        drawn from (on the draft vocabulary, if any)."""
-        first_logits = self.first_draft_logits
-        if first_logits is None:
-            first_logits = self.lm.project(self.first_draft_hidden[:, -1])
-        return self._draft(k, sample(first_logits, ids=self.lm.ids),
+        """Like ``draft``, but every id is picked by ``sample`` from the step's logits (a
+        ``mlx_mtp.decoding.sampling.DraftSampler``, which records the distribution q it draws
+        from, on the draft vocabulary if any; or the processed argmax,
+        ``mlx_mtp.decoding.draft_processing.DraftArgmax``)."""
+        return self._draft(k, sample(self._first_logits(), ids=self.lm.ids),
                            lambda x, logits: self._sample(
                                self.lm.project(x) if logits is None else logits, sample))
+
+    def _first_logits(self) -> mx.array:
+        """The first draft's logits row ``[1, Vd]`` (projected again where the step fused)."""
+        logits = self.first_draft_logits
+        return self.lm.project(self.first_draft_hidden[:, -1]) if logits is None else logits
 
     def accept(self, hidden: mx.array, next_ids: mx.array) -> None:
         with self.profiler.step("accept"):
@@ -250,18 +258,28 @@ class QwenMTPDrafter(DrafterDefaults):
     # -- several sequences at once (mlx_mtp.decoding.batch_rounds) -------------------------------
 
     @staticmethod
-    def draft_batch(drafters: List["QwenMTPDrafter"], drafts: List[int]) -> List[mx.array]:
+    def draft_batch(drafters: List["QwenMTPDrafter"], drafts: List[int],
+                    picks: Optional[list] = None) -> List[mx.array]:
         """``draft`` for several sequences' drafters (one head and LM head, each its own
         cache): ``drafts[s]`` ids each, every head step one forward over the sequences still
-        drafting, their rows packed (``mlx_mtp.models.packed_batch``)."""
-        ids = [[d.first_draft] for d in drafters]
+        drafting, their rows packed (``mlx_mtp.models.packed_batch``). ``picks[s]``, where not
+        None, picks sequence s's ids from its logits rows as ``draft_sampled``'s ``sample``
+        (its logits processors: ``mlx_mtp.decoding.draft_processing.DraftArgmax``)."""
+        picks = picks or [None] * len(drafters)
+        ids = [[d.first_draft if p is None else p(d._first_logits(), ids=d.lm.ids)]
+               for d, p in zip(drafters, picks)]
         g = [d.first_draft_hidden for d in drafters]
         for step in range(1, max(drafts)):
             live = [s for s, k in enumerate(drafts) if k > step]
-            last, toks = _packed_step(drafters, live, mx.concatenate([ids[s][-1] for s in live]),
-                                      mx.concatenate([g[s] for s in live], axis=1), [1] * len(live))
+            rows = any(picks[s] is not None for s in live)
+            last, toks, logits = _packed_step(drafters, live,
+                                              mx.concatenate([ids[s][-1] for s in live]),
+                                              mx.concatenate([g[s] for s in live], axis=1),
+                                              [1] * len(live), logits=rows)
             for r, s in enumerate(live):
-                ids[s].append(toks[r : r + 1])
+                pick = picks[s]
+                ids[s].append(toks[r : r + 1] if pick is None
+                              else pick(logits[r : r + 1], ids=drafters[s].lm.ids))
                 g[s] = last[r : r + 1][None]
         for d, k in zip(drafters, drafts):
             d.in_round = k - 1
@@ -277,13 +295,14 @@ class QwenMTPDrafter(DrafterDefaults):
                 c.trim(d.in_round)
             d.in_round = 0
         widths = [ids.shape[0] for ids in next_ids]
-        last, toks = _packed_step(drafters, list(range(len(drafters))),
-                                  mx.concatenate(next_ids), mx.concatenate(hidden, axis=1),
-                                  widths)
+        last, toks, logits = _packed_step(drafters, list(range(len(drafters))),
+                                          mx.concatenate(next_ids), mx.concatenate(hidden, axis=1),
+                                          widths)
         for s, d in enumerate(drafters):
             d.first_draft = toks[s : s + 1]
             d.first_draft_hidden = last[s : s + 1][None]
-            d.first_draft_logits = None  # projected again where a tree or a sampler needs it
+            # (None where fused: projected again where a tree, a sampler or a processor needs it)
+            d.first_draft_logits = None if logits is None else logits[s : s + 1]
 
     # -- prompt caches across turns (mlx_mtp.decoding.prompt_cache) -------------------------------
 
@@ -340,16 +359,17 @@ def _attending_by_rows(head: MTPHead):
 
 
 def _packed_step(drafters: List[QwenMTPDrafter], members: List[int], ids: mx.array,
-                 hidden: mx.array, widths: List[int]):
+                 hidden: mx.array, widths: List[int], logits: bool = False):
     """The head over the packed rows of ``drafters[members]`` (``widths`` rows each): each
-    sequence's last output row (``[len(members), H]``) and the argmax id after it."""
+    sequence's last output row (``[len(members), H]``), the argmax id after it and its logits
+    (None where fused, unless ``logits``)."""
     d = drafters[0]
     caches = packed_caches([drafters[s].cache for s in members], widths)
     with _attending_by_rows(d.head):
         rows = d.head(d.target.embed(ids[None]), hidden, caches)
     last = rows[0][mx.array(list(accumulate(widths)), dtype=mx.uint32) - 1]
-    toks, _ = d.lm.argmax(last, d.profiler)
-    return last, toks
+    toks, row_logits = d.lm.argmax(last, d.profiler, fused=False if logits else None)
+    return last, toks, row_logits
 
 
 def _entries(f: int, search: draft_tree.TreeSearch, entry: dict) -> List[int]:

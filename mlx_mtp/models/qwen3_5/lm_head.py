@@ -162,11 +162,12 @@ class DraftLMHead:
     def to_target(self, cols: mx.array) -> mx.array:
         return cols if self.ids is None else self.ids[cols]
 
-    def argmax(self, x: mx.array, profiler):
+    def argmax(self, x: mx.array, profiler, fused: Optional[bool] = None):
         """``(target ids of the argmax [B], logits [B, Vd] or None when fused)``; ``profiler``
-        times the projection and the argmax (one stage when fused)."""
+        times the projection and the argmax (one stage when fused). ``fused`` False: the logits
+        row even where the head fuses (a pick after logits processors needs it)."""
         logits = None
-        if self.fused:
+        if self.fused if fused is None else fused:
             cols = chunked_argmax(x, self.tensors, self.chunk)
             profiler.stage("lm_head", cols)
         else:
