@@ -307,6 +307,8 @@ def _rows_from_result(result: dict, full: bool = False):
                 ("drafted / accepted", f"{result['drafted']} / {result['accepted']}"),
                 ("acceptance rate", f"{result['acceptance_rate']:.3f}"),
             ]
+        if result.get("draft_processors"):  # (None: no processors, or no draft made)
+            rows.append(("logits processors on drafts", result["draft_processors"]))
         if tree:
             rows += [("draft tree", f"top {result['draft_topk']} per node, at most "
                                     f"{result['draft_tokens']} nodes"),

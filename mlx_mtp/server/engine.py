@@ -76,6 +76,7 @@ def mtp_summary(stats: RunStats) -> dict:
         "block_size": stats.block_size,  # as requested: an integer or "auto"
         "block_sizes": {str(w): n for w, n in sorted(stats.block_sizes.items())},
         "acceptance_rule": stats.acceptance_rule,
+        "draft_processors": stats.draft_processors,
         "rounds": stats.rounds,
         "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
         "tokens_per_round": stats.tokens_per_round if stats.rounds else None,
