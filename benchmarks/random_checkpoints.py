@@ -264,6 +264,40 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
                         moe=moe)
 
 
+def write_mirroring_checkpoint(path: Path, seed: int = 0, layers: int = 4,
+                               bf16_values: bool = False) -> Path:
+    """A raw HF checkpoint whose MTP head computes its target's next-token logits.
+
+    Every residual branch of the target (attention, GatedDeltaNet, MLP) outputs zeros, so its
+    logits at a position are ``lm_head . norm(embed(x))`` of the current token x alone; the head
+    keeps the drafted token's embedding (``fc`` = [I | 0], gammas 1) and its layer adds nothing,
+    so its logits are the same up to rounding. A draft then equals the target's pick at its row
+    whenever both see the same processing: the logits processors over the same history.
+    ``bf16_values``: every matrix holds bfloat16 values (stored as float32), as a bfloat16
+    checkpoint cast on load does."""
+    config = qwen3_5_config(layers=layers)
+    mx.random.seed(seed)
+    model = build_target(config)
+    params = dict(tree_flatten(model.parameters()))
+    for k in params:
+        if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+            params[k] = mx.zeros_like(params[k])
+    head = random_head_params(model, seed + 1)
+    H = config["text_config"]["hidden_size"]
+    head["fc.weight"] = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1)
+    for k in head:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            head[k] = mx.zeros_like(head[k])
+        elif head[k].ndim == 1 and is_zero_centred_norm(k):
+            head[k] = mx.ones_like(head[k])
+    if bf16_values:
+        for weights in (params, head):
+            for k, v in weights.items():
+                if v.ndim == 2:
+                    weights[k] = v.astype(mx.bfloat16).astype(mx.float32)
+    return write_raw_hf(path, seed=seed, layers=layers, target_params=params, head_params=head)
+
+
 def qwen3_next_config(layers: int = 4, hidden: int = 64, vocab: int = VOCAB) -> dict:
     """A flat ``qwen3_next`` config (Qwen3-Next-80B-A3B's shape, scaled down; MoE everywhere)."""
     return {
