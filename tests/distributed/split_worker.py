@@ -3,7 +3,8 @@
 ``python split_worker.py MODEL SPLIT OUT MAX_TOKENS``: loads MODEL split SPLIT-wise over the
 launched group (SPLIT ``none``: one process, unsplit, the MTP arm only), then runs three arms on the same split target: MTP (block 3), the MTP loop at
 block 1 (the single-token chain), MTP sampled at T=1 from a seed rank 0 shares, and mlx-lm's
-plain decode. Each loop arm logs a hash of this
+plain decode; then MTP and plain decode with a repetition penalty (the drafts apply it too).
+Each loop arm logs a hash of this
 rank's cache state after every round to ``OUT/<arm>.rank<r>``; the ids and stats go to
 ``OUT/result.rank<r>.json``. With MAX_TOKENS large it is the victim of the dead-rank test.
 """
@@ -13,6 +14,7 @@ import sys
 
 import mlx_mtp  # noqa: F401  (first: binds the system BLAS)
 import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors
 
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.errors import MTPError
@@ -57,6 +59,16 @@ def main():
                                                 stats=stats)]
     result["plain"] = {"tokens": ids, **{k: v for k, v in stats.to_dict().items()
                                          if k != "draft_profile"}}
+    procs = make_logits_processors(repetition_penalty=2.0, repetition_context_size=12)
+    stats = RunStats()
+    ids = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
+                                       block_size=3, logits_processors=procs, stats=stats)]
+    result["penalized"] = {"tokens": ids, "draft_processors": stats.draft_processors,
+                           "rounds": stats.rounds, "accepted": stats.accepted}
+    ids = [t for t, _, _ in plain_generate_step(mx.array(PROMPT), model, max_tokens=max_tokens,
+                                                sampler=None, prefill_step_size=2048,
+                                                stats=RunStats(), logits_processors=procs)]
+    result["plain_penalized"] = {"tokens": ids}
     _write(out, result)
 
 

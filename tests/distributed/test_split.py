@@ -144,6 +144,16 @@ def test_split_sampling_draws_the_same_tokens_on_every_rank(split_run):
         assert len(_log(out / f"sampled.rank{r}")) == ranks[r]["sampled"]["rounds"] + 1
 
 
+def test_split_drafts_apply_the_logits_processors(split_run):
+    """With a repetition penalty every rank drafts the processed picks (on a tensor split, from
+    the gathered logits): the same rounds and kept drafts on both ranks, plain decode's tokens."""
+    _, _, _, ranks = split_run
+    for res in ranks:
+        assert res["penalized"]["draft_processors"] == "applied"
+        assert res["penalized"]["tokens"] == res["plain_penalized"]["tokens"]
+    assert ranks[0]["penalized"] == ranks[1]["penalized"]
+
+
 def test_split_collectives_per_token(split_run):
     _, split, _, ranks = split_run
     for res in ranks:
