@@ -28,7 +28,7 @@ from mlx_lm.sample_utils import make_logits_processors
 
 from benchmarks import common
 from benchmarks.common import mtp_decode, plain_decode
-from mlx_mtp.generate import encode_prompt
+from mlx_mtp.decoding.responses import encode_prompt
 
 BAR = 0.95  # per-position acceptance with the processors over without, at least
 PENALTY, NONE, TARGET_ONLY = "penalty", "none", "target-only"
