@@ -232,6 +232,35 @@ def test_a_reduced_vocabulary_is_processed_by_target_id(mirror_dir, mirror, refe
         assert kept_everything(stats, 3) == kept, stats.per_position_acceptance
 
 
+def test_a_reduced_vocabularys_tree_is_processed_by_target_id(mirror, reference):
+    """A tree over a reduced vocabulary: each node's row is lifted to target ids with its path;
+    every round's walk follows the head's first choices to the end of that path."""
+    V = mirror.target.vocab_size
+    table = sorted(set(PROMPT) | set(reference) | set(range(1, V, 2)))
+    drafter = QwenMTPDrafter(mirror.drafter.head, mirror.target, mirror.drafter.options,
+                             mx.array(table, dtype=mx.uint32))
+    trees = []
+    real = drafter.draft_tree
+
+    def spy(*args, **kw):
+        trees.append(real(*args, **kw))
+        return trees[-1]
+
+    drafter.draft_tree = spy
+    model = MTPModel(mirror.mlx_model, mirror.target, drafter)
+    for procs, kept in ((make_logits_processors(**PENALTY), True),
+                        ([Undraftable(p) for p in make_logits_processors(**PENALTY)], False)):
+        trees.clear()
+        stats = RunStats()
+        assert run(model, PROMPT, N, procs, stats, block_size=3, draft_topk=2) == reference
+        assert stats.tree_rounds == len(trees) > 0
+        assert all(set(t.tokens) <= set(table) for t in trees)
+        walked = sum(stats.sibling_rank_hits)
+        first_choices = sum(first_choice_depth(t) for t in trees)
+        assert (walked == first_choices and not any(stats.sibling_rank_hits[1:])) == kept, \
+            (walked, first_choices, stats.sibling_rank_hits)
+
+
 def test_a_fused_argmax_head_drafts_the_processed_pick(mirror, reference):
     drafter = QwenMTPDrafter(mirror.drafter.head, mirror.target,
                              DraftOptions(fused_argmax=True, fused_chunk=64))
