@@ -4,8 +4,9 @@ Runs on the server's one decode thread (``worker.py``) and uses the library's AP
 ``mlx_mtp.stream_generate``, ``mlx_mtp.make_sampler``, ``BatchRounds`` and the response stream of
 ``mlx_mtp.decoding.responses``, and for ``--no-mtp`` ``plain_stream_generate``, as the CLI) plus
 mlx-lm's own pieces: its chat conversion for tokenizers without a template, its logits
-processors, its stop sequences and text state machine (``mlx_lm.generate``), so stop strings and
-reasoning text behave as in ``mlx_lm.server``. With a prompt cache (``start_prompt_cache``,
+processors (``logit_bias``, repetition, presence and frequency penalties), and through
+``output.py`` its stop sequences, text state machine and tool parsers, so stop strings, reasoning
+text and tool calls behave as in ``mlx_lm.server``. With a prompt cache (``start_prompt_cache``,
 ``prompt_reuse.py``) a request prefills only what the cache does not hold of its prompt.
 """
 
@@ -16,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator, List, Optional, Union
 
 import mlx.core as mx
-from mlx_lm.generate import TextStateMachine, make_stop_sequences, make_text_state_machine
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.server import convert_chat, process_message_content
 
@@ -31,6 +31,7 @@ from mlx_mtp.exactness.device import current_device_facts
 from mlx_mtp.errors import MTPError
 from mlx_mtp.models.options import DraftOptions
 
+from mlx_mtp.server.output import Delta, Output
 from mlx_mtp.server.prompt_reuse import PromptReuse, Reused, continuation_points, with_history
 from mlx_mtp.server.schema import GenerationRequest, RequestError
 
@@ -46,18 +47,15 @@ class Started:
 
 
 @dataclass
-class Delta:
-    content: str
-    reasoning: str = ""
-
-
-@dataclass
 class Finished:
-    finish_reason: str  # "stop", "length", or "cancelled" (the client went away)
+    # "stop" (EOS or a stop string), "length", "tool_calls" (stopped after a tool call), or
+    # "cancelled" (the client went away)
+    finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     mtp: dict
     cached_tokens: int = 0
+    stop_sequence: Optional[str] = None  # the stop string that ended the text
 
 
 Event = Union[Started, Delta, Finished]
@@ -196,8 +194,10 @@ class Engine:
     # ------------------------------------------------------------------------------ prompt
 
     def prompt_ids(self, req: GenerationRequest) -> List[int]:
-        """The request's prompt as token ids, checked against the model's context."""
+        """The request's prompt as token ids, checked against the model (its context, its
+        vocabulary, its chat template)."""
         tok = self.tokenizer
+        self._check_against_model(req)
         if req.kind == "chat":
             messages = copy.deepcopy(req.messages)
             try:  # text parts -> one string, tool-call arguments parsed, as mlx_lm.server
@@ -205,7 +205,7 @@ class Engine:
             except (ValueError, KeyError, TypeError) as e:
                 raise RequestError(f"messages: {_first_line(e)}", param="messages") from None
             try:
-                ids = self._render_chat(messages)
+                ids = self._render_chat(req, messages)
             except Exception as e:  # a template that rejects the conversation (roles...)
                 raise RequestError(f"messages: the chat template refused them: "
                                    f"{_first_line(e)}", param="messages") from None
@@ -223,13 +223,41 @@ class Engine:
                                param="messages" if req.kind == "chat" else "prompt")
         return ids
 
-    def _render_chat(self, messages: List[dict]) -> List[int]:
+    def _check_against_model(self, req: GenerationRequest) -> None:
+        """What only the model can say is wrong with a request: fields its tokenizer cannot
+        honour, token ids outside its vocabulary."""
+        tok = self.tokenizer
+        if req.tools is not None and not tok.has_tool_calling:
+            raise RequestError("tools: this model's tokenizer has no tool-call format that "
+                               "mlx-lm can parse (no tool parser for its chat template)",
+                               param="tools")
+        if req.chat_template_kwargs is not None and not tok.has_chat_template:
+            raise RequestError("chat_template_kwargs: this model's tokenizer has no chat "
+                               "template", param="chat_template_kwargs")
+        if req.role_mapping is not None and tok.has_chat_template:
+            raise RequestError("role_mapping: this model's tokenizer has a chat template, "
+                               "which lays out the roles", param="role_mapping")
+        vocab = self.model.target.vocab_size
+        for token in (req.logit_bias or {}):
+            if not 0 <= int(token) < vocab:
+                raise RequestError(f"logit_bias: token id {token} is not in the vocabulary "
+                                   f"(0 to {vocab - 1})", param="logit_bias")
+
+    def _render_chat(self, req: GenerationRequest, messages: List[dict]) -> List[int]:
         """Chat messages (their content processed) -> the prompt's ids: the chat template with
-        the generation prompt, or mlx-lm's plain layout for a tokenizer without one."""
+        the generation prompt, the request's tools (withheld under ``tool_choice: "none"``, so
+        the model is not offered them) and ``chat_template_kwargs``; or mlx-lm's plain layout
+        (``role_mapping``) for a tokenizer without a template."""
         tok = self.tokenizer
         if not tok.has_chat_template:
-            return list(tok.encode(convert_chat(messages)))
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(tok.encode(convert_chat(messages, req.role_mapping)))
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.tools is not None:
+            kwargs["tool_choice"] = req.tool_choice
+            if req.tool_choice != "none":
+                kwargs["tools"] = req.tools
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                      **kwargs)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
     def _reuse_points(self, req: GenerationRequest, ids: List[int]) -> List[int]:
@@ -239,7 +267,7 @@ class Engine:
         if req.kind == "chat":
             messages = copy.deepcopy(req.messages)
             process_message_content(messages)  # (it passed in ``prompt_ids``)
-            points = continuation_points(ids, self._render_chat, messages)
+            points = continuation_points(ids, lambda m: self._render_chat(req, m), messages)
             if points:
                 return points
         return [len(ids)]
@@ -263,8 +291,14 @@ class Engine:
         the cached prompt tokens too (the round loop gives them the rest onward)."""
         sampler = mlx_mtp.make_sampler(temp=req.temperature, top_p=req.top_p, min_p=req.min_p,
                                        top_k=req.top_k)
-        processors = make_logits_processors(repetition_penalty=req.repetition_penalty,
-                                            repetition_context_size=req.repetition_context_size)
+        bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
+        processors = make_logits_processors(
+            logit_bias=bias, repetition_penalty=req.repetition_penalty,
+            repetition_context_size=req.repetition_context_size,
+            presence_penalty=req.presence_penalty,
+            presence_context_size=req.presence_context_size,
+            frequency_penalty=req.frequency_penalty,
+            frequency_context_size=req.frequency_context_size)
         if reused is not None:
             processors = with_history(processors, reused.ids[: reused.cached])
         return sampler, processors
@@ -316,11 +350,9 @@ class Engine:
         ``on_sequence`` gets its ``BatchedSequence`` once it joined. With a prompt cache the
         request starts from the kept cache that holds most of its prompt, and what it leaves is
         kept for later requests (``prompt_reuse``); not after a failure."""
-        tok = self.tokenizer
         stats = RunStats(block_size=1, mtp_enabled=False, gate_reason=NO_MTP_REASON) \
             if self.no_mtp else RunStats()
-        matcher = make_stop_sequences(tok, req.stop).matcher()
-        state = make_text_state_machine(tok, req.stop).make_state(self._initial_state(req, ids))
+        output = Output(self.tokenizer, req, self._initial_state(req, ids))
         reuse = self.prompt_cache
         reused = reuse.open(ids, self._reuse_points(req, ids)) if reuse is not None else None
         cached = reused.cached if reused is not None else 0
@@ -335,22 +367,11 @@ class Engine:
                     if reused is not None:
                         reuse.keep_checkpoints(reused)
                     yield Started(len(ids), cached)
-                stop_word = matcher.advance(gen.token) and gen.token not in tok.eos_token_ids
-                if stop_word:  # mlx_lm.server: drop the held-back start of the stop string
-                    state, _ = TextStateMachine.discard(state)
-                    segments = []
-                else:
-                    state, segments = TextStateMachine.split(state, gen.text)
-                    if gen.finish_reason is not None:
-                        # At EOS or the token budget keep the held-back text (mlx_lm.server
-                        # drops it at EOS; the CLI and mlx-lm's generate keep it).
-                        state, flushed, current = TextStateMachine.flush(state)
-                        segments.append((current, flushed))
-                delta = _delta(segments)
-                if delta.content or delta.reasoning:
+                delta, stop = output.add(gen)
+                if delta:
                     yield delta
-                if stop_word or gen.finish_reason is not None:
-                    finish = "stop" if stop_word else gen.finish_reason
+                if stop is not None:
+                    finish = stop
                     break
                 if cancelled():
                     finish = "cancelled"
@@ -360,17 +381,14 @@ class Engine:
             responses.close()  # a prompt cache now holds the prompt and exactly ``tokens``
         if reused is not None and ended and n:
             reuse.keep_finished(reused, tokens)
+        if finish == "stop" and output.made_tool_call:
+            finish = "tool_calls"  # as mlx_lm.server
         mtp = mtp_summary(stats)
         # whether this request decoded in the batch, and how the server batches (``/health``)
         mtp["batched"] = on_sequence is not None
         mtp["batch_reason"] = self.batch_reason
-        yield Finished(finish, len(ids), n, mtp, cached)
-
-
-def _delta(segments) -> Delta:
-    content = "".join(t for s, t in segments if s != "reasoning")
-    reasoning = "".join(t for s, t in segments if s == "reasoning")
-    return Delta(content, reasoning)
+        yield Finished(finish, len(ids), n, mtp, cached_tokens=cached,
+                       stop_sequence=output.stop_sequence)
 
 
 def _first_line(e: BaseException) -> str:

@@ -205,6 +205,15 @@ def test_models_and_health(server):
     assert server.post("/v1/nope", b"{}") == (404, {"error": {
         "message": "POST /v1/nope: Not Found", "type": "not_found_error", "param": None,
         "code": None}})
+    model = server.get("/v1/models/mlx_mtp-demo-pair")
+    assert model == {"id": "mlx_mtp-demo-pair", "object": "model", "owned_by": "mlx_mtp",
+                     "created": models.data[0].created}
+    assert server.client.models.retrieve("mlx_mtp-demo-pair").id == "mlx_mtp-demo-pair"
+    with pytest.raises(openai.NotFoundError) as e:
+        server.client.models.retrieve("gpt-4o")
+    assert e.value.body == {"message": "The model `gpt-4o` does not exist: this server serves "
+                                       "`mlx_mtp-demo-pair`", "type": "invalid_request_error",
+                            "param": None, "code": "model_not_found"}
     h = server.get("/health")
     assert h["status"] == "ok" and h["mtp_enabled"] is True and h["max_queue"] == 8
     assert h["draft_topk"] == 1  # chains
@@ -287,7 +296,8 @@ BAD = [
     (b'{"prompt": "x", "stop": [1]}', "stop must be a non-empty string or a list of them, "
                                       "got [1]"),
     (b'{"prompt": "x", "seed": "s"}', 'seed must be an integer, got "s"'),
-    (b'{"prompt": "x", "n": 2}', "n must be 1 (one decode at a time), got 2"),
+    (b'{"prompt": "x", "n": 0}', "n must be between 1 and 128, got 0"),
+    (b'{"prompt": "x", "n": 9}', "n must be at most 8 (--max-queue), got 9"),
     (b'{"prompt": "", "max_tokens": 2}', "prompt is empty: it encodes to no tokens"),
     (b'{"prompt": "x", "temperature": 1, "top_k": 8192}',
      "top_k (--top-k) must be below the vocabulary size 8192, got 8192"),
