@@ -222,7 +222,8 @@ def write_drafter_folder(path: Path, head_params: Dict[str, mx.array], config: d
 
 
 def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
-                              layers: int = 4, moe: bool = False) -> Path:
+                              layers: int = 4, moe: bool = False,
+                              successor: Optional[np.ndarray] = None) -> Path:
     """A raw HF checkpoint whose MTP head is built to agree with its target.
 
     The target mostly maps token x to f(x) for a fixed permutation f (its layers only perturb the
@@ -236,6 +237,7 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
     ``lm_scale`` < 1 shrinks the (shared) LM head so both distributions are soft: the head then
     agrees with the target in its mode but not in every probability (for sampling tests).
     ``moe``: the Qwen3.5-MoE layout (the target's and the head's experts perturb as the MLPs do).
+    ``successor``: f itself (a permutation of the vocabulary; default: a random one).
     """
     rng = np.random.default_rng(seed)
     config = qwen3_5_config(layers=layers, moe=moe)
@@ -244,7 +246,7 @@ def write_agreeing_checkpoint(path: Path, seed: int = 0, lm_scale: float = 1.0,
     params = dict(tree_flatten(model.parameters()))
     H, V = config["text_config"]["hidden_size"], config["text_config"]["vocab_size"]
     E = rng.standard_normal((V, H)).astype(np.float32)
-    f = rng.permutation(V)
+    f = rng.permutation(V) if successor is None else np.asarray(successor)
     finv = np.argsort(f)
     params["language_model.model.embed_tokens.weight"] = mx.array(E)
     params["language_model.lm_head.weight"] = mx.array(lm_scale * E[finv])
