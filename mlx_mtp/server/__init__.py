@@ -1,7 +1,10 @@
-"""``python -m mlx_mtp.server``: an OpenAI-compatible HTTP server that decodes with MTP.
+"""``python -m mlx_mtp.server``: an OpenAI-compatible HTTP server (and Anthropic's Messages API)
+that decodes with MTP.
 
   schema.py     request bodies -> a checked GenerationRequest (mlx_lm.server's fields and defaults)
+  anthropic.py  the Messages API: its bodies -> a GenerationRequest, its answers and stream events
   engine.py     the loaded model: prompt ids, then Started / Delta / Finished events
+  output.py     generated tokens -> content, reasoning, tool calls, logprobs (mlx-lm's parsers)
   worker.py     the one decode thread and its bounded FIFO queue
   responses.py  OpenAI response bodies, each ending one with usage and an ``mtp`` object
   app.py        the Starlette routes, server-sent events, disconnects

@@ -22,9 +22,9 @@ GRACEFUL_SHUTDOWN_S = 3
 
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog="python -m mlx_mtp.server",
-                   description="OpenAI-compatible HTTP server decoding with MTP (exact at T=0). "
-                               "No authentication: it binds 127.0.0.1 unless --host says "
-                               "otherwise.")
+                   description="OpenAI-compatible HTTP server (and Anthropic Messages API) "
+                               "decoding with MTP (exact at T=0). No authentication: it binds "
+                               "127.0.0.1 unless --host says otherwise.")
     p.add_argument("--model", help="local folder or Hugging Face repo id of the target "
                    "(default: the embedded demo pair)")
     p.add_argument("--drafter",
