@@ -163,6 +163,14 @@ def test_anthropic_gets_a_tool_use_block(server, tok):
     assert m.usage.output_tokens == len(SCRIPT) + 1
 
 
+def test_anthropic_tool_choice_none_ends_the_turn_with_the_text(server, tok):
+    m = server.anthropic.messages.create(model="m", max_tokens=32, messages=ASK,
+                                         tools=[ANTHROPIC_TOOL], tool_choice={"type": "none"})
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[1].text == SAID + "<tool_call>" + json.dumps(CALL) + "</tool_call>"
+    assert m.stop_reason == "end_turn" and m.usage.input_tokens == prompt_tokens(tok, ASK)
+
+
 def test_anthropic_streams_the_same_blocks(server):
     whole = server.anthropic.messages.create(model="m", max_tokens=32, messages=ASK,
                                              tools=[ANTHROPIC_TOOL])
