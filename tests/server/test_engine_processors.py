@@ -109,6 +109,17 @@ def test_greedy_tokens_and_logprobs_are_mlx_lm_s_with_the_same_processors(dense_
     assert done.mtp["acceptance_rate"] > 0 and {1, 2} <= set(oracle.planned)
 
 
+@pytest.mark.parametrize("case", ["bias", "presence-frequency"])
+def test_draft_trees_keep_mlx_lm_s_tokens_and_logprobs(dense_dir, dense, case):
+    """Tree rounds (``draft_topk`` 2) verify the processed rows of every node's path."""
+    model, tok, prompt = dense
+    settings = SETTINGS[case][0]
+    engine = Engine(model, tok, speculation=SpeculationOptions(block_size=3, draft_topk=2))
+    got, done = served(engine, prompt, **settings)
+    assert got == mlx_lm_greedy(dense_dir, prompt, settings)
+    assert done.mtp["tree_rounds"] > 0 and done.mtp["draft_topk"] == 2
+
+
 def test_logprobs_of_tokens_that_end_the_text_are_reported(dense):
     """A stop string's tokens and the budget's last token carry their logprobs too (one entry
     per completion token, as mlx_lm.server)."""
