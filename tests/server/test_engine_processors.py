@@ -120,6 +120,15 @@ def test_draft_trees_keep_mlx_lm_s_tokens_and_logprobs(dense_dir, dense, case):
     assert done.mtp["tree_rounds"] > 0 and done.mtp["draft_topk"] == 2
 
 
+def test_the_server_s_default_auto_block_keeps_mlx_lm_s_tokens_and_logprobs(dense_dir, dense):
+    model, tok, prompt = dense
+    settings = SETTINGS["repetition-bias"][0]
+    engine = Engine(model, tok, speculation=SpeculationOptions(block_size="auto"))
+    got, done = served(engine, prompt, **settings)
+    assert got == mlx_lm_greedy(dense_dir, prompt, settings)
+    assert done.mtp["block_size"] == "auto" and done.mtp["mtp_enabled"] is True
+
+
 def test_logprobs_of_tokens_that_end_the_text_are_reported(dense):
     """A stop string's tokens and the budget's last token carry their logprobs too (one entry
     per completion token, as mlx_lm.server)."""
