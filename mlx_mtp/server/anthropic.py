@@ -321,17 +321,23 @@ class Reply:
     def choice(self, index: int) -> Blocks:
         return Blocks()
 
-    def _message(self, content: List[dict], done: Optional[Finished], prompt_tokens: int):
+    def _message(self, content: List[dict], done: Optional[Finished], started: Started):
+        """A message; its usage as Anthropic counts it: ``input_tokens`` the prompt tokens
+        prefilled, ``cache_read_input_tokens`` those taken from the prompt cache."""
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.req.model,
                 "content": content,
                 "stop_reason": stop_reason(done) if done else None,
                 "stop_sequence": done.stop_sequence if done else None,
-                "usage": {"input_tokens": prompt_tokens,
+                "usage": {"input_tokens": started.prompt_tokens - started.cached_tokens,
+                          "cache_creation_input_tokens": 0,
+                          "cache_read_input_tokens": started.cached_tokens,
                           "output_tokens": done.completion_tokens if done else 0}}
 
     def whole(self, choices: List[Blocks]) -> dict:
         blocks = choices[0]
-        body = self._message(blocks.content(), blocks.done, blocks.done.prompt_tokens)
+        done = blocks.done
+        body = self._message(blocks.content(), done,
+                             Started(done.prompt_tokens, done.cached_tokens))
         body["mtp"] = blocks.done.mtp
         return body
 
@@ -346,7 +352,7 @@ class Reply:
             pending = None
             if isinstance(event, Started):
                 yield _event("message_start",
-                             {"message": self._message([], None, event.prompt_tokens)})
+                             {"message": self._message([], None, event)})
             elif isinstance(event, Delta):
                 for item in blocks.add(event):
                     yield self._block_event(item)

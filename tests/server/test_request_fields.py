@@ -405,12 +405,17 @@ ANTHROPIC_REFUSE = {
 }
 
 
+def messages_prompt(body: dict) -> int:
+    """A Messages answer's prompt tokens: those prefilled and those read from the cache."""
+    return body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"]
+
+
 def check_system(s: Sweep):
     got = s.ask(system="You write Python.")
     chat = s.mtp.ask(CHAT, messages=[{"role": "system", "content": "You write Python."},
                                      *BASE[CHAT]["messages"]])
-    assert text(got) == text(chat) and got["usage"]["input_tokens"] == chat["usage"][
-        "prompt_tokens"] > s.base["usage"]["input_tokens"]
+    assert text(got) == text(chat) and messages_prompt(got) == chat["usage"][
+        "prompt_tokens"] > messages_prompt(s.base)
 
 
 def check_stop_sequences(s: Sweep):
@@ -435,7 +440,7 @@ def check_anthropic_messages(s: Sweep):  # the same prompt, the same text as the
     check_baseline(s)
     chat = s.mtp.ask(CHAT)
     assert text(chat) == s.baseline
-    assert chat["usage"]["prompt_tokens"] == s.base["usage"]["input_tokens"]
+    assert chat["usage"]["prompt_tokens"] == messages_prompt(s.base)
 
 
 ANTHROPIC_HONOURED = {

@@ -151,6 +151,27 @@ ANTHROPIC_TOOL = {"name": "get_weather", "description": "The weather in a city."
                   "input_schema": TOOL["function"]["parameters"]}
 
 
+def prompt_of(usage) -> int:
+    """Anthropic's count of a prompt: the tokens prefilled and those read from the cache."""
+    return usage.input_tokens + usage.cache_read_input_tokens
+
+
+def test_anthropic_usage_counts_the_prompt_cache_as_anthropic_does(server, tok):
+    """A prompt sent again is read from the prompt cache: ``input_tokens`` counts only what
+    was prefilled, as Anthropic's usage does, and the two make the prompt."""
+    ask = [{"role": "user", "content": "And in Rome?"}]
+    first = server.anthropic.messages.create(model="m", max_tokens=32, messages=ask,
+                                             tools=[ANTHROPIC_TOOL])
+    again = server.anthropic.messages.create(model="m", max_tokens=32, messages=ask,
+                                             tools=[ANTHROPIC_TOOL])
+    prompt = prompt_tokens(tok, ask, [TOOL])
+    assert prompt_of(first.usage) == prompt_of(again.usage) == prompt
+    assert again.usage.cache_read_input_tokens > first.usage.cache_read_input_tokens
+    assert again.usage.input_tokens < first.usage.input_tokens
+    assert again.usage.cache_creation_input_tokens == 0
+    assert again.content == first.content[:2] + [again.content[2]]  # (a fresh tool_use id)
+
+
 def test_anthropic_gets_a_tool_use_block(server, tok):
     m = server.anthropic.messages.create(model="m", max_tokens=32, messages=ASK,
                                          tools=[ANTHROPIC_TOOL])
@@ -159,7 +180,7 @@ def test_anthropic_gets_a_tool_use_block(server, tok):
     use = m.content[2]
     assert (use.name, use.input) == (CALL["name"], CALL["arguments"])
     assert m.stop_reason == "tool_use" and m.stop_sequence is None
-    assert m.usage.input_tokens == prompt_tokens(tok, ASK, [TOOL])
+    assert prompt_of(m.usage) == prompt_tokens(tok, ASK, [TOOL])
     assert m.usage.output_tokens == len(SCRIPT) + 1
 
 
@@ -168,7 +189,7 @@ def test_anthropic_tool_choice_none_ends_the_turn_with_the_text(server, tok):
                                          tools=[ANTHROPIC_TOOL], tool_choice={"type": "none"})
     assert [b.type for b in m.content] == ["thinking", "text"]
     assert m.content[1].text == SAID + "<tool_call>" + json.dumps(CALL) + "</tool_call>"
-    assert m.stop_reason == "end_turn" and m.usage.input_tokens == prompt_tokens(tok, ASK)
+    assert m.stop_reason == "end_turn" and prompt_of(m.usage) == prompt_tokens(tok, ASK)
 
 
 def test_anthropic_streams_the_same_blocks(server):
@@ -201,7 +222,7 @@ def test_anthropic_tool_results_match_the_openai_conversation(server):
             {"id": "call_1", "type": "function", "function": {
                 "name": "get_weather", "arguments": json.dumps(CALL["arguments"])}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}])
-    assert m.usage.input_tokens == r.usage.prompt_tokens
+    assert prompt_of(m.usage) == r.usage.prompt_tokens
     assert m.content[-1].type == "tool_use" and m.stop_reason == "tool_use"
 
 
