@@ -205,7 +205,7 @@ class Engine:
             except (ValueError, KeyError, TypeError) as e:
                 raise RequestError(f"messages: {_first_line(e)}", param="messages") from None
             try:
-                ids = self._render_chat(req, messages)
+                ids = self._render_chat(messages, req)
             except Exception as e:  # a template that rejects the conversation (roles...)
                 raise RequestError(f"messages: the chat template refused them: "
                                    f"{_first_line(e)}", param="messages") from None
@@ -243,12 +243,15 @@ class Engine:
                 raise RequestError(f"logit_bias: token id {token} is not in the vocabulary "
                                    f"(0 to {vocab - 1})", param="logit_bias")
 
-    def _render_chat(self, req: GenerationRequest, messages: List[dict]) -> List[int]:
+    def _render_chat(self, messages: List[dict],
+                     req: Optional[GenerationRequest] = None) -> List[int]:
         """Chat messages (their content processed) -> the prompt's ids: the chat template with
         the generation prompt, the request's tools (withheld under ``tool_choice: "none"``, so
         the model is not offered them) and ``chat_template_kwargs``; or mlx-lm's plain layout
-        (``role_mapping``) for a tokenizer without a template."""
+        (``role_mapping``) for a tokenizer without a template. No ``req``: none of them."""
         tok = self.tokenizer
+        if req is None:
+            req = GenerationRequest(kind="chat", model="")
         if not tok.has_chat_template:
             return list(tok.encode(convert_chat(messages, req.role_mapping)))
         kwargs = dict(req.chat_template_kwargs or {})
@@ -267,7 +270,7 @@ class Engine:
         if req.kind == "chat":
             messages = copy.deepcopy(req.messages)
             process_message_content(messages)  # (it passed in ``prompt_ids``)
-            points = continuation_points(ids, lambda m: self._render_chat(req, m), messages)
+            points = continuation_points(ids, lambda m: self._render_chat(m, req), messages)
             if points:
                 return points
         return [len(ids)]

@@ -63,10 +63,21 @@ def server(checkpoint):
     s.stop()
 
 
-def prompt_tokens(tok, messages, tools=None) -> int:
+def render(tok, messages, tools=None) -> list:
     ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                   tokenize=True)
-    return len(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def prompt_tokens(tok, messages, tools=None) -> int:
+    return len(render(tok, messages, tools))
+
+
+def templated(messages) -> list:
+    """The messages as the template gets them: tool-call arguments parsed (mlx_lm.server)."""
+    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(
+        c["function"]["arguments"])}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
+        for m in messages]
 
 
 # ------------------------------------------------------------------------------------ OpenAI
@@ -119,16 +130,19 @@ def test_calls_and_results_go_back_through_the_template(server, tok):
             "function": {"name": "get_weather", "arguments": json.dumps(CALL["arguments"])}}
     messages = ASK + [{"role": "assistant", "content": "", "tool_calls": [call]},
                       {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]
+    server.openai.chat.completions.create(model="m", messages=ASK, tools=[TOOL], max_tokens=32)
     r = server.openai.chat.completions.create(model="m", messages=messages, tools=[TOOL],
                                               max_tokens=32)
-    templated = [*messages[:1], {**messages[1], "tool_calls": [
-        {**call, "function": {**call["function"], "arguments": CALL["arguments"]}}]},
-        messages[2]]
-    text = tok.apply_chat_template(templated, tools=[TOOL], add_generation_prompt=True,
-                                   tokenize=False)
+    # The turn before (the same tools) left its prompt in the prompt cache, up to where this
+    # turn renders it otherwise, less that part's last token (prompt_reuse's checkpoints).
+    first, now = render(tok, ASK, [TOOL]), render(tok, templated(messages), [TOOL])
+    shared = next(i for i, (a, b) in enumerate(zip(first, now)) if a != b)
+    assert r.usage.prompt_tokens_details.cached_tokens == shared - 1
+    text = tok.apply_chat_template(templated(messages), tools=[TOOL],
+                                   add_generation_prompt=True, tokenize=False)
     assert "<tool_response>\nSunny, 21 C\n</tool_response>" in text
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
-    assert r.usage.prompt_tokens == prompt_tokens(tok, templated, [TOOL])
+    assert r.usage.prompt_tokens == prompt_tokens(tok, templated(messages), [TOOL])
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
 
 
