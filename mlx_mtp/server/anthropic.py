@@ -29,15 +29,15 @@ IMPLEMENTED = {"model", "max_tokens", "messages", "system", "stop_sequences", "s
                # mlx_lm.server's fields, as on the OpenAI routes
                "min_p", "seed", "repetition_penalty", "repetition_context_size",
                "presence_penalty", "presence_context_size", "frequency_penalty",
-               "frequency_context_size", "logit_bias", "chat_template_kwargs"}
+               "frequency_context_size", "logit_bias", "chat_template_kwargs",
+               # accepted with no effect on the answer, as agents send them
+               "cache_control", "metadata"}
 NOT_IMPLEMENTED = {
-    "cache_control": "prompt caching directives",
     "container": "containers",
     "context_management": "context management",
     "diagnostics": "diagnostics",
     "inference_geo": "inference regions",
     "mcp_servers": "MCP servers",
-    "metadata": "request metadata",
     "output_config": "output configuration",
     "service_tier": "service tiers",
     "speed": "speed tiers",
@@ -71,7 +71,7 @@ def _text(content, where: str) -> str:
                            f"{show(content)}", param="messages")
     parts = []
     for j, block in enumerate(content):
-        _known_keys(block, {"type", "text"}, f"{where}[{j}]")
+        _known_keys(block, {"type", "text", "cache_control"}, f"{where}[{j}]")
         if block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise RequestError(f"{where}[{j}]: only text blocks ({{\"type\": \"text\", "
                                f"\"text\": ...}}) are supported here, got {show(block)}",
@@ -88,12 +88,37 @@ def _known_keys(block, keys, where: str) -> None:
         if key not in keys and value is not None:
             raise RequestError(f"{where}.{key} is not supported by mlx_mtp.server",
                                param="messages")
+        if key == "cache_control":
+            check_cache_control(value, f"{where}.cache_control")
+
+
+def check_cache_control(value, where: str) -> None:
+    """A cache breakpoint (``{"type": "ephemeral"}``, optionally a ``ttl``) is accepted and
+    changes nothing: the server's prompt cache keeps every prompt's prefix unasked."""
+    if value is None:
+        return
+    if (not isinstance(value, dict) or value.get("type") != "ephemeral"
+            or not set(value) <= {"type", "ttl"}
+            or not isinstance(value.get("ttl", ""), str)):
+        raise RequestError(f"{where} must be {{\"type\": \"ephemeral\"}} (optionally with a "
+                           f"\"ttl\" string), got {show(value)}", param="cache_control")
+
+
+def check_metadata(value) -> None:
+    """``metadata.user_id`` names the caller in Anthropic's API; it does not change the answer
+    there or here."""
+    if value is None:
+        return
+    if (not isinstance(value, dict) or not set(value) <= {"user_id"}
+            or not isinstance(value.get("user_id", ""), (str, type(None)))):
+        raise RequestError(f"metadata must be an object with at most a \"user_id\" string, got "
+                           f"{show(value)}", param="metadata")
 
 
 BLOCK_KEYS = {
-    "text": {"type", "text"},
-    "tool_result": {"type", "tool_use_id", "content", "is_error"},
-    "tool_use": {"type", "id", "name", "input"},
+    "text": {"type", "text", "cache_control"},
+    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
+    "tool_use": {"type", "id", "name", "input", "cache_control"},
     "thinking": {"type", "thinking", "signature"},
 }
 
@@ -192,9 +217,11 @@ def _tools(body: Body) -> Optional[List[dict]]:
                                f"\"input_schema\"}}) are supported, got {show(tool)}",
                                param="tools")
         for key, value in tool.items():
-            if key not in ("type", "name", "description", "input_schema") and value is not None:
+            if key not in ("type", "name", "description", "input_schema",
+                           "cache_control") and value is not None:
                 raise RequestError(f"tools[{i}].{key} is not supported by mlx_mtp.server",
                                    param="tools")
+        check_cache_control(tool.get("cache_control"), f"tools[{i}].cache_control")
         fn = {"name": tool.get("name"), "parameters": tool.get("input_schema")}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
@@ -226,6 +253,8 @@ def parse(raw: bytes, defaults: Defaults) -> GenerationRequest:
     body = Body(load_json(raw))
     refuse_unimplemented(body, IMPLEMENTED, ENDPOINT, NOT_IMPLEMENTED, {})
     req = GenerationRequest(kind="chat", model=served_model(body, defaults))
+    check_cache_control(body.get("cache_control"), "cache_control")
+    check_metadata(body.get("metadata"))
     if body.get("max_tokens") is None:
         raise RequestError("max_tokens is required", param="max_tokens")
     req.max_tokens = body.integer("max_tokens", None, lo=1)

@@ -394,8 +394,8 @@ def test_n_choices_stream_each_under_its_index(mtp):
 
 
 ANTHROPIC_REFUSE = {
-    "cache_control": {"type": "ephemeral"}, "container": "c1", "diagnostics": {},
-    "inference_geo": "us", "metadata": {"user_id": "u1"}, "output_config": {"effort": "low"},
+    "container": "c1", "diagnostics": {},
+    "inference_geo": "us", "output_config": {"effort": "low"},
     "service_tier": "auto", "speed": "fast", "thinking": {"type": "enabled",
                                                           "budget_tokens": 1024},
     "user_profile_id": "p1", "workspace_id": "w1",
@@ -443,8 +443,36 @@ def check_anthropic_messages(s: Sweep):  # the same prompt, the same text as the
     assert chat["usage"]["prompt_tokens"] == messages_prompt(s.base)
 
 
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def check_cache_control(s: Sweep):
+    """Agents mark cache breakpoints on the request, the system and message blocks: accepted,
+    the same answer (the prompt cache keeps every prefix unasked); a malformed mark is refused."""
+    s.same_text(cache_control=EPHEMERAL)
+    marked = [{"role": "user", "content": [{"type": "text", "text": "class Stack:",
+                                            "cache_control": {**EPHEMERAL, "ttl": "5m"}}]}]
+    system = [{"type": "text", "text": "You write Python.", "cache_control": EPHEMERAL}]
+    got = s.ask(messages=marked, system=system)
+    assert text(got) == text(s.ask(system="You write Python."))
+    s.refused("cache_control", {"type": "persistent"},
+              'cache_control must be {"type": "ephemeral"} (optionally with a "ttl" string), '
+              'got {"type": "persistent"}')
+    status, raw = s.mtp.raw(s.path, {**BASE[s.path], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": "yes"}]}]})
+    assert status == 400 and json.loads(raw)["error"]["message"].startswith(
+        "messages[0].content[0].cache_control must be")
+
+
+def check_metadata(s: Sweep):
+    """``metadata.user_id`` names the caller: accepted, the same answer; anything else refused."""
+    s.same_text(metadata={"user_id": "u1"})
+    s.refused("metadata", {"tags": ["a"]})
+
+
 ANTHROPIC_HONOURED = {
     "messages": check_anthropic_messages,
+    "cache_control": check_cache_control, "metadata": check_metadata,
     "model": check_model, "max_tokens": check_max_tokens, "system": check_system,
     "stop_sequences": check_stop_sequences, "stream": check_anthropic_stream,
 }

@@ -251,3 +251,16 @@ def test_anthropic_refusals_name_the_field(server):
     assert e.value.body == {"type": "error", "error": {
         "type": "invalid_request_error", "message": "thinking is not supported by "
         "mlx_mtp.server (thinking budgets: the chat template decides (chat_template_kwargs))"}}
+
+
+def test_anthropic_tool_with_a_cache_breakpoint_is_the_same_tool(server):
+    """Agents mark the last tool with ``cache_control``: the same prompt, the same tool call."""
+    marked = {**ANTHROPIC_TOOL, "cache_control": {"type": "ephemeral"}}
+    plain = server.anthropic.messages.create(model="m", max_tokens=32, messages=ASK,
+                                             tools=[ANTHROPIC_TOOL])
+    got = server.anthropic.messages.create(model="m", max_tokens=32, messages=ASK,
+                                           tools=[marked])
+    assert [b.type for b in got.content] == [b.type for b in plain.content]
+    assert (got.content[2].name, got.content[2].input) == (plain.content[2].name,
+                                                           plain.content[2].input)
+    assert prompt_of(got.usage) == prompt_of(plain.usage)
