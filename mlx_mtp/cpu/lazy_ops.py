@@ -22,9 +22,9 @@ from mlx_mtp.cpu import native
 
 logger = logging.getLogger("mlx_mtp")
 ENV = "MLX_MTP_LAZY_KERNELS"  # 0: the eager (ctypes) kernels even where the extension builds
-ABI = 3  # the extension's abi()
+ABI = 4  # the extension's abi()
 MODULE = "_mlx_mtp_lazy"  # NB_MODULE name in lazy_ops.cpp
-SOURCES = ("lazy_ops.cpp", "CMakeLists.txt", "row_dot.c", "gdn_steps.c")
+SOURCES = ("lazy_ops.cpp", "CMakeLists.txt", "row_dot.c", "gdn_steps.c", "attn_rows.c")
 BUILD_TIMEOUT_S = 900
 
 

@@ -1,5 +1,5 @@
 // mlx_mtp's C kernels (row_dot.c: the row kernel, the bf16 kernel and the expert kernel;
-// gdn_steps.c) as lazy MLX graph ops (CPU only).
+// gdn_steps.c; attn_rows.c: a verify's attention rows) as lazy MLX graph ops (CPU only).
 //
 // The eager ctypes path (mlx_mtp/cpu/row_kernel.py, mlx_mtp/models/qwen3_5/gdn_kernel.py)
 // evaluates each kernel's inputs (a host sync), converts them to numpy, runs the C function and
@@ -12,6 +12,9 @@
 // Built by mlx_mtp/cpu/lazy_ops.py with CMake against the installed MLX; the nanobind used
 // must be ABI-compatible with the one mlx.core was built with (mlx 0.32: nanobind 3.x).
 
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -40,6 +43,19 @@ int gdn_steps_f32_each(const float* q, const float* k, const float* v, const flo
                        const float* beta, const float* state, float* y, float* const* states,
                        std::ptrdiff_t B, std::ptrdiff_t T, std::ptrdiff_t Hk, std::ptrdiff_t Hv,
                        std::ptrdiff_t Dk, std::ptrdiff_t Dv);
+int attn_scores(const float* q, const float* base, std::ptrdiff_t base_len,
+                std::ptrdiff_t base_stride, const float* extra, std::ptrdiff_t E,
+                std::ptrdiff_t extra_stride, std::ptrdiff_t G, std::ptrdiff_t n_rep,
+                std::ptrdiff_t w, std::ptrdiff_t D, const std::int32_t* n,
+                const std::int32_t* ov_start, const std::int32_t* ov_pos,
+                const std::int32_t* ov_src, float* scores, std::ptrdiff_t S, void* sgemm,
+                int threads);
+int attn_values(const float* const* probs, const float* base, std::ptrdiff_t base_len,
+                std::ptrdiff_t base_stride, const float* extra, std::ptrdiff_t E,
+                std::ptrdiff_t extra_stride, std::ptrdiff_t G, std::ptrdiff_t n_rep,
+                std::ptrdiff_t w, std::ptrdiff_t D, const std::int32_t* n,
+                const std::int32_t* ov_start, const std::int32_t* ov_pos,
+                const std::int32_t* ov_src, float* out, int threads);
 }
 
 namespace nb = nanobind;
@@ -47,7 +63,7 @@ using namespace mlx::core;
 
 namespace {
 
-constexpr int LAZY_OPS_ABI = 3;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
+constexpr int LAZY_OPS_ABI = 4;  // mlx_mtp.cpu.lazy_ops.ABI: the Python side that calls it
 
 Stream cpu_stream() { return default_stream(Device::cpu); }
 
@@ -254,6 +270,191 @@ std::vector<array> gdn_steps(const array& q, const array& k, const array& v, con
   return array::make_arrays(std::move(shapes), dtypes, std::make_shared<GdnSteps>(s), inputs);
 }
 
+
+// ---- a verify's attention rows (attn_rows.c) ------------------------------------------------
+// Which keys each verify row sees: n[i] positions, position s the base's row s unless row i
+// overrides it with a row of the extra array (entries ov_start[i]..ov_start[i + 1]).
+struct RowsLayout {
+  int G, n_rep, w, D;
+  std::vector<std::int32_t> n, ov_start, ov_pos, ov_src;
+  bool operator==(const RowsLayout& o) const {
+    return G == o.G && n_rep == o.n_rep && w == o.w && D == o.D && n == o.n &&
+           ov_start == o.ov_start && ov_pos == o.ov_pos && ov_src == o.ov_src;
+  }
+};
+
+// The BLAS MLX is bound to (mlx_mtp.cpu.blas loads it RTLD_GLOBAL before mlx.core): the scores'
+// last n % 8 keys are its own one-row call.
+void* bound_sgemm() {
+  void* f = dlsym(RTLD_DEFAULT, "cblas_sgemm");
+  if (!f) throw std::runtime_error("mlx_mtp attention kernel: no cblas_sgemm in the process");
+  return f;
+}
+
+// [G, rows, D] float32 at some head stride, each head's rows contiguous: its data and the
+// stride, or a packed copy in `copy` where the array is laid out otherwise.
+const float* head_rows(const array& a, std::vector<float>& copy, std::ptrdiff_t& stride) {
+  const int G = a.shape(1), rows = a.shape(2), D = a.shape(3);
+  const auto& st = a.strides();
+  if (a.dtype() != float32) throw std::invalid_argument("mlx_mtp attention kernel: K/V must be float32");
+  if (st[3] == 1 && (st[2] == D || rows == 1)) {
+    stride = G == 1 ? std::ptrdiff_t(rows) * D : st[1];
+    return a.data<float>();
+  }
+  copy.resize(std::size_t(G) * rows * D);
+  const float* p = a.data<float>();
+  for (int g = 0; g < G; g++)
+    for (int r = 0; r < rows; r++)
+      for (int d = 0; d < D; d++)
+        copy[(std::size_t(g) * rows + r) * D + d] = p[g * st[1] + r * st[2] + d * st[3]];
+  stride = std::ptrdiff_t(rows) * D;
+  return copy.data();
+}
+
+class AttnScores : public UnaryPrimitive {
+ public:
+  AttnScores(Stream s, RowsLayout layout, int S, int threads)
+      : UnaryPrimitive(s), l_(std::move(layout)), S_(S), threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    const array& q = inputs[0];
+    check_dense(q, "the attention kernel's queries");
+    out.set_data(allocator::malloc(out.nbytes()));
+    auto& encoder = cpu::get_command_encoder(stream());
+    for (auto& in : inputs) encoder.set_input_array(in);
+    encoder.set_output_array(out);
+    auto base = inputs[1], extra = inputs[2];
+    const float* qp = q.data<float>();
+    float* yp = out.data<float>();
+    void* gemm = bound_sgemm();
+    encoder.dispatch([=, l = l_, S = S_, threads = threads_]() {
+      std::vector<float> bcopy, ecopy;
+      std::ptrdiff_t bs, es;
+      const float* bp = head_rows(base, bcopy, bs);
+      const float* ep = head_rows(extra, ecopy, es);
+      if (attn_scores(qp, bp, base.shape(2), bs, ep, extra.shape(2), es, l.G, l.n_rep, l.w, l.D,
+                      l.n.data(), l.ov_start.data(), l.ov_pos.data(), l.ov_src.data(), yp, S,
+                      gemm, threads))
+        throw std::runtime_error("mlx_mtp attention kernel (scores) failed");
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("mlx_mtp's attention kernel runs on the CPU only");
+  }
+  const char* name() const override { return "MlxMtpAttnScores"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const AttnScores&>(other);
+    return l_ == o.l_ && S_ == o.S_ && threads_ == o.threads_;
+  }
+
+ private:
+  RowsLayout l_;
+  int S_;
+  int threads_;
+};
+
+class AttnValues : public UnaryPrimitive {
+ public:
+  AttnValues(Stream s, RowsLayout layout, int threads)
+      : UnaryPrimitive(s), l_(std::move(layout)), threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    out.set_data(allocator::malloc(out.nbytes()));
+    auto& encoder = cpu::get_command_encoder(stream());
+    for (auto& in : inputs) encoder.set_input_array(in);
+    encoder.set_output_array(out);
+    const RowsLayout& l = l_;
+    // the probabilities: input 2 + i is row i's [G * n_rep, n[i]], one pointer per query row
+    const std::ptrdiff_t R = std::ptrdiff_t(l.n_rep) * l.w;
+    std::vector<const float*> probs(std::size_t(l.G) * R);
+    for (int i = 0; i < l.w; i++) {
+      check_dense(inputs[2 + i], "the attention kernel's probabilities");
+      const float* p = inputs[2 + i].data<float>();
+      for (int g = 0; g < l.G; g++)
+        for (int rep = 0; rep < l.n_rep; rep++)
+          probs[g * R + rep * l.w + i] = p + std::ptrdiff_t(g * l.n_rep + rep) * l.n[i];
+    }
+    auto base = inputs[0], extra = inputs[1];
+    float* yp = out.data<float>();
+    encoder.dispatch([=, l = l_, probs = std::move(probs), threads = threads_]() {
+      std::vector<float> bcopy, ecopy;
+      std::ptrdiff_t bs, es;
+      const float* bp = head_rows(base, bcopy, bs);
+      const float* ep = head_rows(extra, ecopy, es);
+      if (attn_values(probs.data(), bp, base.shape(2), bs, ep, extra.shape(2), es, l.G, l.n_rep,
+                      l.w, l.D, l.n.data(), l.ov_start.data(), l.ov_pos.data(),
+                      l.ov_src.data(), yp, threads))
+        throw std::runtime_error("mlx_mtp attention kernel (values) failed");
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("mlx_mtp's attention kernel runs on the CPU only");
+  }
+  const char* name() const override { return "MlxMtpAttnValues"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const AttnValues&>(other);
+    return l_ == o.l_ && threads_ == o.threads_;
+  }
+
+ private:
+  RowsLayout l_;
+  int threads_;
+};
+
+RowsLayout rows_layout(const array& base, const array& extra, int n_heads, int w,
+                       std::vector<std::int32_t> n, std::vector<std::int32_t> ov_start,
+                       std::vector<std::int32_t> ov_pos, std::vector<std::int32_t> ov_src) {
+  if (base.ndim() != 4 || extra.ndim() != 4 || base.shape(0) != 1 || extra.shape(0) != 1 ||
+      extra.shape(1) != base.shape(1) || extra.shape(3) != base.shape(3) || extra.shape(2) < 1)
+    throw std::invalid_argument("mlx_mtp attention kernel: needs base [1, G, rows, D] and extra "
+                                "[1, G, E >= 1, D]");
+  const int G = base.shape(1);
+  if (w < 1 || n_heads % G || int(n.size()) != w || int(ov_start.size()) != w + 1 ||
+      ov_pos.size() != ov_src.size() || ov_start.back() != int(ov_pos.size()))
+    throw std::invalid_argument("mlx_mtp attention kernel: bad row layout");
+  return RowsLayout{G, n_heads / G, w, base.shape(3), std::move(n), std::move(ov_start),
+                    std::move(ov_pos), std::move(ov_src)};
+}
+
+array attn_scores_op(const array& q, const array& base, const array& extra,
+                     std::vector<std::int32_t> n, std::vector<std::int32_t> ov_start,
+                     std::vector<std::int32_t> ov_pos, std::vector<std::int32_t> ov_src,
+                     int threads) {
+  if (q.ndim() != 3 || q.shape(2) != base.shape(3))
+    throw std::invalid_argument("mlx_mtp attention kernel: needs q [H, w, D]");
+  auto l = rows_layout(base, extra, q.shape(0), q.shape(1), std::move(n), std::move(ov_start),
+                       std::move(ov_pos), std::move(ov_src));
+  int S = 0;
+  for (auto k : l.n) S = std::max(S, int(k));
+  auto s = cpu_stream();
+  Shape shape{q.shape(0), q.shape(1), S};
+  return array(shape, float32, std::make_shared<AttnScores>(s, std::move(l), S, threads),
+               {dense_f32(q, s), base, dense_f32(extra, s)});
+}
+
+array attn_values_op(const std::vector<array>& probs, const array& base, const array& extra,
+                     std::vector<std::int32_t> n, std::vector<std::int32_t> ov_start,
+                     std::vector<std::int32_t> ov_pos, std::vector<std::int32_t> ov_src,
+                     int threads) {
+  if (probs.empty() || probs[0].ndim() != 2)
+    throw std::invalid_argument("mlx_mtp attention kernel: needs each row's probabilities "
+                                "[H, n]");
+  const int H = probs[0].shape(0), w = int(probs.size());
+  auto l = rows_layout(base, extra, H, w, std::move(n), std::move(ov_start), std::move(ov_pos),
+                       std::move(ov_src));
+  auto s = cpu_stream();
+  std::vector<array> inputs{base, dense_f32(extra, s)};
+  for (int i = 0; i < w; i++) {
+    if (probs[i].ndim() != 2 || probs[i].shape(0) != H || probs[i].shape(1) != l.n[i])
+      throw std::invalid_argument("mlx_mtp attention kernel: row probabilities of the wrong "
+                                  "shape");
+    inputs.push_back(dense_f32(probs[i], s));
+  }
+  Shape shape{H, w, l.D};
+  return array(shape, float32, std::make_shared<AttnValues>(s, std::move(l), threads),
+               std::move(inputs));
+}
+
 }  // namespace
 
 NB_MODULE(_mlx_mtp_lazy, m) {
@@ -271,4 +472,13 @@ NB_MODULE(_mlx_mtp_lazy, m) {
   m.def("gdn_steps", &gdn_steps, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("state"),
         "[y, state_1, ..., state_T] of the GatedDeltaNet recurrence, lazily");
+  m.def("attn_scores", &attn_scores_op, nb::arg("q"), nb::arg("base"), nb::arg("extra"),
+        nb::arg("n"), nb::arg("ov_start"), nb::arg("ov_pos"), nb::arg("ov_src"),
+        nb::arg("threads"),
+        "[H, w, max n]: each verify row's attention scores in one-query decode's order, lazily");
+  m.def("attn_values", &attn_values_op, nb::arg("probs"), nb::arg("base"), nb::arg("extra"),
+        nb::arg("n"), nb::arg("ov_start"), nb::arg("ov_pos"), nb::arg("ov_src"),
+        nb::arg("threads"),
+        "[H, w, D]: each verify row's probabilities times its values in one-query decode's "
+        "order, lazily");
 }
