@@ -35,6 +35,9 @@ SETTINGS = (
     Setting("MLX_MTP_ALLOW_INEXACT", FLAG, False, "0 or 1",
             "1: run MTP even where the exactness probe finds a verify block unequal to plain "
             "decoding (a loud warning, recorded in the stats)"),
+    Setting("MLX_MTP_ATTENTION_KERNEL", FLAG, True, "0 or 1",
+            "0: a verify's attention computes each row with its own one-query SDPA (reading the "
+            "KV cache once per row) instead of the attention kernel (CPU, float32)"),
     Setting("MLX_MTP_CACHE", PATH, None, "a folder",
             "where the compiled C kernels and the MLX extension are cached (unset: "
             "$XDG_CACHE_HOME/mlx_mtp, else ~/.cache/mlx_mtp)"),
