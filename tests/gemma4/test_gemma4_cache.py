@@ -9,6 +9,7 @@ from mlx_lm.utils import load_model as mlx_load_model
 from support.tiny_gemma4 import WINDOW, Checkpoints
 
 import mlx_mtp.models.gemma4.attention as gemma4_attention
+from mlx_mtp.exactness import row_attention
 from mlx_mtp.models.gemma4.rollback_caches import RollbackKVCache, RollbackRotatingKVCache
 from mlx_mtp.models.gemma4.target import Gemma4Target
 from mlx_mtp.models.gemma4.attention import Gemma4VerifyAttention
@@ -229,7 +230,11 @@ def test_mutation_one_multi_query_attention_for_full_layers_is_caught(tmp_path_f
     def one_sdpa_for_full_layers(self, queries, rows):
         if self.is_sliding:
             return per_row(self, queries, rows)
-        keys, values = rows[-1]  # the last row's prefix holds every row's keys
+        if isinstance(rows, gemma4_attention.BlockKV):  # the kernel's rows: one segment here
+            (_, _, seen), = rows
+            keys, values = seen.row(seen.width - 1)
+        else:
+            keys, values = rows[-1]  # the last row's prefix holds every row's keys
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale,
                                                     mask="causal")
 
@@ -239,8 +244,11 @@ def test_mutation_one_multi_query_attention_for_full_layers_is_caught(tmp_path_f
     assert verify_rows_mismatching_plain_decode(path, list(range(3, 43))) > 0
 
 
-def test_verify_attends_one_query_row_at_a_time(tmp_path_factory, monkeypatch):
-    """Every SDPA in a verify of T rows has one query row and no mask; T per layer."""
+def test_verify_without_the_kernel_attends_one_query_row_at_a_time(tmp_path_factory,
+                                                                    monkeypatch):
+    """With the attention kernel off, every SDPA in a verify of T rows has one query row and no
+    mask; T per layer, each over the keys its decode step sees."""
+    monkeypatch.setenv(row_attention.ENV, "0")
     calls = []
     real = gemma4_attention.scaled_dot_product_attention
 
