@@ -83,6 +83,11 @@ def by_rows(queries: mx.array, rows: KVRows, scale: float) -> mx.array:
     return _sdpa_rows(queries, rows, scale)
 
 
+def count_by_rows() -> None:
+    """Count a verify attention that a caller computed one SDPA per row itself (``usage``)."""
+    _calls["rows"] += 1
+
+
 def _sdpa_rows(queries: mx.array, rows: KVRows, scale: float) -> mx.array:
     return mx.concatenate([
         mx.fast.scaled_dot_product_attention(queries[:, :, i : i + 1], *rows.row(i), scale=scale)

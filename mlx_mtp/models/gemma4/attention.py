@@ -130,6 +130,7 @@ class Gemma4VerifyAttention(_gemma4_text.Attention):
         if isinstance(rows, BlockKV):
             return mx.concatenate([self._attend(queries[:, :, first : first + w], seen)
                                    for first, w, seen in rows], axis=2)
+        row_attention.count_by_rows()
         return mx.concatenate([
             scaled_dot_product_attention(queries[:, :, i : i + 1], k, v, cache=None,
                                          scale=self.scale, mask=None)
