@@ -51,16 +51,19 @@ def check(record: dict, kind: str) -> str | None:
             "verify_ops": ("width", "whole_ms", "split_ms"),
             "concurrency": ("clients", "arm", "aggregate_tps", "per_request_tps"),
             "prefill": ("prompt_tokens", "arm", "tokens_per_s"),
+            "long_context": ("prompt_tokens", "temperature", "block_size", "ratio_median"),
             "draft_vocab": ("arm", "block_size", "vocab", "tps", "per_position_acceptance",
                             "text_coverage")}[kind]
     script = {"mtp": "bench_mtp.py", "drafter": "bench_drafter.py",
               "server": "bench_server.py", "trees": "bench_trees.py",
               "verify_ops": "verify_ops.py", "concurrency": "bench_concurrency.py",
-              "prefill": "bench_prefill.py",
+              "prefill": "bench_prefill.py", "long_context": "bench_long_context.py",
               "draft_vocab": "bench_draft_vocab.py"}[kind]
     missing = [k for k in need if not all(isinstance(row, dict) and k in row for row in record["rows"])]
     if missing:
         return f"not a {script} record (rows lack {', '.join(repr(k) for k in missing)})"
+    if kind == "long_context" and not isinstance(record.get("verify"), dict):
+        return f"not a {script} record (no 'verify')"
     if kind == "mtp" and "target_step_floor_ms" not in record:
         return f"not a {script} record (no 'target_step_floor_ms')"
     return None
@@ -390,6 +393,44 @@ def _prefill(ax, r: dict) -> None:
     _title(ax, r, "prefill tok/s per arm")
 
 
+def _long_ratio(ax, r: dict) -> None:
+    """MTP over plain per prompt length, one line per block size and temperature."""
+    lengths = sorted({row["prompt_tokens"] for row in r["rows"]})
+    arms = list(dict.fromkeys((row["temperature"], row["block_size"]) for row in r["rows"]))
+    for t, bs in arms:
+        got = {row["prompt_tokens"]: row for row in r["rows"]
+               if (row["temperature"], row["block_size"]) == (t, bs)}
+        xs = [n for n in lengths if n in got]
+        ax.errorbar(xs, [got[n]["ratio_median"] for n in xs],
+                    yerr=[[got[n]["ratio_median"] - got[n]["ratio_min"] for n in xs],
+                          [got[n]["ratio_max"] - got[n]["ratio_median"] for n in xs]],
+                    marker="o", capsize=3, linestyle="-" if t == 0 else "--",
+                    label=f"block {bs}, T={t:g}")
+    ax.axhline(1.0, color="#8c8c8c", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("MTP tok/s over plain (median, min-max)")
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    _title(ax, r, "MTP over plain decode per prompt length")
+
+
+def _long_verify(ax, r: dict) -> None:
+    """The synced verify over the plain step per width, one line per prompt length and mode."""
+    for length, v in r["verify"].items():
+        modes = list(dict.fromkeys(w["mode"] for w in v["widths"]))
+        for mode in modes:
+            ws = sorted((w["width"], w["over_step"]) for w in v["widths"] if w["mode"] == mode)
+            ax.plot([w for w, _ in ws], [o for _, o in ws], marker="o",
+                    linestyle="--" if mode == "by rows" else "-", label=f"{length} tokens, {mode}")
+    ax.set_xlabel("verify width (tokens)")
+    ax.set_ylabel("verify / plain step (synced)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    _title(ax, r, "the verify's cost by width and prompt length")
+
+
 def _concurrency_aggregate(ax, r: dict) -> None:
     _concurrency(ax, r, "aggregate_tps", "tok/s, all requests", "aggregate tok/s")
 
@@ -452,6 +493,9 @@ FIGURES = {  # kind -> [(file name suffix, caption, draw(ax, record))]
                 ("rounds", "round split per arm", _drafter_rounds)],
     "verify_ops": [("split", "the verify split by op, per width", _verify_ops)],
     "prefill": [("tps", "prefill tok/s per prompt length and arm", _prefill)],
+    "long_context": [("ratio", "MTP over plain decode per prompt length", _long_ratio),
+                     ("verify", "the verify over a plain step, by width and prompt length",
+                      _long_verify)],
     "trees": [("tps", "tok/s per arm: chains and trees", _tree_tps),
               ("rounds", "tokens verified and emitted per round, per arm", _tree_rounds)],
     "draft_vocab": [("tps", "tok/s per block size and draft vocabulary", _vocab_tps),
