@@ -2,18 +2,20 @@
 per width at each prompt length.
 
     python -m benchmarks.bench_long_context --model PAIR [--drafter D] --lengths 1024,4096,16384
-        [--temps 0,0.6] [--block-sizes 2,3] [--pairs 2] [--prompts-per-length 2]
+        [--temps 0,0.6] [--block-sizes 3] [--pairs 1] [--prompts-per-length 2,2,1]
         [--max-tokens 48] [--synced-runs 1]
     python -m benchmarks.bench_long_context --render RECORD.json    # redraw, no run
 
 Prompts are text (the project's own docs, tokenized once and cut at seeded offsets to each
-length), not one repeated token. Per length and temperature, ``bench_mtp``'s paired, alternating
-arms (plain decode is mlx-lm's own ``generate_step``; warm-up, idle check, several prompts): MTP
-over plain, per-position acceptance, and the time from the call to the first token (prefill) of
-both. Then per length at T=0 a synced pass (each phase waits for its device work): the plain step
-and each width's verify alone; on a Gemma 4 target once through the attention kernel and once
-one SDPA per row (``MLX_MTP_ATTENTION_KERNEL=0``), alternating, so the cost that grows with the
-context shows where it comes from; beside it the KV bytes one decode step's attention reads.
+length), not one repeated token; ``--prompts-per-length`` may give each length its own count, as
+a long prompt's prefill dominates the run. Per length and temperature, ``bench_mtp``'s paired,
+alternating arms (plain decode is mlx-lm's own ``generate_step``; idle check, several prompts;
+each arm warmed up on a prompt of ``WARM_TOKENS``): MTP over plain, per-position acceptance, and
+the time from the call to the first token (prefill) of both. Then per length at T=0 a synced
+pass (each phase waits for its device work): the plain step and each width's verify alone; on a
+Gemma 4 target once through the attention kernel and once one SDPA per row
+(``MLX_MTP_ATTENTION_KERNEL=0``), alternating, so a cost that grows with the context shows where
+it comes from; beside it the KV bytes one decode step's attention reads.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.exactness import row_attention
 
 KERNEL, BY_ROWS, AS_IS = "kernel", "by rows", "as is"
+WARM_TOKENS = 256  # the warm-up prompt: compiles every width without a long prefill
 TEXT_FILES = ("README.md", "docs/*.md")  # the prompts' text, under the project's root
 KEEP = ("rows", "raw", "classic_step_ms", "bandwidth_gbs", "target_step_floor_ms",
         "target_step_bytes")  # what a bench_mtp run keeps in this record
@@ -60,9 +63,9 @@ def text_prompts(tokenizer, length: int, count: int, seed: int) -> Dict[str, Lis
     return out
 
 
-def arms_args(args, prompts: dict, temp: float) -> argparse.Namespace:
+def arms_args(args, prompts: dict, temp: float, warm: List[int]) -> argparse.Namespace:
     """What ``bench_mtp.run`` reads (no synced pass: this script runs its own)."""
-    return argparse.Namespace(
+    return argparse.Namespace(warm_prompt=warm,
         model=args.model, drafter=args.drafter, draft_bf16=False, topic=args.topic,
         block_sizes=args.block_sizes, max_block_size=max(args.block_sizes), pairs=args.pairs,
         max_tokens=args.max_tokens, prompts=prompts, temp=temp, top_p=0.0, top_k=0,
@@ -86,7 +89,7 @@ def kv_bytes_per_row(model, length: int) -> int:
     return total
 
 
-def verify_pass(args, prompts: dict, unit) -> dict:
+def verify_pass(args, prompts: dict, warm: List[int], unit) -> dict:
     """The synced pass at T=0 (see the module's doc): per mode and width the verify's ms, the
     plain step's ms, and how many verify attentions ran through the kernel / by rows."""
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter)
@@ -95,6 +98,10 @@ def verify_pass(args, prompts: dict, unit) -> dict:
     flags = {KERNEL: "1", BY_ROWS: "0", AS_IS: None}
     stats = {m: [] for m in modes}
     steps, usage = [], {m: {"kernel": 0, "rows": 0} for m in modes}
+    for bs in args.block_sizes:  # the freshly loaded model's compilations and checks
+        for mode in modes:
+            with _flag(flags[mode]):
+                common.mtp_decode(model, mx.array(warm), 8, bs)
     with common.environment(SYNC_PHASES_ENV, "1"):
         for rep in range(args.synced_runs):
             for p_index, (name, prompt) in enumerate(ids.items()):
@@ -104,10 +111,11 @@ def verify_pass(args, prompts: dict, unit) -> dict:
                     flip = (rep + p_index) % 2
                     for bs in args.block_sizes:
                         for mode in (modes[::-1] if flip else modes):
-                            row_attention.reset()
+                            before = row_attention.usage()
                             with _flag(flags[mode]):
                                 st = common.mtp_decode(model, prompt, args.max_tokens, bs)[3]
-                            out["runs"].append((mode, st.to_dict(), row_attention.usage()))
+                            used = {k: n - before[k] for k, n in row_attention.usage().items()}
+                            out["runs"].append((mode, st.to_dict(), used))
                     return out
 
                 got = unit(f"synced {rep} {name}", measure)
@@ -159,10 +167,11 @@ def run(args, watch) -> dict:
               "pairs": args.pairs, "prompts_per_length": args.prompts_per_length,
               "max_tokens": args.max_tokens, "synced_runs": args.synced_runs,
               "pair_info": _pair_info(args.model), "runs": {}, "verify": {}, "rows": []}
-    for length in args.lengths:
-        prompts = text_prompts(tokenizer, length, args.prompts_per_length, args.seed)
+    warm = next(iter(text_prompts(tokenizer, WARM_TOKENS, 1, args.seed + 1).values()))
+    for length, count in zip(args.lengths, args.prompts_per_length):
+        prompts = text_prompts(tokenizer, length, count, args.seed)
         for temp in args.temps:
-            got = bench_mtp.run(arms_args(args, prompts, temp), watch)
+            got = bench_mtp.run(arms_args(args, prompts, temp, warm), watch)
             kept = {k: got[k] for k in KEEP if k in got}
             result["runs"][f"{length}@{temp:g}"] = kept
             rates = prefill_rates(got["raw"], length)
@@ -176,7 +185,7 @@ def run(args, watch) -> dict:
                     "per_position_acceptance": row["per_position_acceptance"],
                     "identical_to_classic": row["identical_to_classic"],
                     "mtp_enabled": row["mtp_enabled"], **rates})
-        result["verify"][str(length)] = verify_pass(args, prompts, unit)
+        result["verify"][str(length)] = verify_pass(args, prompts, warm, unit)
     return result
 
 
@@ -203,8 +212,9 @@ def render(r: dict) -> str:
         f"- Pair: `{r['model']}`" + (f" with `{r['drafter']}`" if r.get("drafter") else "")
         + (f", {info.get('family')}, residual scale {info.get('residual_scale')}, first-draft "
            f"acceptance {info.get('first_draft_acceptance')}" if info else ""),
-        f"- Prompts: {r['prompts_per_length']} per length, the project's docs cut at seeded "
-        f"offsets to {', '.join(map(str, r['lengths']))} tokens; {r['max_tokens']} tokens "
+        f"- Prompts: the project's docs cut at seeded offsets, "
+        + ", ".join(f"{c} of {n} tokens" for n, c in zip(r["lengths"], r["prompts_per_length"]))
+        + f"; {r['max_tokens']} tokens "
         f"decoded; {r['pairs']} pairs; temperatures {', '.join(f'{t:g}' for t in r['temps'])}",
         "", "## Results", "",
         "| prompt tokens | T | block | plain tok/s | MTP tok/s | MTP / plain (min-max) | "
@@ -240,9 +250,10 @@ def main(argv=None):
     p.add_argument("--topic", default="long-context")
     p.add_argument("--lengths", default="1024,4096,16384", help="prompt tokens, comma separated")
     p.add_argument("--temps", default="0,0.6", help="comma-separated temperatures")
-    p.add_argument("--block-sizes", default="2,3", help="fixed block sizes, comma separated")
-    p.add_argument("--pairs", type=int, default=2)
-    p.add_argument("--prompts-per-length", type=int, default=2)
+    p.add_argument("--block-sizes", default="3", help="fixed block sizes, comma separated")
+    p.add_argument("--pairs", type=int, default=1)
+    p.add_argument("--prompts-per-length", default="2,2,1",
+                   help="prompts at each length: one count, or one per length")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--synced-runs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -256,12 +267,18 @@ def main(argv=None):
         args.lengths = [int(x) for x in args.lengths.split(",")]
         args.temps = [float(t) for t in args.temps.split(",")]
         args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
+        counts = [int(c) for c in args.prompts_per_length.split(",")]
     except ValueError:
-        p.error(f"--lengths / --temps / --block-sizes: expected comma-separated numbers, got "
-                f"{args.lengths!r} / {args.temps!r} / {args.block_sizes!r}")
+        p.error(f"--lengths / --temps / --block-sizes / --prompts-per-length: expected "
+                f"comma-separated numbers, got {args.lengths!r} / {args.temps!r} / "
+                f"{args.block_sizes!r} / {args.prompts_per_length!r}")
     if min(args.lengths) < 8 or min(args.block_sizes) < 2 or min(args.temps) < 0:
         p.error("--lengths must be 8 tokens or more, --block-sizes 2 or more, --temps >= 0")
-    if min(args.pairs, args.prompts_per_length, args.synced_runs) < 1 or args.max_tokens < 2:
+    if len(counts) not in (1, len(args.lengths)):
+        p.error(f"--prompts-per-length: one count or one per length ({len(args.lengths)}), "
+                f"got {len(counts)}")
+    args.prompts_per_length = counts * len(args.lengths) if len(counts) == 1 else counts
+    if min(args.pairs, *args.prompts_per_length, args.synced_runs) < 1 or args.max_tokens < 2:
         p.error("--pairs, --prompts-per-length and --synced-runs must be >= 1, --max-tokens >= 2")
     watch = common.watch(args)
     return common.finish(args, run(args, watch), watch, render, "long_context")

@@ -95,8 +95,8 @@ def _sdpa_rows(queries: mx.array, rows: KVRows, scale: float) -> mx.array:
 
 
 def threads(n_heads: int, rows: KVRows) -> int:
-    """The kernel's threads: the row kernel's rule (``row_exact_layers.kernel_threads``) for the keys
-    and values read times the query rows of a KV head."""
+    """The kernel's threads: the row kernel's rule (``row_exact_layers.kernel_threads``) for
+    the keys and values read times the query rows of a KV head."""
     G, D = rows.keys.shape[1], rows.keys.shape[3]
     read = 2 * G * max(rows.lengths) * D * rows.keys.dtype.size
     return row_exact_layers.kernel_threads(read * (n_heads // G) * rows.width)

@@ -13,8 +13,7 @@ from benchmarks import bench_long_context
 from benchmarks.plots import available as plots_available
 from mlx_lm.utils import load_tokenizer
 
-SMOKE = ["--pairs", "1", "--max-tokens", "8", "--prompts-per-length", "2", "--allow-busy",
-         "--idle-window", "0.2"]
+SMOKE = ["--pairs", "1", "--max-tokens", "8", "--allow-busy", "--idle-window", "0.2"]
 
 
 def test_text_prompts_have_the_length_and_differ(dense_dir):
@@ -34,7 +33,10 @@ def test_a_gemma_smoke_run_writes_the_record(tmp_path_factory, tmp_path):
     result = bench_long_context.main([
         "--model", str(ckpts.target("e2b")), "--drafter", str(ckpts.assistant("e2b")),
         "--lengths", ",".join(map(str, lengths)), "--temps", "0,0.6", "--block-sizes", "2,3",
-        "--out", str(tmp_path), "--summary", "smoke", *SMOKE])
+        "--prompts-per-length", "2,1", "--out", str(tmp_path), "--summary", "smoke", *SMOKE])
+    assert result["prompts_per_length"] == [2, 1]
+    assert [len({r["prompt"] for r in run["raw"]["classic"]}) for run in
+            result["runs"].values()] == [2, 2, 1, 1]
     assert [(r["prompt_tokens"], r["temperature"], r["block_size"]) for r in result["rows"]] == [
         (n, t, b) for n in lengths for t in (0.0, 0.6) for b in (2, 3)]
     for row in result["rows"]:
@@ -66,7 +68,7 @@ def test_a_gemma_smoke_run_writes_the_record(tmp_path_factory, tmp_path):
 def test_a_qwen_target_has_one_attention_mode(dense_dir, tmp_path):
     result = bench_long_context.main([
         "--model", str(dense_dir), "--lengths", "40", "--temps", "0", "--block-sizes", "2",
-        "--out", str(tmp_path), *SMOKE])
+        "--prompts-per-length", "1", "--out", str(tmp_path), *SMOKE])
     v = result["verify"]["40"]
     assert {w["mode"] for w in v["widths"]} == {"as is"} and v["kv_bytes_per_row"] > 0
     assert result["rows"][0]["identical_to_classic"] is True
@@ -77,6 +79,7 @@ def test_a_qwen_target_has_one_attention_mode(dense_dir, tmp_path):
     (["--lengths", "4"], "--lengths must be 8 tokens or more"),
     (["--lengths", "1k"], "expected comma-separated numbers"),
     (["--pairs", "0"], "--pairs, --prompts-per-length and --synced-runs must be >= 1"),
+    (["--prompts-per-length", "1,2"], "--prompts-per-length: one count or one per length (3)"),
 ])
 def test_flags_it_refuses(flags, message, capsys):
     with pytest.raises(SystemExit):
