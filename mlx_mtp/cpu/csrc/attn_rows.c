@@ -4,7 +4,7 @@
    Decode's attention on MLX's CPU backend (one query row, no mask: the SDPA fallback) makes, per
    query head, a one-row BLAS product of the scaled query with the keys (cblas_sgemm, M = 1, the
    keys transposed), a softmax over the row (an MLX op), and a one-row product of the
-   probabilities with the values (M = 1, N = head_dim, K = keys). With BLIS 0.9 on AVX2 those
+   probabilities with the values (M = 1, N = head_dim, K = keys). With BLIS on AVX2 those
    products reduce each output in a fixed order (checked bitwise by
    mlx_mtp/exactness/row_attention.py, which falls back to decode's own calls where it differs):
      - scores: key columns in whole groups of 8 as the row kernel (row_dot.c): 8 lanes over the
