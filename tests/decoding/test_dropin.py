@@ -62,7 +62,6 @@ def _params(fn):
 
 
 @pytest.mark.parametrize("ours, theirs", [
-    (mlx_mtp.load, mlx_lm.load),
     (mlx_mtp.make_prompt_cache, mlx_cache.make_prompt_cache),
     (mlx_mtp.save_prompt_cache, mlx_cache.save_prompt_cache),
     (mlx_mtp.load_prompt_cache, mlx_cache.load_prompt_cache),
@@ -71,6 +70,15 @@ def test_same_arguments_and_defaults_as_mlx_lm(ours, theirs):
     """mlx-lm's parameters come first, in its order, with its defaults; ours follow."""
     mine = _params(ours)
     assert mine[: len(_params(theirs))] == _params(theirs)
+
+
+def test_load_takes_mlx_lm_arguments_and_defaults_to_the_demo_pair():
+    """``load``'s parameters are mlx-lm's, in its order and with its defaults, except that the
+    path may be left out (the embedded demo pair, as the CLI's default)."""
+    mine, theirs = _params(mlx_mtp.load), _params(mlx_lm.load)
+    assert mine[0] == ("path_or_hf_repo", None)
+    assert theirs[0] == ("path_or_hf_repo", inspect.Parameter.empty)
+    assert mine[1: len(theirs)] == theirs[1:]
 
 
 def _differing(ours, theirs):

@@ -309,7 +309,7 @@ def test_cli_sampling_flags_seed_and_rule(capsys, soft_dir):
     assert (a["exactness"]["verdict"], a["exactness"]["promise"]) == ("sampling", "distribution")
     code, _, table = cli(capsys, *args, "--seed", 7)  # the stats table goes to stderr
     assert code == 0 and "acceptance rule  " in table and "speculative-sampling" in table
-    assert "the distribution of plain sampling" in table
+    assert "the same distribution as plain sampling" in table
 
 
 @pytest.mark.subprocess
