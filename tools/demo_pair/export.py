@@ -24,29 +24,12 @@ import numpy as np
 import mlx_mtp  # noqa: F401  (binds the CPU BLAS before mlx.core)
 import mlx.core as mx
 import torch
-from safetensors.torch import save_file
 
-from tools.demo_pair.torch_model import TEXT_CONFIG, MTPHead, install_fast_gdn
+from tools.demo_pair.checkpoint import raw_weights, write_folder
+from tools.demo_pair.torch_model import MTPHead, install_fast_gdn
 from tools.demo_pair.train_head import load_target
 
 TOL = 2e-3  # max |logit difference| MLX vs PyTorch, float32 compute on identical weights
-
-
-def raw_weights(target, head) -> dict:
-    out = {}
-    for k, v in target.state_dict().items():
-        if k == "lm_head.weight":
-            continue  # tied to the embedding
-        assert k.startswith("model."), k
-        out["model.language_model." + k[len("model."):]] = v
-    for k, v in head.state_dict().items():
-        if not k.startswith("rotary."):
-            out["mtp." + k] = v
-    # Matrices in bfloat16 (half the size); vectors (norm weights, A_log, dt_bias) stay float32:
-    # loaders add 1 to zero-centred norm weights in the stored dtype, and 1 + w in bfloat16
-    # would move every norm weight by up to 2^-8.
-    return {k: (v.detach().to(torch.bfloat16) if v.ndim > 1 else v.detach().float()).contiguous()
-            for k, v in out.items()}
 
 
 def round_to_bf16(module) -> None:
@@ -103,14 +86,7 @@ def main(argv=None) -> int:
     round_to_bf16(head)
     tmp = args.out.with_name(args.out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-        "tie_word_embeddings": True, "eos_token_id": TEXT_CONFIG["eos_token_id"],
-        "text_config": TEXT_CONFIG}, indent=1) + "\n")
-    for name in ("tokenizer.json", "tokenizer_config.json", "tokenization_demo_pair.py"):
-        shutil.copy(args.work / "tokenizer" / name, tmp / name)
+    write_folder(tmp, weights, args.work / "tokenizer")
     report = check(tmp, target, head, np.load(args.work / "val_ids.npy")[:128])
     print(json.dumps(report, indent=1))
     bad = [k for k in ("target_max_abs_diff", "head_max_abs_diff") if report[k] > TOL]
