@@ -73,9 +73,11 @@ class ResumableRun:
 
     def train(self, train_ids: np.ndarray, seq_len: int, params: Iterable[torch.Tensor],
               loss_fn: Callable[[torch.Tensor], Tuple[torch.Tensor, Dict]],
-              validate: Callable[[], Dict], on_start: Callable[[], None] = lambda: None) -> None:
+              validate: Callable[[], Dict], on_start: Callable[[], None] = lambda: None,
+              draw: Optional[Callable[[int], torch.Tensor]] = None) -> None:
         """``loss_fn(batch) -> (loss, logged metrics)``; ``validate() -> logged metrics``, run
-        at every save; ``on_start`` runs once the clock has started."""
+        at every save; ``on_start`` runs once the clock has started. Batch k is
+        ``draw(k)``, by default ``batch(train_ids, seed, k, --batch, seq_len)``."""
         args, params = self.args, list(params)
         log = (self.out / "log.jsonl").open("a")
         t0 = time.time()
@@ -86,7 +88,8 @@ class ResumableRun:
                 break
             for group in self.opt.param_groups:
                 group["lr"] = lr_at(self.step, args.steps, args.lr, args.warmup)
-            x = batch(train_ids, args.seed, self.step, args.batch, seq_len)
+            x = (draw(self.step) if draw is not None
+                 else batch(train_ids, args.seed, self.step, args.batch, seq_len))
             loss, metrics = loss_fn(x)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
