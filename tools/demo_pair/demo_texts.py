@@ -30,9 +30,7 @@ import mlx_mtp  # noqa: F401  (binds the CPU BLAS before mlx.core)
 import mlx.core as mx
 
 from mlx_mtp.demo import DEMO_DECODE
-from tools.demo_pair.checkpoint import raw_weights, write_folder
 from tools.demo_pair.corpus import stdlib_files
-from tools.demo_pair.train_head import load_target
 
 KINDS = ("newline", "line_end", "mid_line")  # where a prompt is cut
 KIND_SHARE = (0.35, 0.3, 0.35)
@@ -125,6 +123,9 @@ def single_continuation(model, ids, tokens: int, eos: set):
 
 def write_target(work: Path) -> Path:
     """``WORK/target`` as a checkpoint folder (no head) that mlx_mtp loads."""
+    from tools.demo_pair.checkpoint import raw_weights, write_folder  # PyTorch: the train extra
+    from tools.demo_pair.train_head import load_target
+
     folder = work / "target_hf"
     write_folder(folder, raw_weights(load_target(work)), work / "tokenizer")
     return folder
