@@ -12,9 +12,29 @@ from mlx_lm.utils import load_model as mlx_load_model
 from safetensors import safe_open
 
 import mlx_mtp
+from benchmarks.common import distinct_ngram_share
 from mlx_mtp import MTPError
 from mlx_mtp import demo
+from mlx_mtp.decoding.responses import encode_prompt
 from mlx_mtp.generate import DEFAULT_PROMPT
+
+# Prompts that end in a newline. The demo tokenizer merges a newline with the next line's indent,
+# so each ends in a bare newline token, which text tokenized whole has mostly before an unindented
+# line or at a file's end (then end of text); the target was also trained on files cut at line
+# ends, each piece tokenized alone (tools/demo_pair/corpus.py), so it writes on after one.
+NEWLINE_PROMPTS = (
+    "class Parser:\n    def __init__(self, text):\n",
+    "def read_config(path):\n    with open(path) as f:\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "for line in lines:\n",
+    "try:\n    import json\nexcept ImportError:\n",
+)
+
+
+def demo_processors():
+    return make_logits_processors(
+        repetition_penalty=demo.DEMO_DECODE.repetition_penalty,
+        repetition_context_size=demo.DEMO_DECODE.repetition_context_size)
 
 
 @pytest.mark.subprocess
@@ -28,21 +48,39 @@ def test_no_model_runs_the_demo_pair_exactly_like_mlx_lm():
     tok = load_tokenizer(demo.DEMO_DIR)
     # mlx-lm's greedy decode under the demo pair's decode settings (its repetition penalty)
     model, _ = mlx_load_model(demo.DEMO_DIR)
-    processors = make_logits_processors(
-        repetition_penalty=demo.DEMO_DECODE.repetition_penalty,
-        repetition_context_size=demo.DEMO_DECODE.repetition_context_size)
     ref = [t for t, _ in mlx_generate_step(mx.array(tok.encode(DEFAULT_PROMPT)), model,
-                                           max_tokens=40, logits_processors=processors)]
+                                           max_tokens=40, logits_processors=demo_processors())]
     ref = ref[: next((i for i, t in enumerate(ref) if t in tok.eos_token_ids), len(ref))]
     assert len(ref) == 40 and out["tokens"] == ref
     # A trained head, not a random one (random heads accept nothing): the demo's whole point.
-    # Measured on plain greedy decode: the repetition penalty moves the target away from what
-    # the head learned (it drafts the unpenalized continuation), so fewer drafts are kept.
+    # Measured on plain greedy decode: the drafts are the head's own argmax, without the
+    # repetition penalty the target's rows get, so under the penalty fewer drafts are kept.
     plain = json.loads(cli("--max-tokens", 40, "--block-size", 3, "--repetition-penalty", "1.0",
                            "--json").stdout)
     assert plain["repetition_penalty"] == 1.0
     assert plain["per_position_acceptance"][0] >= 0.6, plain["per_position_acceptance"]
     assert plain["tokens_per_round"] >= 1.8, plain["tokens_per_round"]
+
+
+@pytest.mark.subprocess
+def test_the_cli_writes_on_after_a_prompt_that_ends_in_a_newline():
+    out = json.loads(cli("--prompt", NEWLINE_PROMPTS[0], "--max-tokens", 64, "--json").stdout)
+    assert out["generation_tokens"] == 64 and len(out["tokens"]) == 64, out["text"]
+    assert distinct_ngram_share(out["tokens"]) >= 0.6, out["text"]
+
+
+@pytest.mark.slow
+def test_the_demo_writes_on_after_every_newline_prompt():
+    """The other prompts through the library, with the CLI's decode (MTP, the demo's penalty):
+    64 tokens before any end of text, at least 0.6 of their 4-grams distinct."""
+    model, tok = mlx_mtp.load(demo.DEMO_DIR)
+    for prompt in NEWLINE_PROMPTS[1:]:
+        ids = [t for t, _ in mlx_mtp.generate_step(encode_prompt(tok, prompt), model,
+                                                    max_tokens=64, block_size=3,
+                                                    logits_processors=demo_processors())]
+        text = ids[: next((i for i, t in enumerate(ids) if t in tok.eos_token_ids), len(ids))]
+        assert len(text) == 64, (prompt, tok.decode(text))
+        assert distinct_ngram_share(text) >= 0.6, (prompt, tok.decode(text))
 
 
 def test_the_demo_is_a_raw_hugging_face_checkpoint_under_40_mb():
