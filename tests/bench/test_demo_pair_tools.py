@@ -1,6 +1,8 @@
 """The demo pair's training tools (tools/demo_pair/) that decide what it learns: the corpus cut at
-line ends, the prompts cut from the corpus, the demo's decode as demo_texts batches it, and the
-drafting replay's penalty and rounds."""
+line ends, the prompts cut from the corpus, the demo's decode as demo_texts batches it, the
+drafting replay's penalty and rounds, and the count of newline prompts that end the text."""
+
+import json
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import mlx.core as mx
 import mlx_mtp
 from mlx_mtp import demo
 from mlx_mtp.demo import DEMO_DECODE
-from tools.demo_pair import corpus, demo_texts
+from tools.demo_pair import corpus, demo_texts, newline_check
 
 SOURCE = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
           "    def push(self, item):\n        self.items.append(item)\n")
@@ -102,3 +104,47 @@ def test_the_replay_penalizes_as_mlx_lm_and_runs_rounds_from_the_prompts_end():
     # a round keeps L(p) drafts (at most the block's) and the next starts after them and the bonus
     assert drafting_sim.rounds([2, 0, 1, 1, 0, 2, 2], 2) == [2, 1, 2]
     assert drafting_sim.rounds([2, 0, 1, 1, 0, 2, 2], 1) == [1, 1, 0, 1]
+
+
+def test_a_newline_prompt_is_whole_lines_ending_after_a_non_blank_one():
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        p = newline_check.newline_prompt(SOURCE, rng, 40)
+        assert p.endswith("\n") and p.strip() and SOURCE.find(p) >= 0
+        start = SOURCE.find(p)
+        assert start == 0 or SOURCE[start - 1] == "\n"  # whole lines
+        assert len(p) <= 40 or p.count("\n") == 1  # one line longer than the limit comes alone
+        assert p.splitlines()[-1].strip()  # ends after a non-blank line
+    assert newline_check.newline_prompt(SOURCE, rng, 10_000) in {
+        SOURCE[:SOURCE.index(line) + len(line)] for line in SOURCE.splitlines(keepends=True)
+        if line.strip()}
+    assert newline_check.newline_prompt("\n\n   \n", rng, 100) is None
+
+
+def test_the_newline_check_counts_first_tokens_that_end_the_text(tmp_path, capsys):
+    """Its count is the number of prompts after which mlx-lm's decode under the demo's penalty
+    starts with end of text; cut from the held-out files corpus.json lists."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "stack.py").write_text(SOURCE)
+    (tmp_path / "corpus.json").write_text(
+        '{"stdlib": "%s", "val_files": ["stack.py"]}' % (tmp_path / "lib"))
+    newline_check.main(["--pair", str(demo.DEMO_DIR), "--work", str(tmp_path),
+                        "--prompts", "4", "--seed", "3"])
+    got = json.loads(capsys.readouterr().out)
+    prompts = newline_check.newline_prompts([("stack.py", SOURCE)], 4, 3, 1500)
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(demo.DEMO_DIR)
+    tok = mlx_mtp.load(demo.DEMO_DIR)[1]
+    ends = 0
+    for p in prompts:
+        processors = make_logits_processors(
+            repetition_penalty=DEMO_DECODE.repetition_penalty,
+            repetition_context_size=DEMO_DECODE.repetition_context_size)
+        t, _ = next(generate_step(mx.array(tok.encode(p)), model, max_tokens=1,
+                                  logits_processors=processors))
+        ends += int(t) in tok.eos_token_ids
+    assert got == {"pair": str(demo.DEMO_DIR), "prompts": 4, "chars": 1500,
+                   "first_token_end_of_text": ends}

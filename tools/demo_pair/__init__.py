@@ -3,7 +3,8 @@
 ``train_target`` (from scratch, then fine-tuned on the cut ids), ``demo_texts`` (the target's own
 text under the demo's decode), ``train_head`` (self-distillation on the frozen target, checked by
 ``drafting_sim``), ``export`` (the raw Hugging Face checkpoint, checked against mlx-lm and
-mlx_mtp). Run from the repository root, in that order (docs/development.md gives the flags):
+mlx_mtp; ``newline_check`` counts newline prompts that end the text). Run from the repository
+root, in that order (docs/development.md gives the flags):
 
     python -m tools.demo_pair.corpus --out WORK
     python -m tools.demo_pair.train_target --work WORK --steps 600 --run base
