@@ -277,7 +277,8 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     assert [w["width"] for w in result["exactness"]["widths"]] == [2, 3]
     assert result["gate_reason"] == ("exactness probe on cpu (x86_64): verify blocks of width 2, "
                                      "3 equal the single-token chain byte for byte")
-    rc, _, err = _cli_in_process(args, capsys)  # the stats table goes to stderr
+    # the stats table goes to stderr; the probe's row is in the full table
+    rc, _, err = _cli_in_process(args + ["--stats", "full"], capsys)
     table = err.split("=" * 40 + "\n", 1)[1].splitlines()
     assert any(line.split() == ["mtp", "on"] for line in table)
     assert any(line.split() == ["exactness", "probe", "equal", "(width", "2,", "3)"]

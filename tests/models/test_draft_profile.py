@@ -107,9 +107,9 @@ def test_cli_json_carries_draft_profile(dense_dir, monkeypatch, capsys):
                                 "reduced_vocab": False, "quantized_layers": 0, "bits": [],
                                 "group_size": [], "fc_quantized": False}
     monkeypatch.setenv(PROFILE_ENV, "1")
-    assert generate.main(args) == 0
+    assert generate.main(args + ["--stats", "full"]) == 0  # the drafter's rows: the full table
     text = capsys.readouterr().err  # the stats table goes to stderr
     assert "drafter step split (ms)" in text and "ids " in text and "accept hook ms" in text
     monkeypatch.setenv(PROFILE_ENV, "0")
-    assert generate.main(args) == 0
+    assert generate.main(args + ["--stats", "full"]) == 0
     assert "unattributed (MLX_MTP_DRAFT_PROFILE=1 splits it)" in capsys.readouterr().err

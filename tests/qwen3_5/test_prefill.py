@@ -169,7 +169,7 @@ def test_prefill_chunks_run_on_every_core_except_across_split_ranks(split, dense
     forward = target.prefill
     monkeypatch.setattr(target, "prefill", lambda *a: seen.append(inside[0]) or forward(*a))
     session = SimpleNamespace(target=target, drafter=None, cache=target.make_cache(),
-                              prompt_len=9, kv=KVSettings(), split=split)
+                              prompt_len=9, kv=KVSettings(), split=split, turn=None)
     request = SimpleNamespace(prefill_step_size=3, embeddings=lambda start, stop: None)
     list(round_steps._prefill_chunks(session, ids(9, 5)[0], request, lambda *_: None))
     assert seen == [split is None] * 3  # 8 tokens in chunks of 3, 3, 2
