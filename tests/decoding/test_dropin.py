@@ -10,6 +10,7 @@ import mlx_lm
 import pytest
 from support import tiny_checkpoints as tc
 from support.reference import CODE_PROMPT
+from support.token_streams import bitwise, take
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.generate import stream_generate as mlx_stream_generate
 from mlx_lm.models import cache as mlx_cache
@@ -32,25 +33,6 @@ def agree_dir(ckpt_root):
 def pair(path, **kw):
     """Ours and mlx-lm's load of the same folder with the same arguments."""
     return mlx_mtp.load(str(path), **kw), mlx_lm.load(str(path), **kw)
-
-
-def take(gen, n):
-    """The first ``n`` token ids of a generate_step-style generator, then close it (what a caller
-    that stops reading does)."""
-    out = []
-    for item in gen:
-        out.append(item[0])
-        if len(out) == n:
-            break
-    gen.close()
-    return out
-
-
-def bitwise(a, b) -> bool:
-    mx.eval(a, b)
-    return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and bytes(memoryview(x)) == bytes(memoryview(y))
-        for x, y in zip(a, b))
 
 
 # ------------------------------------------------------------------------------ the signatures

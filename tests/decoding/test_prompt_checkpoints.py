@@ -8,6 +8,7 @@ import pytest
 from mlx_lm.generate import generate_step as mlx_generate_step
 from mlx_lm.models import cache as mlx_cache
 from support import tiny_checkpoints as tc
+from support.token_streams import bitwise, take
 
 import mlx_mtp
 from mlx_mtp.decoding.batch_rounds import BatchRounds
@@ -26,23 +27,6 @@ def agree(ckpt_root):
 
     path = tc.write_agreeing_checkpoint(ckpt_root / "checkpoints-agree", seed=4)
     return mlx_mtp.load(str(path))[0], mlx_lm.load(str(path))[0]
-
-
-def take(gen, n):
-    out = []
-    for item in gen:
-        out.append(item[0])
-        if len(out) == n:
-            break
-    gen.close()
-    return out
-
-
-def bitwise(a, b) -> bool:
-    mx.eval(a, b)
-    return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and bytes(memoryview(x)) == bytes(memoryview(y))
-        for x, y in zip(a, b))
 
 
 def mlx_lm_cache(ref, ids):
