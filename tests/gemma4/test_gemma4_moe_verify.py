@@ -5,13 +5,14 @@
 import mlx.core as mx
 import pytest
 from support.reference import reference_greedy
+from support.grouped_rows import record_kernel_rows
 from support.native_support import one_row_products_in_kernel_order, require_lazy
 from support.packed import assert_packed_verify_equals_alone
 from support.tiny_gemma4 import Checkpoints
 
 import mlx_mtp
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness import grouped_experts, row_exact_layers
+from mlx_mtp.exactness import grouped_experts
 
 MAX_TOKENS = 24
 PROMPT = [(11 * i + 5) % 300 for i in range(20)]  # longer than the window (16)
@@ -29,16 +30,8 @@ def lazy():
 
 @pytest.fixture
 def grouped_rows(monkeypatch):
-    seen = []
-    real = grouped_experts.kernel_call
-
-    def recording(glu, x, indices, *stacks):
-        if row_exact_layers.active():
-            seen.append(grouped_experts.rows_of(indices))
-        return real(glu, x, indices, *stacks)
-
-    monkeypatch.setattr(grouped_experts, "kernel_call", recording)
-    return seen
+    """The widths of the verify blocks (and one-token steps) the expert kernel computed."""
+    return record_kernel_rows(monkeypatch)
 
 
 def kernel_runs() -> bool:

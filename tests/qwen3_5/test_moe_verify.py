@@ -11,6 +11,7 @@ from mlx_lm.models.switch_layers import SwitchGLU
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from support import tiny_checkpoints as tc
 from support.chisquare import goodness_of_fit, two_sample
+from support.grouped_rows import record_kernel_rows
 from support.native_support import one_row_products_in_kernel_order, require_lazy
 from support.packed import assert_packed_verify_equals_alone
 from support.plain_sampling import reference
@@ -19,7 +20,7 @@ import mlx_mtp
 from mlx_mtp.cpu import expert_kernel
 from mlx_mtp.decoding.batch_rounds import BatchRounds
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness import grouped_experts, row_exact_layers
+from mlx_mtp.exactness import grouped_experts
 from mlx_mtp.exactness.block_vs_chain import probe_exactness
 
 N_TOKENS = 24
@@ -45,16 +46,7 @@ def lazy():
 @pytest.fixture
 def grouped_rows(monkeypatch):
     """The widths of the verify blocks (and one-token steps) the expert kernel computed."""
-    seen = []
-    real = grouped_experts.kernel_call
-
-    def recording(glu, x, indices, *stacks):
-        if row_exact_layers.active():  # a verify or a one-token step, not the install's check
-            seen.append(grouped_experts.rows_of(indices))
-        return real(glu, x, indices, *stacks)
-
-    monkeypatch.setattr(grouped_experts, "kernel_call", recording)
-    return seen
+    return record_kernel_rows(monkeypatch)
 
 
 def expected_method():
