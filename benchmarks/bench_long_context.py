@@ -12,9 +12,8 @@ a long prompt's prefill dominates the run. Per length and temperature, ``bench_m
 alternating arms (plain decode is mlx-lm's own ``generate_step``; idle check, several prompts;
 each arm warmed up on a prompt of ``WARM_TOKENS``): MTP over plain, per-position acceptance, and
 the time from the call to the first token (prefill) of both. Then per length at T=0 a synced
-pass (each phase waits for its device work): the plain step and each width's verify alone; on a
-Gemma 4 target once through the attention kernel and once one SDPA per row
-(``MLX_MTP_ATTENTION_KERNEL=0``), alternating, so a cost that grows with the context shows where
+pass (each phase waits for its device work): the plain step and each width's verify alone, once through
+the attention kernel and once one SDPA per row (``MLX_MTP_ATTENTION_KERNEL=0``), alternating, so a cost that grows with the context shows where
 it comes from; beside it the KV bytes one decode step's attention reads.
 """
 
@@ -35,7 +34,7 @@ from mlx_mtp.decoding.responses import encode_prompt
 from mlx_mtp.decoding.rounds import SYNC_PHASES_ENV
 from mlx_mtp.exactness import row_attention
 
-KERNEL, BY_ROWS, AS_IS = "kernel", "by rows", "as is"
+KERNEL, BY_ROWS = "kernel", "by rows"
 WARM_TOKENS = 256  # the warm-up prompt: compiles every width without a long prefill
 TEXT_FILES = ("README.md", "docs/*.md")  # the prompts' text, under the project's root
 KEEP = ("rows", "raw", "classic_step_ms", "bandwidth_gbs", "target_step_floor_ms",
@@ -94,13 +93,13 @@ def verify_pass(args, prompts: dict, warm: List[int], unit) -> dict:
     plain step's ms, and how many verify attentions ran through the kernel / by rows."""
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter)
     ids = {k: encode_prompt(tokenizer, v) for k, v in prompts.items()}
-    modes = [KERNEL, BY_ROWS] if model.target.family == "gemma4" else [AS_IS]
-    flags = {KERNEL: "1", BY_ROWS: "0", AS_IS: None}
+    modes = [KERNEL, BY_ROWS]
+    flags = {KERNEL: "1", BY_ROWS: "0"}
     stats = {m: [] for m in modes}
     steps, usage = [], {m: {"kernel": 0, "rows": 0} for m in modes}
     for bs in args.block_sizes:  # the freshly loaded model's compilations and checks
         for mode in modes:
-            with _flag(flags[mode]):
+            with common.environment(row_attention.ENV, flags[mode]):
                 common.mtp_decode(model, mx.array(warm), 8, bs)
     with common.environment(SYNC_PHASES_ENV, "1"):
         for rep in range(args.synced_runs):
@@ -112,7 +111,7 @@ def verify_pass(args, prompts: dict, warm: List[int], unit) -> dict:
                     for bs in args.block_sizes:
                         for mode in (modes[::-1] if flip else modes):
                             before = row_attention.usage()
-                            with _flag(flags[mode]):
+                            with common.environment(row_attention.ENV, flags[mode]):
                                 st = common.mtp_decode(model, prompt, args.max_tokens, bs)[3]
                             used = {k: n - before[k] for k, n in row_attention.usage().items()}
                             out["runs"].append((mode, st.to_dict(), used))
@@ -135,19 +134,6 @@ def verify_pass(args, prompts: dict, warm: List[int], unit) -> dict:
                 continue  # a run's last rounds, narrowed by the token budget
             rows.append({"mode": mode, "width": w, "verify_ms": ms, "over_step": ms / step_ms})
     return {"step_ms": step_ms, "kv_bytes_per_row": kv, "widths": rows, "attention": usage}
-
-
-class _flag:
-    """``MLX_MTP_ATTENTION_KERNEL`` set to ``value`` for the block (None: left as it is)."""
-
-    def __init__(self, value):
-        self.ctx = common.environment(row_attention.ENV, value) if value is not None else None
-
-    def __enter__(self):
-        return self.ctx.__enter__() if self.ctx else None
-
-    def __exit__(self, *exc):
-        return self.ctx.__exit__(*exc) if self.ctx else False
 
 
 def prefill_rates(raw: dict, length: int) -> dict:

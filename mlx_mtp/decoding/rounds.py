@@ -21,7 +21,7 @@ from mlx_mtp.decoding.round_session import (SYNC_PHASES_ENV, Progress, Session, 
 from mlx_mtp.decoding.round_steps import (Emitted, choose_ahead, commit, draft, emit, plan_round,
                                           prefill, record_round, verify_and_walk)
 from mlx_mtp.decoding.stats import RunStats
-from mlx_mtp.exactness import gate
+from mlx_mtp.exactness import gate, row_attention
 from mlx_mtp.io.kv_settings import KVSettings
 from mlx_mtp.decoding.prompt_cache import PromptCache, Turn, forget_drafter
 from mlx_mtp.models import draft_profile
@@ -62,8 +62,12 @@ def generate_rounds(prompt: mx.array, model: MTPModel, cache: PromptCache, kv: K
     if session.plain_decode:  # block size 1: no verify block: decode as mlx-lm does
         yield from pipelined_steps(session, progress, session.max_tokens - 1, stretch=False)
         return
-    while progress.emitted < session.max_tokens:
-        yield from run_round(session, progress)
+    attention = row_attention.usage()
+    try:
+        while progress.emitted < session.max_tokens:
+            yield from run_round(session, progress)
+    finally:  # also where the consumer stops early (a stop string)
+        gate.report_attention(stats, attention)
     session.note_generation_time()
 
 

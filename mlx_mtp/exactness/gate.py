@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from mlx_mtp import config as env
-from mlx_mtp.exactness import grouped_experts, row_exact_layers
+from mlx_mtp.exactness import grouped_experts, row_attention, row_exact_layers
 from mlx_mtp.exactness.block_vs_chain import DIVERGES, EQUAL, ProbeResult, aggregate_verdict, probe_exactness
 from mlx_mtp.exactness.tree_vs_chain import probe_tree_exactness
 from mlx_mtp.exactness.device import (ARCH_OVERRIDE_ENV, FIRST_WIDE_KERNEL_GENERATION, DeviceFacts,
@@ -199,6 +199,33 @@ def report_verify(model, stats) -> None:
         stats.exactness["row_exact"] = verify_report(model.mlx_model)
 
 
+def report_attention(stats, since: dict) -> None:
+    """After a generation's rounds: how its verifies computed their attention rows (the
+    attention kernel or one SDPA per row, counted from ``since``, an earlier
+    ``row_attention.usage()``) and the kernel's checks (``row_attention.report``)."""
+    info = stats.exactness.get("row_exact")
+    if info is None:
+        return
+    now = row_attention.usage()
+    info["attention"] = {**row_attention.report(),
+                         "verifies": {k: now[k] - since.get(k, 0) for k in now}}
+
+
+def attention_summary(exactness: dict) -> Optional[str]:
+    """One cell for the CLI's stats table: the verify attentions by method, and the checks."""
+    info = (exactness.get("row_exact") or {}).get("attention")
+    if not info:
+        return None
+    counts = info.get("verifies", {})
+    text = f"kernel {counts.get('kernel', 0)}, by rows {counts.get('rows', 0)}"
+    checked = info.get("checked")
+    if checked:
+        text += " (" + "; ".join(f"{sig}: {verdict}" for sig, verdict in checked.items()) + ")"
+    elif info["kernel"] != "available":
+        text += f" (kernel {info['kernel']})"
+    return text
+
+
 def verify_report(mlx_model) -> dict:
     """How a verify computes its rows: the row-exact layers
     (``row_exact_layers.row_exact_report``) and, with mixture-of-experts layers, how each width
@@ -268,6 +295,9 @@ def gate_rows(result: dict, full: bool = False) -> list:
     layers = row_exact_summary(exactness)
     if layers is not None:
         rows.append(("row-exact layers", layers))
+    attention = attention_summary(exactness)
+    if attention is not None:
+        rows.append(("verify attention", attention))
     experts = (exactness.get("row_exact") or {}).get("experts")
     if experts:
         rows.append(("expert layers", grouped_experts.experts_summary(experts)))

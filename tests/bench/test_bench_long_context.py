@@ -65,12 +65,14 @@ def test_a_gemma_smoke_run_writes_the_record(tmp_path_factory, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_qwen_target_has_one_attention_mode(dense_dir, tmp_path):
+def test_a_qwen_target_verifies_through_the_kernel_and_by_rows(dense_dir, tmp_path):
     result = bench_long_context.main([
         "--model", str(dense_dir), "--lengths", "40", "--temps", "0", "--block-sizes", "2",
         "--prompts-per-length", "1", "--out", str(tmp_path), *SMOKE])
     v = result["verify"]["40"]
-    assert {w["mode"] for w in v["widths"]} == {"as is"} and v["kv_bytes_per_row"] > 0
+    assert {w["mode"] for w in v["widths"]} == {"kernel", "by rows"} and v["kv_bytes_per_row"] > 0
+    assert v["attention"]["by rows"]["kernel"] == 0 and v["attention"]["by rows"]["rows"] > 0
+    assert v["attention"]["kernel"]["kernel"] + v["attention"]["kernel"]["rows"] > 0
     assert result["rows"][0]["identical_to_classic"] is True
 
 

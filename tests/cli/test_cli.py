@@ -70,7 +70,7 @@ def table(stderr: str) -> dict:
 SHORT = ["mtp", "exactness", "prompt", "generation", "tokens per round", "block size",
          "block sizes used (width: rounds)", "draft 1 accepted", "draft 2 accepted",
          "peak memory"]
-FULL_ONLY = ["exactness probe", "row-exact layers", "acceptance rule", "rounds",
+FULL_ONLY = ["exactness probe", "row-exact layers", "verify attention", "acceptance rule", "rounds",
              "drafted / accepted", "acceptance rate", "verify ms/round", "draft ms/round",
              "accept ms/round", "finalize ms/round", "residual ms/round", "drafter step ms (Nx)",
              "drafter step split (ms)", "accept hook ms (Nx)", "accept hook split (ms)",

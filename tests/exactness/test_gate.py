@@ -294,6 +294,17 @@ def test_cli_json_and_table_carry_the_verdict(dense_dir, capsys):
     assert info["kernel"] == kernel and set(info["layers"]) <= {"kernel", "blocked", "rows"}
     row = next(line for line in table if line.startswith("row-exact layers"))
     assert row.rstrip().endswith(f"; row kernel {kernel}")
+    # How the verifies computed their attention rows, counted per run: all through the
+    # attention kernel where it runs and its checks passed.
+    from mlx_mtp.cpu import attention_kernel
+
+    verifies = info["attention"]["verifies"]
+    assert verifies["kernel"] + verifies["rows"] > 0
+    checked = info["attention"].get("checked", {})
+    if attention_kernel.problem() is None and all(v.startswith("equal") for v in checked.values()):
+        assert checked and verifies["rows"] == 0
+    row = next(line for line in table if line.startswith("verify attention"))
+    assert f"kernel {verifies['kernel']}, by rows {verifies['rows']}" in row
     rc, out, _ = _cli_in_process(args + ["--block-size", "1", "--json"], capsys)
     assert json.loads(out)["exactness"]["verdict"] == "not_needed"
     rc, out, _ = _cli_in_process(args + ["--no-mtp", "--json"], capsys)

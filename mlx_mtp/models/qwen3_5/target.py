@@ -20,7 +20,8 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 from mlx_lm.models.gated_delta import gated_delta_update
 
-from mlx_mtp.exactness import row_exact_layers
+from mlx_mtp.cpu.attention_kernel import KVRows
+from mlx_mtp.exactness import row_attention, row_exact_layers
 from mlx_mtp import draft_tree
 from mlx_mtp.models.packed_batch import PackedCache, packed_caches, split_rows
 from mlx_mtp.models.target_base import TrunkTarget
@@ -240,19 +241,14 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
                                        else compiled_layers.compiled_pre(self, x, pre, start))
         keys, values = cache.update_and_fetch(keys, values)  # tuples when quantized (kv_bits)
         if by_rows:
-            rows = [
-                scaled_dot_product_attention(
-                    queries[:, :, i : i + 1], _first(keys, start + i + 1),
-                    _first(values, start + i + 1), cache=cache, scale=self.scale, mask=None)
-                for i in range(L)
-            ]
+            rows = self._attend_rows(queries, keys, values, cache,
+                                     [start + i + 1 for i in range(L)])
         else:
             rows = [scaled_dot_product_attention(queries, keys, values, cache=cache,
                                                  scale=self.scale, mask=mask)]
         if post is None:
             return compiled_layers.reference_post(self, rows, gate)
         return compiled_layers.compiled_post(self, rows, gate, post)
-
 
     def _packed_rows(self, x: mx.array, cache: PackedCache) -> mx.array:
         """Several sequences' blocks (``packed_batch``): each sequence's rows at its own
@@ -265,10 +261,8 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
             start = part.offset
             k, v = part.update_and_fetch(keys[:, :, first : first + w],
                                          values[:, :, first : first + w])
-            out += [scaled_dot_product_attention(
-                        queries[:, :, first + i : first + i + 1], _first(k, start + i + 1),
-                        _first(v, start + i + 1), cache=part, scale=self.scale, mask=None)
-                    for i in range(w)]
+            out += self._attend_rows(queries[:, :, first : first + w], k, v, part,
+                                     [start + i + 1 for i in range(w)])
         return compiled_layers.reference_post(self, out, gate)
 
     def _tree_rows(self, x: mx.array, cache, rows: draft_tree.Rows) -> mx.array:
@@ -277,11 +271,35 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         row at that position sees them."""
         queries, gate, keys, values = compiled_layers.tree_pre(self, x, rows.positions)
         keys, values = cache.update_and_fetch(keys, values)
-        out = [scaled_dot_product_attention(
-                   queries[:, :, i : i + 1], _seen(keys, rows.base, seen),
-                   _seen(values, rows.base, seen), cache=cache, scale=self.scale, mask=None)
-               for i, seen in enumerate(rows.visible)]
+        out = self._attend_rows(queries, keys, values, cache,
+                                [rows.base + len(seen) for seen in rows.visible],
+                                rows.visible, rows.base)
         return compiled_layers.reference_post(self, out, gate)
+
+    def _attend_rows(self, queries: mx.array, keys, values, cache, lengths: List[int],
+                     visible: Optional[List[List[int]]] = None, base: int = 0
+                     ) -> List[mx.array]:
+        """Per query row i, its attention as decode's one-query SDPA computes it, over the
+        cache's first ``lengths[i]`` positions (or, for tree rows, the first ``base`` and then
+        ``base + j`` for j in ``visible[i]``): all rows in one pass over the cache through the
+        attention kernel where its check passed (``row_attention``), else one SDPA per row."""
+        if isinstance(keys, mx.array) and queries.dtype == mx.float32 and queries.shape[0] == 1:
+            seen = KVRows(keys, values, lengths)
+            if visible is not None and any(v != list(range(len(v))) for v in visible):
+                seen = KVRows(keys, values, lengths,
+                              [[(base + t, j) for t, j in enumerate(v) if j != t] for v in visible],
+                              keys[..., base:, :], values[..., base:, :])
+            if row_attention.applies_to(queries.shape[1], seen, self.scale):
+                out = row_attention.attend(queries, seen, self.scale)
+                return [out[:, :, i : i + 1] for i in range(len(lengths))]
+        row_attention.count_by_rows()
+        if visible is None:
+            kv = [(_first(keys, n), _first(values, n)) for n in lengths]
+        else:
+            kv = [(_seen(keys, base, v), _seen(values, base, v)) for v in visible]
+        return [scaled_dot_product_attention(queries[:, :, i : i + 1], k, v, cache=cache,
+                                             scale=self.scale, mask=None)
+                for i, (k, v) in enumerate(kv)]
 
 
 def _repeat(x: mx.array, n: int) -> mx.array:
