@@ -137,6 +137,7 @@ def test_install_uses_blocked_one_row_products_for_float_layers(no_kernel, monke
 def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeypatch):
     """prepare(exact=False) (the gate overridden): a verify is the plain multi-row forward, with
     no row-exact products and no per-row attention; prepare() turns them back on."""
+    from mlx_mtp.exactness import row_attention
     from mlx_mtp.models.qwen3_5 import target as qwen3_5
 
     model = mlx_mtp.load_model(dense_dir, require_head=False)
@@ -167,8 +168,13 @@ def test_waived_exactness_verifies_with_the_multi_row_kernels(dense_dir, monkeyp
     plain = run(target.hidden)
     assert bitwise(waived, plain)
     target.prepare(4)
+    before = row_attention.usage()
     run(target.verify)
-    assert set(per_row) == {1}  # each query row on its own again
+    # each query row on its own again: the attention kernel's rows (whose check runs one-row
+    # SDPAs) or one SDPA per row
+    used = {k: n - before[k] for k, n in row_attention.usage().items()}
+    assert used["kernel"] + used["rows"] == sum(not layer.is_linear for layer in target.layers)
+    assert set(per_row) <= {1} and (bool(per_row) or not used["rows"])
     assert bool(calls) == bool(target.row_exact_layers)
 
 
