@@ -20,7 +20,6 @@ it comes from; beside it the KV bytes one decode step's attention reads.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
@@ -152,7 +151,7 @@ def run(args, watch) -> dict:
               "lengths": args.lengths, "temps": args.temps, "block_sizes": args.block_sizes,
               "pairs": args.pairs, "prompts_per_length": args.prompts_per_length,
               "max_tokens": args.max_tokens, "synced_runs": args.synced_runs,
-              "pair_info": _pair_info(args.model), "runs": {}, "verify": {}, "rows": []}
+              "pair_info": common.pair_info(args.model), "runs": {}, "verify": {}, "rows": []}
     warm = next(iter(text_prompts(tokenizer, WARM_TOKENS, 1, args.seed + 1).values()))
     for length, count in zip(args.lengths, args.prompts_per_length):
         prompts = text_prompts(tokenizer, length, count, args.seed)
@@ -179,14 +178,6 @@ def _tokenizer(args):
     from mlx_lm.utils import load_tokenizer
 
     return load_tokenizer(Path(args.model))
-
-
-def _pair_info(path) -> dict:
-    for folder in (Path(path), Path(path).parent):
-        f = folder / "realistic_pair.json"
-        if f.is_file():
-            return json.loads(f.read_text())
-    return {}
 
 
 # ------------------------------------------------------------------------------ the record

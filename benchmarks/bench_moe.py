@@ -135,7 +135,7 @@ def run(args, watch) -> dict:
     result = {**common.record_setup(args.topic), "model": args.model, "dense": args.dense,
               "drafter": args.drafter, "temps": args.temps, "block_sizes": args.block_sizes,
               "pairs": args.pairs, "max_tokens": args.max_tokens, "prompts": args.prompts,
-              "pair_info": _pair_info(args.model)}
+              "pair_info": common.pair_info(args.model)}
     result["moe"] = {str(t): bench_mtp.run(arms_args(args, args.model, t), watch)
                      for t in args.temps}
     model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter)
@@ -146,16 +146,8 @@ def run(args, watch) -> dict:
     mx.clear_cache()
     if args.dense:
         result["dense_pair"] = bench_mtp.run(arms_args(args, args.dense, 0.0), watch)
-        result["dense_pair_info"] = _pair_info(args.dense)
+        result["dense_pair_info"] = common.pair_info(args.dense)
     return result
-
-
-def _pair_info(path) -> dict:
-    import json
-    from pathlib import Path
-
-    f = Path(path) / "realistic_pair.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
 
 
 # ------------------------------------------------------------------------------ the record

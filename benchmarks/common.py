@@ -88,6 +88,16 @@ def add_prompt_args(p: argparse.ArgumentParser, default: str = "default") -> Non
                    help="a JSON object {name: prompt} instead of --prompts")
 
 
+def pair_info(path) -> dict:
+    """``realistic_pair.json`` of the pair a model folder belongs to (the folder itself, or its
+    parent for a pair of two folders such as Gemma 4's target and assistant); {} if none."""
+    for folder in (Path(path), Path(path).parent):
+        f = folder / "realistic_pair.json"
+        if f.is_file():
+            return json.loads(f.read_text())
+    return {}
+
+
 def read_prompts(path) -> Dict[str, str]:
     """The prompts of a JSON file ``{name: prompt}``; ValueError saying what is wrong."""
     try:

@@ -61,11 +61,12 @@ sys.exit(idle.idle_bandwidth() is None)'; then
   $PY -m benchmarks.idle --calibrate
 fi
 
-# T=0 on the demo pair, every fixed block size and auto: BLIS (its default threads: cores - 1,
-# over columns) and OpenBLAS.
+# T=0 on the demo pair at the CLI's settings (its repetition penalty), BLIS (its default threads:
+# cores - 1, over columns); every fixed block size and auto with OpenBLAS.
 retake demo-pair-blis MLX_MTP_CPU_BLAS="$BLIS" -- \
-  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 1,2,3,4,5,6,auto \
-  --pairs 6 --max-tokens 128 "${UNITS[@]}"
+  $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis --block-sizes 2,3,4,auto \
+  --pairs 3 --max-tokens 256 --repetition-penalty 1.3 --repetition-context-size 48 \
+  --synced-runs 1 "${UNITS[@]}"
 retake demo-pair-openblas MLX_MTP_CPU_BLAS="$OPENBLAS" -- \
   $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-openblas --block-sizes 1,2,3,4,6,auto \
   --pairs 8 --synced-runs 3 --max-tokens 128 "${UNITS[@]}"
@@ -102,6 +103,12 @@ retake demo-pair-blis-T1.0-speculative-sampling MLX_MTP_CPU_BLAS="$BLIS" -- \
 retake demo-pair-blis-T0.6-auto MLX_MTP_CPU_BLAS="$BLIS" -- \
   $PY -m benchmarks.bench_mtp --model mlx_mtp/demo_pair --topic demo-pair-blis-T0.6-auto --temp 0.6 --seed 0 \
   --block-sizes 3,4,auto --pairs 5 --max-tokens 128 "${UNITS[@]}"
+
+# The demo pair's code prompts with the drafts under its penalty, and with them not.
+retake draft-processors-demo-pair MLX_MTP_CPU_BLAS="$BLIS" -- \
+  $PY -m benchmarks.bench_draft_processors --model mlx_mtp/demo_pair --topic draft-processors-demo-pair \
+  --prompts code --block-sizes 3,4 --pairs 3 --max-tokens 256 --repetition-penalty 1.3 \
+  --repetition-context-size 48 --unprocessed-drafts "${UNITS[@]}"
 
 # The CLI's default run against --no-mtp, alternating pairs of fresh processes.
 retake cli-default -- $PY -m benchmarks.cli_pairs --pairs 5 "${UNITS[@]}"
@@ -188,6 +195,37 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --lengths 32,128,512 --pairs 3 --topic prefill-realistic-pair --wait-idle 600
   retake decode-step-realistic-pair -- $PY -m benchmarks.bench_decode_step --model "$Q" \
     --steps 48 --pairs 3 --topic decode-step-realistic-pair --wait-idle 600
+  retake draft-processors-realistic-pair-repetition -- $PY -m benchmarks.bench_draft_processors \
+    --model "$Q" --topic draft-processors-realistic-pair-repetition --block-sizes 3 --pairs 1 \
+    --max-tokens 96 --repetition-penalty 1.1 --unprocessed-drafts "${UNITS[@]}"
+  retake draft-processors-realistic-pair-presence -- $PY -m benchmarks.bench_draft_processors \
+    --model "$Q" --topic draft-processors-realistic-pair-presence --block-sizes 3 --pairs 1 \
+    --max-tokens 96 --presence-penalty 0.5 --unprocessed-drafts "${UNITS[@]}"
+  retake conversation-realistic-pair -- $PY -m benchmarks.bench_conversation --model "$Q" \
+    --turns 10 --paste-lines 25 --max-tokens 128 --topic conversation-realistic-pair \
+    --wait-idle 600
+  # about 40 minutes each, most of it the 16k prompts' prefills
+  retake long-context-qwen3-5 -- $PY -m benchmarks.bench_long_context --model "$Q" \
+    --lengths 1024,4096,16384 --prompts-per-length 1,1,1 --temps 0,0.6 --block-sizes 3 \
+    --pairs 1 --max-tokens 48 --topic long-context-qwen3-5 --wait-idle 600
+  retake long-context-gemma4 -- $PY -m benchmarks.bench_long_context "${G[@]}" \
+    --lengths 1024,4096 --prompts-per-length 1,1 --temps 0 --block-sizes 3 --pairs 1 \
+    --max-tokens 48 --topic long-context-gemma4 --wait-idle 600
+fi
+
+# The mixture-of-experts pairs, when $REALISTIC_PAIRS holds them (built by
+# `python -m benchmarks.realistic_pair $REALISTIC_PAIRS/qwen3_5_moe --moe`, `... qwen3_next
+# --family qwen3_next` and `... gemma4_moe --family gemma4 --moe`; docs/benchmarks.md).
+if [ -n "${REALISTIC_PAIRS:-}" ] && [ -d "$REALISTIC_PAIRS/qwen3_5_moe" ]; then
+  M=$REALISTIC_PAIRS
+  retake moe-pair -- $PY -m benchmarks.bench_moe --model "$M/qwen3_5_moe" --topic moe-pair \
+    --temps 0 --block-sizes 2,3,4,auto --pairs 1 --max-tokens 48 --synced-runs 1 --wait-idle 600
+  retake moe-pair-qwen3-next -- $PY -m benchmarks.bench_moe --model "$M/qwen3_next" \
+    --topic moe-pair-qwen3-next --temps 0,0.6 --block-sizes 2,3,4,auto --pairs 1 \
+    --max-tokens 64 --synced-runs 1 --wait-idle 600
+  retake moe-pair-gemma4 -- $PY -m benchmarks.bench_moe --model "$M/gemma4_moe/target" \
+    --drafter "$M/gemma4_moe/assistant" --topic moe-pair-gemma4 --temps 0,0.6 \
+    --block-sizes 2,3,4,auto --pairs 1 --max-tokens 64 --synced-runs 1 --wait-idle 600
 fi
 
 # The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when

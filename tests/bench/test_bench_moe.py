@@ -66,3 +66,14 @@ def test_flags_it_refuses(flags, message, capsys):
     with pytest.raises(SystemExit):
         bench_moe.main(["--model", "somewhere", *flags, "--allow-busy"])
     assert message in capsys.readouterr().err
+
+
+def test_the_pair_file_is_found_beside_the_model_or_one_folder_up(tmp_path):
+    """A Gemma 4 pair keeps realistic_pair.json above its target and assistant folders."""
+    from benchmarks import common
+
+    (tmp_path / "pair" / "target").mkdir(parents=True)
+    (tmp_path / "pair" / "realistic_pair.json").write_text('{"residual_scale": 0.02}')
+    assert common.pair_info(tmp_path / "pair" / "target") == {"residual_scale": 0.02}
+    assert common.pair_info(tmp_path / "pair") == {"residual_scale": 0.02}
+    assert common.pair_info(tmp_path / "other" / "target") == {}
