@@ -218,8 +218,9 @@ fi
 # --family qwen3_next` and `... gemma4_moe --family gemma4 --moe`; docs/benchmarks.md).
 if [ -n "${REALISTIC_PAIRS:-}" ] && [ -d "$REALISTIC_PAIRS/qwen3_5_moe" ]; then
   M=$REALISTIC_PAIRS
-  retake moe-pair -- $PY -m benchmarks.bench_moe --model "$M/qwen3_5_moe" --topic moe-pair \
-    --temps 0 --block-sizes 2,3,4,auto --pairs 1 --max-tokens 48 --synced-runs 1 --wait-idle 600
+  retake moe-pair -- $PY -m benchmarks.bench_moe --model "$M/qwen3_5_moe" \
+    --dense "$M/qwen3_5_dense" --topic moe-pair --temps 0,0.6 --block-sizes 2,3,4,auto \
+    --pairs 1 --max-tokens 96 --synced-runs 1 --wait-idle 600
   retake moe-pair-qwen3-next -- $PY -m benchmarks.bench_moe --model "$M/qwen3_next" \
     --topic moe-pair-qwen3-next --temps 0,0.6 --block-sizes 2,3,4,auto --pairs 1 \
     --max-tokens 64 --synced-runs 1 --wait-idle 600
