@@ -209,7 +209,7 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --lengths 1024,4096,16384 --prompts-per-length 1,1,1 --temps 0,0.6 --block-sizes 3 \
     --pairs 1 --max-tokens 48 --topic long-context-qwen3-5 --wait-idle 600
   retake long-context-gemma4 -- $PY -m benchmarks.bench_long_context "${G[@]}" \
-    --lengths 1024,4096 --prompts-per-length 1,1 --temps 0 --block-sizes 3 --pairs 1 \
+    --lengths 1024,4096 --prompts-per-length 1,1 --temps 0,0.6 --block-sizes 3 --pairs 1 \
     --max-tokens 48 --topic long-context-gemma4 --wait-idle 600
 fi
 
