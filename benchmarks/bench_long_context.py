@@ -12,9 +12,10 @@ a long prompt's prefill dominates the run. Per length and temperature, ``bench_m
 alternating arms (plain decode is mlx-lm's own ``generate_step``; idle check, several prompts;
 each arm warmed up on a prompt of ``WARM_TOKENS``): MTP over plain, per-position acceptance, and
 the time from the call to the first token (prefill) of both. Then per length at T=0 a synced
-pass (each phase waits for its device work): the plain step and each width's verify alone, once through
-the attention kernel and once one SDPA per row (``MLX_MTP_ATTENTION_KERNEL=0``), alternating, so a cost that grows with the context shows where
-it comes from; beside it the KV bytes one decode step's attention reads.
+pass (each phase waits for its device work): the plain step and each width's verify alone, once
+through the attention kernel and once one SDPA per row (``MLX_MTP_ATTENTION_KERNEL=0``),
+alternating, so a cost that grows with the context shows where it comes from; beside it the KV
+bytes one decode step's attention reads.
 """
 
 from __future__ import annotations

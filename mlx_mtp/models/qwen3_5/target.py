@@ -284,11 +284,10 @@ class Qwen3NextSpecAttention(_qwen3_next.Qwen3NextAttention):
         ``base + j`` for j in ``visible[i]``): all rows in one pass over the cache through the
         attention kernel where its check passed (``row_attention``), else one SDPA per row."""
         if isinstance(keys, mx.array) and queries.dtype == mx.float32 and queries.shape[0] == 1:
-            seen = KVRows(keys, values, lengths)
-            if visible is not None and any(v != list(range(len(v))) for v in visible):
-                seen = KVRows(keys, values, lengths,
-                              [[(base + t, j) for t, j in enumerate(v) if j != t] for v in visible],
-                              keys[..., base:, :], values[..., base:, :])
+            overrides = [[(base + t, j) for t, j in enumerate(v) if j != t] for v in visible or []]
+            seen = (KVRows(keys, values, lengths, overrides, keys[..., base:, :],
+                           values[..., base:, :]) if any(overrides)
+                    else KVRows(keys, values, lengths))
             if row_attention.applies_to(queries.shape[1], seen, self.scale):
                 out = row_attention.attend(queries, seen, self.scale)
                 return [out[:, :, i : i + 1] for i in range(len(lengths))]
