@@ -4,14 +4,16 @@ For widths 1 (the decode step, through the verify's own pieces) to ``--max-width
 repetition verifies the same tokens from copies of the same prefilled caches, twice per width:
   whole  the verify as the round loop runs it (one evaluation at the end): its wall time;
   split  the same verify with an evaluation barrier around every decoder layer, the
-         GatedDeltaNet mixer (conv and recurrence, ``gdn_block.capture_mixer``), every attention
-         row's SDPA and the LM head, so each op's time is its own. The barriers cost time of
+         GatedDeltaNet mixer (conv and recurrence, ``gdn_block.capture_mixer``), the
+         attention over the cache (the attention kernel's one pass for all rows, or each row's
+         SDPA) and the LM head, so each op's time is its own. The barriers cost time of
          their own: the split's sum is reported beside ``whole``.
 Categories: ``gdn_layers`` (the GatedDeltaNet decoder layers without their mixer: projections,
 MLP, norms), ``gdn_mixer``, ``attention_layers`` (the attention decoder layers without their
-SDPA), ``sdpa``, ``lm_head`` (final norm and LM head). Each category's floor is the bytes of the
-weights it reads over the bandwidth measured in the same run; its time over the floor says
-whether it is bound by reading its weights (near 1) or by something that grows with the rows.
+attention over the cache), ``sdpa`` (that attention), ``lm_head`` (final norm and LM head).
+Each category's floor is the bytes of the weights it reads over the bandwidth measured in the
+same run; its time over the floor says whether it is bound by reading its weights (near 1) or
+by something that grows with the rows.
 Medians over ``--reps`` repetitions. Writes a record and a picture (the split per width).
 
     python -m benchmarks.verify_ops --model PAIR [--max-width 6] [--reps 8]
@@ -64,6 +66,7 @@ def splitting(split: Split):
     """The verify's ops timed into ``split`` (class and module patches, undone after)."""
     classes = (compiled_layers.Qwen3_5VerifyDecoderLayer, compiled_layers.Qwen3NextVerifyDecoderLayer)
     mixer, sdpa = qwen_target.capture_mixer, qwen_target.scaled_dot_product_attention
+    kernel = qwen_target.row_attention.attend
 
     def layer_call(orig):
         def call(self, x, mask=None, cache=None):
@@ -77,12 +80,15 @@ def splitting(split: Split):
         "gdn_mixer", mixer, a, lambda o: [o[0], o[1], o[2], *o[3]])
     qwen_target.scaled_dot_product_attention = lambda *a, **k: split.timed(
         "sdpa", lambda *b: sdpa(*b, **k), a, lambda o: o)
+    qwen_target.row_attention.attend = lambda q, rows, scale: split.timed(
+        "sdpa", lambda *_: kernel(q, rows, scale), (q, rows.keys, rows.values), lambda o: o)
     try:
         yield
     finally:
         for c in classes:
             del c.__call__  # the mixin's again
         qwen_target.capture_mixer, qwen_target.scaled_dot_product_attention = mixer, sdpa
+        qwen_target.row_attention.attend = kernel
 
 
 def _weights(modules) -> int:
