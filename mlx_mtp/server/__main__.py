@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
 import signal
@@ -46,6 +48,14 @@ def build_parser() -> cli.Parser:
                         "8G; least recently used evicted), so a prompt that starts as a kept "
                         "one prefills only the rest; 0 turns it off "
                         f"(default: {DEFAULT_PROMPT_CACHE_BYTES})")
+    p.add_argument("--chat-template", type=chat_template, default=None, metavar="TEMPLATE",
+                   help="a Jinja chat template (or a file holding one) in place of the "
+                        "tokenizer's, as mlx_lm.server's flag; tool calls are parsed as its "
+                        "format says")
+    p.add_argument("--chat-template-args", type=json_object, default=None, metavar="JSON",
+                   help="arguments every chat's template gets, as mlx_lm.server's flag, e.g. "
+                        "'{\"enable_thinking\": false}'; a request's chat_template_kwargs "
+                        "override them")
     p.add_argument("--no-mtp", action="store_true",
                    help="serve mlx-lm's plain decode of the same target, for comparison")
     p.add_argument("--split", choices=SPLITS, default=None,
@@ -67,6 +77,37 @@ def build_parser() -> cli.Parser:
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     return p
+
+
+def chat_template(value: str) -> str:
+    """``--chat-template``: a Jinja template, or the path of a file holding one; checked to
+    parse."""
+    import jinja2
+
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise argparse.ArgumentTypeError(f"cannot read {value}: {e}") from None
+    try:
+        jinja2.Environment().parse(value)
+    except jinja2.TemplateSyntaxError as e:
+        raise argparse.ArgumentTypeError(f"not a Jinja template (line {e.lineno}: {e.message})"
+                                         ) from None
+    return value
+
+
+def json_object(value: str) -> dict:
+    """``--chat-template-args``: a JSON object."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. "
+                                         "'{\"enable_thinking\": false}'")
+    return parsed
 
 
 def _repetition_defaults(args) -> dict:
@@ -115,7 +156,9 @@ def main(argv=None) -> int:
 
     def load():
         return Engine.load(model, drafter=args.drafter, no_mtp=args.no_mtp,
-                           speculation=speculation, draft_options=draft_options, split=split)
+                           speculation=speculation, draft_options=draft_options, split=split,
+                           chat_template=args.chat_template,
+                           chat_template_args=args.chat_template_args)
 
     if split is not None and split.rank != 0:
         from mlx_mtp.server.split import follow

@@ -99,9 +99,12 @@ def context_length(config: dict) -> Optional[int]:
 
 class Engine:
     def __init__(self, model, tokenizer, *, no_mtp: bool = False,
-                 speculation: SpeculationOptions = SpeculationOptions()):
+                 speculation: SpeculationOptions = SpeculationOptions(),
+                 chat_template_args: Optional[dict] = None):
         self.model = model
         self.tokenizer = tokenizer
+        # every chat's template arguments, under a request's own chat_template_kwargs
+        self.chat_template_args = dict(chat_template_args or {})
         self.no_mtp = no_mtp
         self.speculation = speculation  # every request's (its seed is the request's)
         self.context_length = context_length(model.config)
@@ -174,13 +177,23 @@ class Engine:
     @classmethod
     def load(cls, model: str, *, drafter: Optional[str] = None, no_mtp: bool = False,
              speculation: SpeculationOptions = SpeculationOptions(),
-             draft_options: Optional[DraftOptions] = None, split=None) -> "Engine":
+             draft_options: Optional[DraftOptions] = None, split=None,
+             chat_template: Optional[str] = None,
+             chat_template_args: Optional[dict] = None) -> "Engine":
         """``draft_options``: how the drafter runs (None: the defaults); ``split``: this rank's
-        ``mlx_mtp.models.distributed.Split`` (``server/split.py``)."""
+        ``mlx_mtp.models.distributed.Split`` (``server/split.py``); ``chat_template``: a Jinja
+        template in place of the tokenizer's (its tool parser follows it, as mlx-lm's load
+        chooses one); ``chat_template_args``: every chat's template arguments."""
         need_head = not no_mtp and speculation.widest > 1
         m, tok = mlx_mtp.load(model, drafter=drafter, require_head=need_head,
-                              draft_options=draft_options, split=split)
-        return cls(m, tok, no_mtp=no_mtp, speculation=speculation)
+                              draft_options=draft_options, split=split,
+                              tokenizer_config=({"chat_template": chat_template}
+                                                if chat_template is not None else None))
+        if chat_template_args and not tok.has_chat_template:
+            raise MTPError("--chat-template-args: this model's tokenizer has no chat template "
+                           "(give one with --chat-template)")
+        return cls(m, tok, no_mtp=no_mtp, speculation=speculation,
+                   chat_template_args=chat_template_args)
 
     def sampling_gate(self) -> dict:
         """Whether a request at temperature > 0 decodes with MTP, and why: its promise is the
@@ -254,7 +267,7 @@ class Engine:
             req = GenerationRequest(kind="chat", model="")
         if not tok.has_chat_template:
             return list(tok.encode(convert_chat(messages, req.role_mapping)))
-        kwargs = dict(req.chat_template_kwargs or {})
+        kwargs = {**self.chat_template_args, **(req.chat_template_kwargs or {})}
         if req.tools is not None:
             kwargs["tool_choice"] = req.tool_choice
             if req.tool_choice != "none":
