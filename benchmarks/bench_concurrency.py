@@ -41,16 +41,16 @@ MLX_LM_SERVER = ("import mlx_mtp, runpy, sys; sys.argv[0] = 'mlx_lm.server'; "
 
 
 class MlxLmServer:
-    """``python -m mlx_lm.server`` (``MLX_LM_SERVER``) on a free port, up once its
-    /v1/models answers."""
+    """``python -m mlx_lm.server`` (``MLX_LM_SERVER``) on a free port with ``args`` after
+    ``--model``, up once its /v1/models answers."""
 
-    def __init__(self, model: str, startup_timeout: float = 600.0):
+    def __init__(self, model: str, *args: str, startup_timeout: float = 600.0):
         import urllib.request
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-c", MLX_LM_SERVER, "--model", model,
-                                      "--port", str(self.port), "--log-level", "WARNING"],
+                                      *args, "--port", str(self.port), "--log-level", "WARNING"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + startup_timeout
         while True:

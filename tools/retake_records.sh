@@ -202,15 +202,15 @@ if [ -n "${REALISTIC_PAIRS:-}" ]; then
     --model "$Q" --topic draft-processors-realistic-pair-presence --block-sizes 3 --pairs 1 \
     --max-tokens 96 --presence-penalty 0.5 --unprocessed-drafts "${UNITS[@]}"
   retake conversation-realistic-pair -- $PY -m benchmarks.bench_conversation --model "$Q" \
-    --turns 10 --paste-lines 25 --max-tokens 128 --topic conversation-realistic-pair \
+    --turns 10 --paste-lines 25 --max-tokens 256 --topic conversation-realistic-pair \
     --wait-idle 600
   # about 40 minutes each, most of it the 16k prompts' prefills
   retake long-context-qwen3-5 -- $PY -m benchmarks.bench_long_context --model "$Q" \
     --lengths 1024,4096,16384 --prompts-per-length 1,1,1 --temps 0,0.6 --block-sizes 3 \
     --pairs 1 --max-tokens 48 --topic long-context-qwen3-5 --wait-idle 600
   retake long-context-gemma4 -- $PY -m benchmarks.bench_long_context "${G[@]}" \
-    --lengths 1024,4096 --prompts-per-length 1,1 --temps 0,0.6 --block-sizes 3 --pairs 1 \
-    --max-tokens 48 --topic long-context-gemma4 --wait-idle 600
+    --lengths 1024,4096,16384 --prompts-per-length 1,1,1 --temps 0,0.6 --block-sizes 3 \
+    --pairs 1 --max-tokens 48 --topic long-context-gemma4 --wait-idle 600
 fi
 
 # The mixture-of-experts pairs, when $REALISTIC_PAIRS holds them (built by

@@ -1,7 +1,9 @@
 """The conversation benchmark writes a complete record (smoke run: three servers on a tiny
-checkpoint whose head agrees with its target, three short turns, each resending the whole chat)."""
+checkpoint whose head agrees with its target, three short turns, each resending the whole chat
+in ChatML with answers biased to whole words, so each answer comes back from the cache)."""
 
 import json
+import re
 
 import pytest
 from support import tiny_checkpoints as tc
@@ -37,7 +39,13 @@ def test_bench_conversation_writes_the_record(tmp_path, ckpt_root):
     assert [(t["cached_tokens"], t["prefilled_tokens"]) for t in cold] == [(0, n) for n in prompts]
     assert [t["cached_tokens"] + t["prefilled_tokens"] for t in cached] == prompts
     assert cached[0]["cached_tokens"] == 0
-    assert all(cached[i]["cached_tokens"] >= prompts[i - 1] - 1 for i in (1, 2))
+    # the answers are words, which ChatML renders back as the ids written: the cache serves
+    # the previous prompt and its answer (all but its last token, at least)
+    assert data["template"] == "chatml" and data["answers"] == "words" and data["word_tokens"] > 0
+    # (the first word's space is dropped by the detokenizer; the template puts it back)
+    assert all(re.fullmatch(r"[A-Za-z]+( [A-Za-z]+)*", t["text"]) for t in cached)
+    assert all(cached[i]["cached_tokens"]
+               >= prompts[i - 1] + cached[i - 1]["completion_tokens"] - 1 for i in (1, 2))
     # mlx_lm.server reports its own cache's count and no mtp statistics
     assert all(t["cached_tokens"] is not None and t["prefilled_tokens"] is None
                for t in turns["mlx_lm"])
@@ -48,7 +56,7 @@ def test_bench_conversation_writes_the_record(tmp_path, ckpt_root):
     assert [u.split("```python\n")[1] for u in data["users"]] == [
         "\n".join(lines[2 * i:2 * i + 2]) + "\n```" for i in range(3)]
     text = next(out.glob("smoke-*.md")).read_text()
-    for section in ("## Per turn", "| 3 | ", "## Time to first token",
+    for section in ("## Per turn", "| 3 | ", "## Time to first token", "- CHATML: ",
                     "| mlx_mtp.server --prompt-cache-bytes 0 | ", "| mlx_lm.server | ",
                     "## What it says"):
         assert section in text
@@ -57,6 +65,8 @@ def test_bench_conversation_writes_the_record(tmp_path, ckpt_root):
     assert (f"Turn 3's time to first token with the prompt cache is {ratio:.2f}x the cold "
             f"server's: the goal of at most 0.2x is {'met' if ratio <= 0.2 else 'NOT met'}."
             ) in text
+    share = min(cached[i]["cached_tokens"] / prompts[i] for i in (1, 2))
+    assert f"Turns 2-3 take {share:.0%} to " in text
 
 
 def test_bad_counts_are_one_line_errors(capsys):
