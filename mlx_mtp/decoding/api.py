@@ -135,10 +135,12 @@ def speculative_generate_step(
                       tree=speculation.tree)
     context = mx.stream(stream) if stream is not None else contextlib.nullcontext()
     with context:
-        tokens = generate_rounds(prompt, model, cache, kv, turn, drafter, request)
+        tokens = _finish_turn(generate_rounds(prompt, model, cache, kv, turn, drafter, request),
+                              turn)
         if getattr(model, "split", None) is not None:
+            # the turn's finish too: it may run a forward, which every rank takes together
             tokens = model.split.guard(tokens)
-        yield from _finish_turn(tokens, turn)
+        yield from tokens
 
 
 def generate_step(prompt: mx.array, model: MTPModel, stream=None, **kwargs

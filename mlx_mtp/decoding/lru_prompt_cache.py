@@ -80,6 +80,25 @@ class LRUPromptCache:
         if entry is not None:
             self.nbytes -= entry.nbytes
 
+    def digests(self) -> List[List[int]]:
+        """Each entry's key as ``[length, hash]``, least recently used first: the same on every
+        process for the same tokens (an int tuple's hash does not depend on the hash seed)."""
+        return [[len(key), hash(key)] for key in self._entries]
+
+    def mirror(self, digests: Sequence[Sequence[int]]) -> None:
+        """Keep exactly the entries ``digests`` names, in its order (another store's
+        ``digests``, which kept a subset of what this one kept through the same requests)."""
+        by_digest = {(len(key), hash(key)): key for key in self._entries}
+        missing = [d for d in digests if tuple(d) not in by_digest]
+        if missing:
+            raise MTPError(f"prompt cache: {len(missing)} entries to mirror are not kept here "
+                           f"(first: {missing[0][0]} tokens)")
+        keep = [by_digest[tuple(d)] for d in digests]
+        for key in set(self._entries) - set(keep):
+            self._remove(key)
+        for key in keep:
+            self._entries.move_to_end(key)
+
     def entries(self) -> List[dict]:
         """Each entry's tokens (held by its target) and bytes, least recently used first."""
         return [{"tokens": e.cache.offset, "bytes": e.nbytes} for e in self._entries.values()]

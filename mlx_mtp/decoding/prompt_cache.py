@@ -39,7 +39,11 @@ class PromptCache(list):
     the cache (each ends a prefill chunk); the copies land in ``kept``, by position. A copy at
     position s holds the target's state of the prompt's first s tokens and a drafter that has
     consumed the pair of token s too, so it continues a prompt whose first s + 1 tokens are
-    these."""
+    these.
+
+    ``abandoned``: the generation using it failed (set by its caller, such as a server whose
+    other ranks are gone): closing the generation then finishes no turn, which may run a forward,
+    and the cache holds whatever the failure left."""
 
     def __init__(self, layers, family: str, drafter_state=None, hidden: Optional[mx.array] = None):
         super().__init__(layers)
@@ -48,6 +52,7 @@ class PromptCache(list):
         self.hidden = hidden
         self.checkpoints: Tuple[int, ...] = ()
         self.kept: Dict[int, "PromptCache"] = {}
+        self.abandoned = False
 
     @property
     def offset(self) -> int:
@@ -67,7 +72,7 @@ def copy_prompt_cache(cache: PromptCache) -> PromptCache:
     for a second generation to continue from while the first is kept."""
     mx.eval([a for a in _arrays(cache)])
     out = copy.deepcopy(cache)
-    out.checkpoints, out.kept = (), {}
+    out.checkpoints, out.kept, out.abandoned = (), {}, False
     return out
 
 
@@ -174,7 +179,7 @@ class Turn:
         """After ``yielded`` tokens in all: the cache holds the prompt and exactly those tokens,
         as mlx-lm's would; ``hidden`` is the target's state at the last of them."""
         r = self.last
-        if r is None:  # nothing yielded: the cache holds the prompt as far as it got
+        if r is None or self.cache.abandoned:  # the cache holds the prompt as far as it got
             return
         taken = yielded - r.start  # of this round's a + 1 outputs (>= 1)
         cache, target = self.cache, self.target

@@ -115,14 +115,20 @@ class Split:
             self._dog.disarm()
 
     def guard(self, steps: Iterator, what: str = "generation") -> Iterator:
-        """``steps`` with every ``next`` a ``step`` (see the module doc)."""
-        while True:
-            with self.step(what):
-                try:
-                    item = next(steps)
-                except StopIteration:
-                    return
-            yield item
+        """``steps`` with every ``next`` a ``step`` (see the module doc), and its close too
+        (``steps`` is closed when this generator is)."""
+        try:
+            while True:
+                with self.step(what):
+                    try:
+                        item = next(steps)
+                    except StopIteration:
+                        return
+                yield item
+        finally:
+            if hasattr(steps, "close"):
+                with self.step(what):
+                    steps.close()
 
     def barrier(self, what: str) -> None:
         """One all-sum every rank must reach, bounded by the watchdog."""

@@ -123,10 +123,9 @@ def _prompt_cache_bytes(args) -> int:
     """``--prompt-cache-bytes``, or its default; refused where nothing could be kept."""
     if args.prompt_cache_bytes is None:
         return cli.byte_size(DEFAULT_PROMPT_CACHE_BYTES)
-    if args.prompt_cache_bytes > 0 and (args.split or args.no_mtp):
-        raise MTPError(f"--prompt-cache-bytes: {'--split' if args.split else '--no-mtp'} serves "
-                       "without a prompt cache (every prompt is prefilled in full); leave the "
-                       "flag out or pass 0")
+    if args.prompt_cache_bytes > 0 and args.no_mtp:
+        raise MTPError("--prompt-cache-bytes: --no-mtp serves without a prompt cache (every "
+                       "prompt is prefilled in full); leave the flag out or pass 0")
     return args.prompt_cache_bytes
 
 
@@ -163,7 +162,7 @@ def main(argv=None) -> int:
     if split is not None and split.rank != 0:
         from mlx_mtp.server.split import follow
 
-        return follow(load)
+        return follow(load, 0 if args.no_mtp else prompt_cache_bytes)
     if split is not None:
         from mlx_mtp.server.split import SplitWorker
 

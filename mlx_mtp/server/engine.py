@@ -145,9 +145,6 @@ class Engine:
             return
         if self.no_mtp:
             self.prompt_cache_reason = "off: --no-mtp serves mlx-lm's plain decode"
-        elif getattr(self.model, "split", None) is not None:
-            self.prompt_cache_reason = ("off: a split target prefills every prompt in full "
-                                        "(every rank would have to keep the same caches)")
         else:
             self.prompt_cache = PromptReuse(self.model, max_bytes)
             self.prompt_cache_reason = f"up to {max_bytes} bytes"
@@ -276,7 +273,7 @@ class Engine:
                                       **kwargs)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
-    def _reuse_points(self, req: GenerationRequest, ids: List[int]) -> List[int]:
+    def reuse_points(self, req: GenerationRequest, ids: List[int]) -> List[int]:
         """Prompt lengths that later prompts may share with this one (``prompt_reuse``): a chat's
         continuation points, else (or where the template refuses the probes) the whole
         prompt."""
@@ -359,18 +356,22 @@ class Engine:
 
     def generate(self, req: GenerationRequest, ids: List[int],
                  cancelled: Callable[[], bool] = lambda: False,
-                 on_sequence: Optional[Callable] = None) -> Iterator[Event]:
+                 on_sequence: Optional[Callable] = None,
+                 points: Optional[List[int]] = None) -> Iterator[Event]:
         """``Started``, ``Delta``s, then one ``Finished``. Checks ``cancelled`` after every token,
         so a cancelled request stops before the next round and its generator is closed. With
         ``on_sequence`` the request decodes in the batch (``start_batch``), and
         ``on_sequence`` gets its ``BatchedSequence`` once it joined. With a prompt cache the
         request starts from the kept cache that holds most of its prompt, and what it leaves is
-        kept for later requests (``prompt_reuse``); not after a failure."""
+        kept for later requests (``prompt_reuse``), with checkpoints at ``points`` (default:
+        ``reuse_points``); not after a failure."""
         stats = RunStats(block_size=1, mtp_enabled=False, gate_reason=NO_MTP_REASON) \
             if self.no_mtp else RunStats()
         output = Output(self.tokenizer, req, self._initial_state(req, ids))
         reuse = self.prompt_cache
-        reused = reuse.open(ids, self._reuse_points(req, ids)) if reuse is not None else None
+        if reuse is not None and points is None:
+            points = self.reuse_points(req, ids)
+        reused = reuse.open(ids, points) if reuse is not None else None
         cached = reused.cached if reused is not None else 0
         responses = (self._responses(req, ids, stats, reused) if on_sequence is None
                      else self._batched_responses(req, ids, stats, on_sequence, reused))
@@ -393,6 +394,10 @@ class Engine:
                     finish = "cancelled"
                     break
             ended = True
+        except BaseException:
+            if reused is not None:
+                reused.cache.abandoned = True  # (the close below finishes no turn)
+            raise
         finally:
             responses.close()  # a prompt cache now holds the prompt and exactly ``tokens``
         if reused is not None and ended and n:

@@ -1,8 +1,10 @@
 """The server on a target split over processes (``--split``, started by ``mlx.launch``): rank 0
-serves HTTP and sends each request (prompt ids and settings) to the other ranks, which follow it
-in lockstep (``follow``); ``SharedStop`` shares an early stop after each forward, and an idle
-rank 0 sends heartbeats. A lost or stalled rank fails the waiting requests with an error
-response, then ends the launch. docs/server.md, "One target over several machines"."""
+serves HTTP and sends each request (prompt ids and settings; with a prompt cache, where to keep
+checkpoints and which entries rank 0 keeps) to the other ranks, which follow it in lockstep
+(``follow``) and keep the same prompt cache entries; ``SharedStop`` shares an early stop after
+each forward, and an idle rank 0 sends heartbeats. A lost or stalled rank fails the waiting
+requests with an error response, then ends the launch. docs/server.md, "One target over
+several machines"."""
 
 from __future__ import annotations
 
@@ -67,8 +69,7 @@ class SplitWorker(Worker):
 
     def __init__(self, make_engine: Callable[[], Engine], max_queue: int, max_batch: int = 1,
                  prompt_cache_bytes: int = 0):
-        # a split target decodes one request at a time and keeps no prompt cache
-        # (``Engine.start_batch`` and ``Engine.start_prompt_cache`` say so)
+        # a split target decodes one request at a time (``Engine.start_batch`` says so)
         super().__init__(self._make_engine_watched, max_queue, max_batch, prompt_cache_bytes)
         self._make_split_engine = make_engine
         self._sent = time.monotonic()
@@ -111,8 +112,17 @@ class SplitWorker(Worker):
             request = dataclasses.replace(request, seed=mx.random.randint(0, 2**31 - 1).item())
         settings = dataclasses.asdict(request)
         settings.update(messages=None, prompt=None)  # the ids carry the prompt
-        self._send({"kind": "request", "request": settings, "ids": ids})
-        return self.engine.generate(request, ids, SharedStop(self.split, stop))
+        message = {"kind": "request", "request": settings, "ids": ids}
+        reuse, points = self.engine.prompt_cache, None
+        if reuse is not None:
+            # every rank keeps what rank 0 keeps, with checkpoints where rank 0 keeps them
+            points = self.engine.reuse_points(request, ids)
+            message.update(points=points, kept=reuse.digests())
+        self._send(message)
+        # every step a bounded split step: a lost rank is a SplitFailed wherever MLX reports it
+        # (an asynchronous evaluation's error surfaces at the next synchronization)
+        return self.split.guard(self.engine.generate(request, ids, SharedStop(self.split, stop),
+                                                     points=points))
 
     def _serve(self, job: Job) -> None:
         try:
@@ -136,15 +146,19 @@ class SplitWorker(Worker):
         os._exit(1)
 
 
-def follow(load: Callable[[], Engine]) -> int:
+def follow(load: Callable[[], Engine], prompt_cache_bytes: int = 0) -> int:
     """Every rank but 0: load, warm up as rank 0 does (in lockstep), then run what rank 0 sends
-    until it says shutdown (exit 0); a failure is one error line (exit 1)."""
+    until it says shutdown (exit 0); a failure is one error line (exit 1). With a prompt cache
+    (``prompt_cache_bytes`` > 0, rank 0's bound) each request first keeps what rank 0 keeps:
+    this rank evicts only as rank 0 does."""
     # Rank 0 decides when to stop (a terminal's Ctrl-C reaches every rank of mlx.launch).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         engine = load()
         split = engine.model.split
         Worker.run_warm_up(engine)
+        if prompt_cache_bytes:
+            engine.start_prompt_cache(sys.maxsize)  # (rank 0's evictions, through ``mirror``)
         print(f"mlx_mtp.server: rank {split.rank} of {split.size} ({split.kind} split, pid "
               f"{os.getpid()}) follows rank 0", flush=True)
         while True:
@@ -152,15 +166,21 @@ def follow(load: Callable[[], Engine]) -> int:
             if message["kind"] == "shutdown":
                 return 0
             if message["kind"] == "request":  # else a heartbeat
-                _run(engine, GenerationRequest(**message["request"]), message["ids"])
+                if engine.prompt_cache is not None:
+                    engine.prompt_cache.mirror(message["kept"])
+                _run(engine, GenerationRequest(**message["request"]), message["ids"],
+                     message.get("points"))
     except MTPError as e:
         sys.stderr.write(f"error: {e}\n")
         return 1
 
 
-def _run(engine: Engine, request: GenerationRequest, ids: List[int]) -> None:
+def _run(engine: Engine, request: GenerationRequest, ids: List[int],
+         points: Optional[List[int]]) -> None:
     try:
-        for _ in engine.generate(request, ids, SharedStop(engine.model.split, lambda: False)):
+        split = engine.model.split
+        for _ in split.guard(engine.generate(request, ids, SharedStop(split, lambda: False),
+                                             points=points)):
             pass
     except SplitFailed:
         raise

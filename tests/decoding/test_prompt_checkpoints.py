@@ -103,6 +103,23 @@ def test_a_copy_is_independent_and_its_bytes_are_counted(agree):
     assert prompt_cache_nbytes(copied) == layers + head + copied.hidden.nbytes
 
 
+def test_an_abandoned_generation_finishes_no_turn(agree):
+    """A caller whose generation failed (a server whose other ranks are gone) marks the cache
+    abandoned: closing the generator then finishes no turn (which may run a forward); a normal
+    close leaves the cache holding the prompt and exactly the tokens yielded."""
+    model, _ = agree
+    done, left = mlx_mtp.make_prompt_cache(model), mlx_mtp.make_prompt_cache(model)
+    for cache in (done, left):
+        steps = mlx_mtp.generate_step(mx.array(PROMPT), model, prompt_cache=cache, block_size=3)
+        for _ in range(7):
+            next(steps)
+        cache.abandoned = cache is left
+        steps.close()
+    assert done.offset == len(PROMPT) + 7 and done.hidden is not None
+    assert left.hidden is None and left.drafter_state is None
+    assert not copy_prompt_cache(left).abandoned
+
+
 def _arrays_of(c):
     out = []
     for v in vars(c).values():

@@ -4,11 +4,12 @@ with the ``openai`` client. Rank 0 serves; rank 1 follows it request by request.
 
 The reference is one unsplit process's CLI (``python -m mlx_mtp.generate --json``, block 3, T=0):
 the split server's gate must say its probe found the split target equal to the single-token
-chain, and then its text is the CLI's. Then: a streamed and a second request give the same text;
-a client gone mid-stream stops both ranks and the next request is still exact; SIGTERM to rank 0
-ends every rank with exit 0; a killed rank 1 gives the client an error response
-and ends the launch; a stopped (hung) rank 1 gives the client the watchdog's error in bounded
-time.
+chain, and then its text is the CLI's. Then: the same prompt again, streamed, gives the same text
+from every rank's prompt cache; a chat reuses its history on both ranks and says what one
+process says; a client gone mid-stream stops both ranks and the next request is still exact;
+SIGTERM to rank 0 ends every rank with exit 0; a killed rank 1 gives the client an error
+response and ends the launch; a stopped (hung) rank 1 gives the client the watchdog's error in
+bounded time.
 """
 
 import json
@@ -88,22 +89,30 @@ def _assert_as_reference(text, mtp, reference, split):
     assert text == reference["text"]
     assert (mtp["rounds"], mtp["acceptance_rate"]) == (reference["rounds"],
                                                         reference["acceptance_rate"])
-    # Rank 0's collectives: 2 per pipeline forward (prefill 2 steps + one per round) plus one
-    # stop exchange per round; a tensor forward has many.
+    # Rank 0's collectives: 2 per pipeline forward (the prefill's steps, 2 for the whole prompt
+    # and 1 for its last token after the prompt cache, then one per round) plus one stop
+    # exchange per round; a tensor forward has many.
+    prefill_steps = 2 if mtp["prefilled_tokens"] > 1 else 1
     if split == "pipeline":
-        assert mtp["split_messages_per_token"] == (2 * (2 + mtp["rounds"]) + mtp["rounds"]) / N
+        assert mtp["split_messages_per_token"] == (
+            2 * (prefill_steps + mtp["rounds"]) + mtp["rounds"]) / N
 
 
 def _answers_as_one_process(server, reference):
     assert set(server.rank_pids()) == {0, 1}
     r = server.complete()
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == N
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
     _assert_as_reference(r.choices[0].text, r.model_extra["mtp"], reference, server.split)
-    # A streamed request next, through the same ranks in the same order.
-    chunks = list(server.complete(stream=True))
+    # The same prompt streamed next, through the same ranks in the same order: every rank
+    # starts from its prompt cache (all but the prompt's last token).
+    chunks = list(server.complete(stream=True, stream_options={"include_usage": True}))
     text = "".join(c.text for ch in chunks for c in ch.choices)
-    assert chunks[-1].choices[0].finish_reason == "length"
-    _assert_as_reference(text, chunks[-1].model_extra["mtp"], reference, server.split)
+    assert [c.finish_reason for ch in chunks for c in ch.choices][-1] == "length"
+    usage, mtp = chunks[-1].usage, chunks[-1].model_extra["mtp"]
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+    assert mtp["prefilled_tokens"] == 1
+    _assert_as_reference(text, mtp, reference, server.split)
 
 
 def test_pipeline_server_answers_as_one_process(pipeline_server, reference):
@@ -124,6 +133,35 @@ def test_a_client_gone_mid_stream_stops_every_rank(pipeline_server, reference):
         time.sleep(0.1)
     r = pipeline_server.complete()
     _assert_as_reference(r.choices[0].text, r.model_extra["mtp"], reference, "pipeline")
+
+
+def test_a_chat_reuses_its_history_on_every_rank(pipeline_server, agree_dir):
+    """Four turns, each resending the conversation: each later turn takes at least the previous
+    prompt from the cache on both ranks, and says what one process with no cache says."""
+    def chat(client, messages):
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=8,
+                                           temperature=0)
+        return r.choices[0].message.content, r.usage, r.model_extra["mtp"]
+
+    users = ["def add(a, b):", "def sub(a, b):", "class Stack:", "def main():"]
+    with ServerProcess("--model", agree_dir, "--block-size", 3, "--prompt-cache-bytes", 0,
+                       "--log-level", "warning") as cold:
+        cold.client = openai.OpenAI(base_url=cold.url + "/v1", api_key="none", max_retries=0,
+                                    timeout=120)
+        turns = {}
+        for name, server in (("split", pipeline_server), ("cold", cold)):
+            messages, turns[name] = [{"role": "system", "content": "Write code."}], []
+            for user in users:
+                messages.append({"role": "user", "content": user})
+                turns[name].append(chat(server.client, messages))
+                messages.append({"role": "assistant", "content": turns[name][-1][0]})
+    assert [t[0] for t in turns["split"]] == [t[0] for t in turns["cold"]]
+    usages = [u for _, u, _ in turns["split"]]
+    for before, now, (_, _, mtp) in zip(usages, usages[1:], turns["split"][1:]):
+        cached = now.prompt_tokens_details.cached_tokens
+        assert cached >= before.prompt_tokens - 1 and mtp["split"] == "pipeline over 2 ranks"
+        assert cached + mtp["prefilled_tokens"] == now.prompt_tokens
+    assert pipeline_server.get("/health")["prompt_cache"]["enabled"]
 
 
 def _gone(pid):

@@ -211,9 +211,6 @@ def test_the_cold_server_says_why_it_keeps_nothing(cold):
     (["--no-mtp", "--prompt-cache-bytes", "1G"],
      "error: --prompt-cache-bytes: --no-mtp serves without a prompt cache (every prompt is "
      "prefilled in full); leave the flag out or pass 0"),
-    (["--split", "pipeline", "--prompt-cache-bytes", "1G"],
-     "error: --prompt-cache-bytes: --split serves without a prompt cache (every prompt is "
-     "prefilled in full); leave the flag out or pass 0"),
 ])
 def test_bad_flag_values_are_one_line_errors(args, message):
     r = run_module("mlx_mtp.server", *args, check=False)

@@ -84,6 +84,25 @@ def test_an_entry_larger_than_the_bound_is_not_kept_and_evicts_nothing():
     assert len(store) == 1 and store.nbytes == ENTRY_BYTES
 
 
+def test_a_mirror_keeps_what_the_bounded_store_keeps_in_its_order():
+    """A split target's other ranks: an unbounded store through the same requests, then kept to
+    rank 0's entries (its evictions, its recency)."""
+    bounded, mirror = LRUPromptCache(ENTRY_BYTES * 5 // 2), LRUPromptCache(10**9)
+    for store in (bounded, mirror):
+        store.insert([1, 2], entry(2))
+        store.insert([3, 4], entry(2))
+        store.fetch([1, 2, 5])
+        store.insert([6, 7], entry(2))  # the bounded store evicts [3, 4]
+    assert len(mirror) == 3 and len(bounded) == 2
+    mirror.mirror(bounded.digests())
+    assert mirror.digests() == bounded.digests() == [[2, hash((1, 2))], [2, hash((6, 7))]]
+    assert mirror.nbytes == bounded.nbytes and [3, 4] not in mirror
+    # what it must keep but does not: the ranks went apart
+    with pytest.raises(MTPError, match=r"^prompt cache: 1 entries to mirror are not kept here "
+                                       r"\(first: 3 tokens\)$"):
+        mirror.mirror([[3, hash((8, 8, 8))]])
+
+
 def test_what_the_store_refuses():
     with pytest.raises(MTPError, match=r"^max_bytes must be at least 1, got 0$"):
         LRUPromptCache(0)
@@ -218,15 +237,11 @@ def test_where_the_server_keeps_no_prompt_cache(demo):
     off.start_prompt_cache(0)
     plain = Engine(model, tok, no_mtp=True)
     plain.start_prompt_cache(10**9)
-    split = Engine(SimpleNamespace(config={}, split=object()), tok)
-    split.start_prompt_cache(10**9)
     assert off.prompt_cache_summary() == {"enabled": False,
                                           "reason": "off: --prompt-cache-bytes 0"}
     assert plain.prompt_cache_summary() == {
         "enabled": False, "reason": "off: --no-mtp serves mlx-lm's plain decode"}
-    assert split.prompt_cache_summary()["reason"].startswith(
-        "off: a split target prefills every prompt in full")
-    assert off.prompt_cache is plain.prompt_cache is split.prompt_cache is None
+    assert off.prompt_cache is plain.prompt_cache is None
     on = Engine(model, tok)
     on.start_prompt_cache(10**9)
     req = GenerationRequest(kind="text", model="", prompt="def f(x):\n", max_tokens=3)
