@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Tuple
 
@@ -111,6 +112,37 @@ def byte_size(s):
         raise argparse.ArgumentTypeError(f"expected a size in bytes such as 512M or 8G "
                                          f"(0: none), got {s!r}")
     return int(value * _SIZE_UNITS[unit])
+
+
+def chat_template(value: str) -> str:
+    """``--chat-template``: a Jinja template, or the path of a file holding one; checked to
+    parse."""
+    import jinja2
+
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise argparse.ArgumentTypeError(f"cannot read {value}: {e}") from None
+    try:
+        jinja2.Environment().parse(value)
+    except jinja2.TemplateSyntaxError as e:
+        raise argparse.ArgumentTypeError(f"not a Jinja template (line {e.lineno}: {e.message})"
+                                         ) from None
+    return value
+
+
+def json_object(value: str) -> dict:
+    """``--chat-template-args``: a JSON object."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. "
+                                         "'{\"enable_thinking\": false}'")
+    return parsed
 
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:

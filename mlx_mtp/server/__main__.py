@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import signal
@@ -48,11 +46,11 @@ def build_parser() -> cli.Parser:
                         "8G; least recently used evicted), so a prompt that starts as a kept "
                         "one prefills only the rest; 0 turns it off "
                         f"(default: {DEFAULT_PROMPT_CACHE_BYTES})")
-    p.add_argument("--chat-template", type=chat_template, default=None, metavar="TEMPLATE",
+    p.add_argument("--chat-template", type=cli.chat_template, default=None, metavar="TEMPLATE",
                    help="a Jinja chat template (or a file holding one) in place of the "
                         "tokenizer's, as mlx_lm.server's flag; tool calls are parsed as its "
                         "format says")
-    p.add_argument("--chat-template-args", type=json_object, default=None, metavar="JSON",
+    p.add_argument("--chat-template-args", type=cli.json_object, default=None, metavar="JSON",
                    help="arguments every chat's template gets, as mlx_lm.server's flag, e.g. "
                         "'{\"enable_thinking\": false}'; a request's chat_template_kwargs "
                         "override them")
@@ -77,37 +75,6 @@ def build_parser() -> cli.Parser:
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     return p
-
-
-def chat_template(value: str) -> str:
-    """``--chat-template``: a Jinja template, or the path of a file holding one; checked to
-    parse."""
-    import jinja2
-
-    if os.path.isfile(value):
-        try:
-            with open(value, encoding="utf-8") as f:
-                value = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise argparse.ArgumentTypeError(f"cannot read {value}: {e}") from None
-    try:
-        jinja2.Environment().parse(value)
-    except jinja2.TemplateSyntaxError as e:
-        raise argparse.ArgumentTypeError(f"not a Jinja template (line {e.lineno}: {e.message})"
-                                         ) from None
-    return value
-
-
-def json_object(value: str) -> dict:
-    """``--chat-template-args``: a JSON object."""
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos})") from None
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object, e.g. "
-                                         "'{\"enable_thinking\": false}'")
-    return parsed
 
 
 def _repetition_defaults(args) -> dict:
@@ -162,7 +129,7 @@ def main(argv=None) -> int:
     if split is not None and split.rank != 0:
         from mlx_mtp.server.split import follow
 
-        return follow(load, 0 if args.no_mtp else prompt_cache_bytes)
+        return follow(load, prompt_cache_bytes)  # (--no-mtp: Engine keeps none)
     if split is not None:
         from mlx_mtp.server.split import SplitWorker
 

@@ -80,15 +80,6 @@ class PromptReuse:
             logger.info("prompt cache: %d tokens not kept, larger than --prompt-cache-bytes %d",
                         cache.offset, self.store.max_bytes)
 
-    def digests(self) -> List[List[int]]:
-        """The kept entries, as ``LRUPromptCache.digests`` names them (for ``mirror``)."""
-        return self.store.digests()
-
-    def mirror(self, digests: Sequence[Sequence[int]]) -> None:
-        """Keep what another rank's store keeps (``digests``): a split target's other ranks
-        keep the entries rank 0 keeps, evicted as rank 0 evicts (its bound, its bytes)."""
-        self.store.mirror(digests)
-
     def summary(self) -> dict:
         """The ``prompt_cache`` object of ``/health``."""
         return {"enabled": True, "max_bytes": self.store.max_bytes, "bytes": self.store.nbytes,

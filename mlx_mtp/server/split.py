@@ -117,7 +117,7 @@ class SplitWorker(Worker):
         if reuse is not None:
             # every rank keeps what rank 0 keeps, with checkpoints where rank 0 keeps them
             points = self.engine.reuse_points(request, ids)
-            message.update(points=points, kept=reuse.digests())
+            message.update(points=points, kept=reuse.store.digests())
         self._send(message)
         # every step a bounded split step: a lost rank is a SplitFailed wherever MLX reports it
         # (an asynchronous evaluation's error surfaces at the next synchronization)
@@ -167,7 +167,7 @@ def follow(load: Callable[[], Engine], prompt_cache_bytes: int = 0) -> int:
                 return 0
             if message["kind"] == "request":  # else a heartbeat
                 if engine.prompt_cache is not None:
-                    engine.prompt_cache.mirror(message["kept"])
+                    engine.prompt_cache.store.mirror(message["kept"])
                 _run(engine, GenerationRequest(**message["request"]), message["ids"],
                      message.get("points"))
     except MTPError as e:
