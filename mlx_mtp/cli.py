@@ -183,8 +183,9 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                         help="with --draft-bits, quantize the head's fc too")
     parser.add_argument(
         "--draft-bf16", action="store_true",
-        help="CPU: the draft step's products on bfloat16 copies of the head's and the draft LM "
-             "head's weights, through mlx_mtp's bf16 kernel (half the bytes), also where the "
+        help="CPU: the draft step's products on bfloat16 copies of the drafter's weights (the "
+             "Qwen head's and its draft LM head's, or the Gemma 4 assistant's), through "
+             "mlx_mtp's bf16 kernel (half the bytes), also where the "
              "copy rounds a float32 head (drafts may then differ in a near tie, the output never "
              "does). Default: on where it rounds nothing (a bfloat16 checkpoint)")
 

@@ -139,12 +139,16 @@ class Gemma4AssistantDrafter(DrafterDefaults):
 
     ``query_position``: the constant RoPE position of every draft query in a round, for ``p``
     committed positions: ``"last_kv"`` = p - 1 (default; vLLM, mlx-vlm) or ``"bonus"`` = p (HF).
-    Either keeps the output exact; only acceptance may differ.
+    Either keeps the output exact; only acceptance may differ. ``bf16``: whether the assistant's
+    products run on bfloat16 copies (``bf16_assistant.use_bf16`` did it; reported by
+    ``describe``).
     """
 
-    def __init__(self, assistant: Gemma4Assistant, target, query_position: str = DEFAULT_QUERY_POSITION):
+    def __init__(self, assistant: Gemma4Assistant, target, query_position: str = DEFAULT_QUERY_POSITION,
+                 bf16: bool = False):
         self.assistant = assistant
         self.target = target
+        self.bf16 = bf16
         self.query_position = query_position
         self.cache = None
         self.reset()
@@ -243,3 +247,10 @@ class Gemma4AssistantDrafter(DrafterDefaults):
 
     def state_arrays(self) -> list:
         return [a for a in (self.hidden, self.bonus) if a is not None]
+
+    def describe(self) -> dict:
+        """What this drafter runs with (for ``--json`` and benchmark records)."""
+        return {"assistant_layers": len(self.assistant.model.layers),
+                "vocab_size": self.assistant.args.vocab_size,
+                "centroid_head": "masked_embedding" in self.assistant,
+                "query_position": self.query_position, "bf16": self.bf16}

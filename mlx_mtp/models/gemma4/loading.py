@@ -8,6 +8,7 @@ line that names the drafter folder, the setting and both values.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -21,6 +22,7 @@ from mlx_mtp.models import families
 from mlx_mtp.models.loader import load_target
 from mlx_mtp.models.model import MTPModel
 from mlx_mtp.models.options import DraftOptions
+from mlx_mtp.models.gemma4 import bf16_assistant
 from mlx_mtp.models.gemma4.drafter import Gemma4Assistant, Gemma4AssistantDrafter
 from mlx_mtp.models.gemma4.target import Gemma4Target
 
@@ -35,16 +37,21 @@ _ASSISTANT_ARCH = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input
 def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head: bool,
                       draft_options: Optional[DraftOptions],
                       target_args: Optional[dict] = None) -> MTPModel:
-    if draft_options is not None and draft_options != DraftOptions():
+    options = draft_options or DraftOptions()
+    if dataclasses.replace(options, bf16=None) != DraftOptions():
         raise MTPError("the drafter options (--draft-vocab, --draft-bits, --draft-group-size, "
-                       "--draft-quantize-fc, --draft-bf16) apply to the Qwen MTP head, not to a "
-                       "Gemma 4 assistant")
+                       "--draft-quantize-fc) apply to the Qwen MTP head, not to a Gemma 4 "
+                       "assistant (--draft-bf16 applies to both)")
     target = Gemma4Target(load_target(path, dtype, **(target_args or {})))
     assistant = None
     if drafter is None and (path / EMBEDDED_ASSISTANT / "config.json").is_file():
         drafter = path / EMBEDDED_ASSISTANT  # a folder written by python -m mlx_mtp.convert
+    bf16 = False
     if drafter is not None:
         assistant = load_assistant(drafter, target)
+        bf16 = bf16_assistant.resolve(options.bf16, assistant, f"drafter {drafter}")
+        if bf16:
+            bf16_assistant.use_bf16(assistant)
     elif require_head:
         raise MTPError(f"{path} is a Gemma 4 target: its MTP drafter is a separate assistant "
                        "checkpoint. Pass --drafter DIR (drafter=), e.g. the matching "
@@ -52,7 +59,8 @@ def load_gemma4_model(path: Path, config: dict, *, drafter, dtype, require_head:
     return MTPModel(
         mlx_model=target.model,
         target=target,
-        drafter=Gemma4AssistantDrafter(assistant, target) if assistant is not None else None,
+        drafter=(Gemma4AssistantDrafter(assistant, target, bf16=bf16)
+                 if assistant is not None else None),
         config=config,
         path=path,
     )
