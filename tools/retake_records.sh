@@ -227,6 +227,21 @@ if [ -n "${REALISTIC_PAIRS:-}" ] && [ -d "$REALISTIC_PAIRS/qwen3_5_moe" ]; then
   retake moe-pair-gemma4 -- $PY -m benchmarks.bench_moe --model "$M/gemma4_moe/target" \
     --drafter "$M/gemma4_moe/assistant" --topic moe-pair-gemma4 --temps 0,0.6 \
     --block-sizes 2,3,4,auto --pairs 1 --max-tokens 64 --synced-runs 1 --wait-idle 600
+  retake assistant-bf16-gemma4-moe-pair -- $PY -m benchmarks.bench_assistant_bf16 \
+    --model "$M/gemma4_moe/target" --drafter "$M/gemma4_moe/assistant" \
+    --topic assistant-bf16-gemma4-moe-pair --block-sizes 3,4 --pairs 2 --max-tokens 64 \
+    "${UNITS[@]}"
+  # auto against the best fixed blocks in 256-token generations
+  retake moe-pair-auto-256 -- $PY -m benchmarks.bench_mtp --model "$M/qwen3_5_moe" \
+    --topic moe-pair-auto-256 --block-sizes 3,4,auto --pairs 2 --max-tokens 256 \
+    --synced-runs 0 "${UNITS[@]}"
+  retake moe-pair-qwen3-next-auto-256 -- $PY -m benchmarks.bench_mtp --model "$M/qwen3_next" \
+    --topic moe-pair-qwen3-next-auto-256 --block-sizes 3,4,auto --pairs 2 --max-tokens 256 \
+    --synced-runs 0 "${UNITS[@]}"
+  retake moe-pair-gemma4-auto-256 -- $PY -m benchmarks.bench_mtp \
+    --model "$M/gemma4_moe/target" --drafter "$M/gemma4_moe/assistant" \
+    --topic moe-pair-gemma4-auto-256 --block-sizes 3,4,auto --pairs 2 --max-tokens 256 \
+    --synced-runs 0 "${UNITS[@]}"
 fi
 
 # The realistic Qwen3.5 pair with real token statistics and its draft vocabularies, when
