@@ -37,8 +37,11 @@ DRAFTERS = (FLOAT32, BF16)
 
 def load_pair(args):
     """(bf16 model, float32 model, tokenizer): one target, the assistant loaded twice."""
-    model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
-                                    draft_options=DraftOptions(bf16=True))
+    try:
+        model, tokenizer = mlx_mtp.load(args.model, drafter=args.drafter,
+                                        draft_options=DraftOptions(bf16=True))
+    except mlx_mtp.MTPError as e:  # e.g. no bf16 kernel here, or a quantized assistant
+        raise SystemExit(f"error: {e}") from None
     if not isinstance(model.drafter, Gemma4AssistantDrafter):
         raise SystemExit(f"error: --model {args.model} with --drafter {args.drafter} is not a "
                          "Gemma 4 target and assistant")
