@@ -176,7 +176,7 @@ def kernel_threads(work_bytes: int = 0) -> int:
 
 # A one-row product reads its weight once and does little else, so from this many weight bytes
 # on every usable core reads a share (chosen by benchmarks/bench_decode_step.py on the realistic
-# calibrated pair, as ``drafter_products.BF16_PARALLEL_BYTES``; its record holds the numbers).
+# calibrated pair, as ``bf16_weights.BF16_PARALLEL_BYTES``; its record holds the numbers).
 ONE_ROW_PARALLEL_BYTES = 4 * 1024 * 1024
 
 

@@ -6,12 +6,12 @@ import json
 import pytest
 
 from benchmarks import bench_assistant_bf16
-from mlx_mtp.models.qwen3_5 import drafter_products
+from mlx_mtp.models import bf16_weights
 from support import tiny_checkpoints as tc
 from support.tiny_gemma4 import write_assistant, write_target
 
-pytestmark = pytest.mark.skipif(drafter_products.bf16_problem() is not None,
-                                reason=f"bf16 kernel: {drafter_products.bf16_problem()}")
+pytestmark = pytest.mark.skipif(bf16_weights.bf16_problem() is not None,
+                                reason=f"bf16 kernel: {bf16_weights.bf16_problem()}")
 
 
 def test_bench_assistant_bf16_compares_the_two_assistants(tmp_path):

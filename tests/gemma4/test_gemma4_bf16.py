@@ -18,10 +18,10 @@ import mlx_mtp
 from mlx_mtp import MTPError
 from mlx_mtp.models.gemma4.bf16_assistant import Bf16Linear, Bf16TiedHead
 from mlx_mtp.models.options import DraftOptions
-from mlx_mtp.models.qwen3_5 import drafter_products
+from mlx_mtp.models import bf16_weights
 
-pytestmark = pytest.mark.skipif(drafter_products.bf16_problem() is not None,
-                                reason=f"bf16 kernel: {drafter_products.bf16_problem()}")
+pytestmark = pytest.mark.skipif(bf16_weights.bf16_problem() is not None,
+                                reason=f"bf16 kernel: {bf16_weights.bf16_problem()}")
 
 PROMPT = [(7 * i + 3) % 300 for i in range(9)]
 

@@ -1,5 +1,5 @@
-"""The drafter's products with bfloat16 weights through the bf16 kernel
-(``DraftOptions.bf16``, ``mlx_mtp.models.qwen3_5.drafter_products``)."""
+"""The drafter's products with bfloat16 weights through the bf16 kernel (``DraftOptions.bf16``,
+``mlx_mtp.models.bf16_weights``, ``mlx_mtp.models.qwen3_5.drafter_products``)."""
 
 import importlib
 import json
@@ -19,7 +19,7 @@ from mlx_mtp.cpu import row_kernel
 from mlx_mtp.decoding.stats import RunStats
 from mlx_mtp.exactness.row_exact_layers import bitwise_equal
 from mlx_mtp.models.options import DraftOptions
-from mlx_mtp.models.qwen3_5 import drafter_products
+from mlx_mtp.models import bf16_weights
 from mlx_mtp.models.qwen3_5.drafter import QwenMTPDrafter
 from mlx_mtp.models.qwen3_5.lm_head import DraftLMHead
 
@@ -39,13 +39,13 @@ def test_bf16_products_are_the_row_kernels_on_the_rounded_weights(K, threads):
     last partial group of columns (compared on the weight padded to whole groups of 8)."""
     N = 8 * 70 + 5
     w = mx.random.normal((N, K), key=mx.random.key(1))
-    w16 = drafter_products.bf16_weight(w)
+    w16 = bf16_weights.bf16_weight(w)
     assert w16.dtype == mx.bfloat16
     padded = mx.concatenate([_rounded(w), mx.zeros((3, K))])
     mx.eval(padded)
     for T in (1, 2, 3, 5, 6, 7, 13):
         x = mx.random.normal((1, T, K), key=mx.random.key(T))
-        got = drafter_products.bf16_products(x, w16, threads)
+        got = bf16_weights.bf16_products(x, w16, threads)
         want = row_kernel.products(x, padded, N + 3)[..., :N]
         assert got.shape == (1, T, N) and got.dtype == mx.float32
         assert bitwise_equal(got, mx.contiguous(want)), T
@@ -162,9 +162,9 @@ def test_by_default_it_runs_where_the_copy_rounds_nothing(dense_dir, monkeypatch
 
 def test_holds_bf16_checks_every_row_block():
     w = _rounded(mx.random.normal((50, 16), key=mx.random.key(8)))
-    assert drafter_products.holds_bf16(w, rows=8)
+    assert bf16_weights.holds_bf16(w, rows=8)
     bumped = w + mx.where(mx.arange(w.size).reshape(w.shape) == 49 * 16 + 3, 1e-5, 0.0)
-    assert not drafter_products.holds_bf16(bumped, rows=8)  # in the last, partial block
+    assert not bf16_weights.holds_bf16(bumped, rows=8)  # in the last, partial block
 
 
 def test_cli_draft_bf16_flag(capsys, dense_dir):
@@ -206,6 +206,6 @@ def test_bf16_threads_every_core_from_four_mebibytes_unless_the_variable_says(mo
     monkeypatch.setattr(cpu_blas, "usable_cores", lambda: 3)
     small = mx.zeros((1024, 2047), mx.bfloat16)  # just under 4 MiB
     large = mx.zeros((1024, 2048), mx.bfloat16)
-    assert drafter_products.bf16_threads(small) == 1 and drafter_products.bf16_threads(large) == 3
+    assert bf16_weights.bf16_threads(small) == 1 and bf16_weights.bf16_threads(large) == 3
     monkeypatch.setenv("MLX_MTP_VERIFY_THREADS", "1")
-    assert drafter_products.bf16_threads(large) == 1
+    assert bf16_weights.bf16_threads(large) == 1

@@ -296,10 +296,10 @@ def test_the_demo_pair_ships_its_draft_vocabulary():
     # a bfloat16 checkpoint: by default its 4096 rows are drafted over as bfloat16 copies (where
     # the CPU kernels run), else transposed for the BLAS
     from mlx_mtp.models.options import DraftOptions
-    from mlx_mtp.models.qwen3_5 import drafter_products
+    from mlx_mtp.models import bf16_weights
 
     lm = model.drafter.lm.tensors
-    if drafter_products.bf16_problem() is None:
+    if bf16_weights.bf16_problem() is None:
         assert d["bf16"] and lm.bf16 and lm.weight.shape == (4096, lm.weight.shape[1])
     else:
         assert not d["bf16"] and lm.transposed

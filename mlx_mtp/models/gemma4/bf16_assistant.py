@@ -3,7 +3,7 @@
 On the CPU the assistant is cast to float32 on load, so a draft step reads 4 bytes per weight.
 Here every bias-free projection and the tied head (``embed_tokens.as_linear``) read a bfloat16
 copy through the bf16 kernel that also runs the Qwen head's products
-(``mlx_mtp.models.qwen3_5.drafter_products``): half the bytes, each sum in float32. Drafts may
+(``mlx_mtp.models.bf16_weights``): half the bytes, each sum in float32. Drafts may
 differ from the float32 products' in a near tie, never the output. docs/models.md, "A bfloat16
 drafter on the CPU".
 """
@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_mtp.errors import MTPError
-from mlx_mtp.models.qwen3_5 import drafter_products
+from mlx_mtp.models import bf16_weights
 
 
 class Bf16Linear(nn.Module):
@@ -25,11 +25,11 @@ class Bf16Linear(nn.Module):
 
     def __init__(self, weight: mx.array):
         super().__init__()
-        self.weight = drafter_products.bf16_weight(weight)
-        self.threads = drafter_products.bf16_threads(self.weight)
+        self.weight = bf16_weights.bf16_weight(weight)
+        self.threads = bf16_weights.bf16_threads(self.weight)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return drafter_products.bf16_products(x, self.weight, self.threads)
+        return bf16_weights.bf16_products(x, self.weight, self.threads)
 
 
 class Bf16TiedHead(nn.Module):
@@ -69,13 +69,13 @@ def candidates(assistant) -> list:
 
 def resolve(option: Optional[bool], assistant, source: str) -> bool:
     """``DraftOptions.bf16`` for ``assistant``: as for the Qwen head
-    (``drafter_products.resolve_bf16``); a quantized assistant never (an error if asked for)."""
+    (``bf16_weights.resolve_bf16``); a quantized assistant never (an error if asked for)."""
     if _quantized(assistant):
         if option:
             raise MTPError(f"--draft-bf16 (DraftOptions(bf16=True)): {source} is quantized; "
                            "the bf16 kernel copies float weights")
         return False
-    return drafter_products.resolve_bf16(option, lambda: candidates(assistant))
+    return bf16_weights.resolve_bf16(option, lambda: candidates(assistant))
 
 
 def use_bf16(assistant) -> int:

@@ -25,6 +25,7 @@ from mlx_mtp.models.draft_profile import DraftProfiler
 from mlx_mtp.models.packed_batch import packed_caches
 from mlx_mtp.draft_tree import DraftTree
 from mlx_mtp.models.protocols import DrafterDefaults
+from mlx_mtp.models import bf16_weights
 from mlx_mtp.models.qwen3_5 import drafter_products
 from mlx_mtp.models.qwen3_5.compiled_head import CompiledHead
 from mlx_mtp.models.qwen3_5.fused_head import FusedHead, fusable
@@ -106,7 +107,7 @@ class QwenMTPDrafter(DrafterDefaults):
         # The step's products on bfloat16 copies of the weights (by default where that rounds
         # nothing: a bfloat16 checkpoint), else through the row kernel (with OpenBLAS, by default).
         self.bf16 = (options.compiled and options.bits is None and options.row_kernel is not True
-                     and drafter_products.resolve_bf16(
+                     and bf16_weights.resolve_bf16(
                          options.bf16, lambda: bf16_candidates(head, target, vocab_ids)))
         self.row_kernel = (options.compiled and not self.bf16
                            and drafter_products.resolve(options.row_kernel))

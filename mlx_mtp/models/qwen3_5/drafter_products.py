@@ -1,6 +1,7 @@
 """How the drafter's products run: the BLAS, the row kernel where the BLAS packs few-row products
 (``DraftOptions.row_kernel``: None takes it with OpenBLAS only, as benchmarks/bench_drafter.py
-measured), or the bf16 kernel on bfloat16 copies of the weights (``DraftOptions.bf16``); and an
+measured), or the bf16 kernel on bfloat16 copies of the weights (``DraftOptions.bf16``,
+``mlx_mtp.models.bf16_weights``); and an
 MoE head's experts through the expert kernel. Drafts may differ from the BLAS's in a near tie,
 never the output. docs/models.md, "Drafter options" and "A bfloat16 drafter on the CPU"."""
 
@@ -14,10 +15,10 @@ from mlx_lm.models.switch_layers import SwitchGLU
 
 from mlx_mtp.cpu import blas as cpu_blas
 from mlx_mtp.cpu import expert_kernel
-from mlx_mtp.cpu import lazy_ops as lazy_kernels
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.errors import MTPError
 from mlx_mtp.exactness import grouped_experts
+from mlx_mtp.models import bf16_weights
 
 AUTO_BLAS = ("OpenBLAS",)  # the loaded BLAS libraries ``None`` turns it on for
 
@@ -26,7 +27,7 @@ def problem() -> Optional[str]:
     """Why the row kernel cannot run the drafter's products here (None: it can)."""
     if mx.default_device() == mx.cpu and not row_kernel.available():
         return f"the row kernel is unavailable ({row_kernel.reason()})"
-    return bf16_problem()
+    return bf16_weights.bf16_problem()
 
 
 def resolve(option: Optional[bool]) -> bool:
@@ -42,79 +43,6 @@ def resolve(option: Optional[bool]) -> bool:
     return True
 
 
-def bf16_products(x: mx.array, w: mx.array, threads: int = 1) -> mx.array:
-    """``x @ w.T`` ([..., T, K] float32 by a bfloat16 [N, K] weight) summed in float32, as a lazy
-    op (the bf16 kernel of ``mlx_mtp/cpu/csrc/row_dot.c``)."""
-    ops = lazy_kernels.load()
-    if ops is None:
-        raise RuntimeError(f"bf16 kernel unavailable: {lazy_kernels.reason()}")
-    *lead, T, K = x.shape
-    return ops.bf16_dot(x.reshape(-1, K), w, threads).reshape(*lead, T, w.shape[0])
-
-
-def bf16_weight(weight: mx.array) -> mx.array:
-    """A row-contiguous bfloat16 copy of ``weight``, evaluated."""
-    w = mx.contiguous(weight.astype(mx.bfloat16))
-    mx.eval(w)
-    return w
-
-
-# A bfloat16 weight of at least this many bytes is read by every core this process may use: a
-# draft step's one-row product is bound by the read, which a second thread speeds up from about
-# this size (chosen by benchmarks/bench_drafter.py; its drafter-phases record holds the numbers).
-BF16_PARALLEL_BYTES = 4 * 1024 * 1024
-
-
-def bf16_threads(weight: mx.array) -> int:
-    """The bf16 kernel's threads for one product with ``weight``: ``MLX_MTP_VERIFY_THREADS`` if
-    set, as for the row kernel; else every usable core from ``BF16_PARALLEL_BYTES`` on. Each
-    output is computed by one thread, so the bytes do not depend on it."""
-    from mlx_mtp.exactness.row_exact_layers import kernel_threads
-
-    if cpu_blas.verify_threads_set():
-        return kernel_threads()
-    return cpu_blas.usable_cores() if weight.nbytes >= BF16_PARALLEL_BYTES else 1
-
-
-def bf16_problem() -> Optional[str]:
-    """Why the bf16 kernel cannot run the drafter's products here (None: it can): the lazy
-    CPU kernels, which the row kernel's drafter products need too (``problem``)."""
-    if mx.default_device() != mx.cpu:
-        return "the default device is not the CPU"
-    if not lazy_kernels.available():
-        return f"the lazy kernels are unavailable ({lazy_kernels.reason()})"
-    return None
-
-
-def resolve_bf16(option: Optional[bool], weights: Callable[[], list]) -> bool:
-    """``DraftOptions.bf16``: False off; True on (an error where the kernel cannot run); None
-    on where it can and it rounds nothing: every float32 matrix ``weights()`` lists (those the
-    step would copy) holds bfloat16 values, as a checkpoint shipped in bfloat16 and cast to float32
-    on load does, and no matrix is quantized."""
-    if option is False:
-        return False
-    why = bf16_problem()
-    if option is None:
-        if why is not None:
-            return False
-        matrices = weights()
-        return bool(matrices) and all(w.dtype == mx.float32 and holds_bf16(w) for w in matrices)
-    if why is not None:
-        raise MTPError(f"--draft-bf16 (DraftOptions(bf16=True)): {why}")
-    return True
-
-
-def holds_bf16(w: mx.array, rows: int = 8192) -> bool:
-    """Whether every value of ``w`` is a bfloat16 value (rounding it to bfloat16 changes
-    nothing), checked ``rows`` rows at a time (no full-size temporary)."""
-    w = w.reshape(-1, w.shape[-1])
-    for start in range(0, w.shape[0], rows):
-        part = w[start:start + rows]
-        if not mx.array_equal(part, part.astype(mx.bfloat16).astype(part.dtype)).item():
-            return False
-    return True
-
-
 def fits(rows: int, dtype) -> bool:
     """The kernel takes a weight of ``rows`` outputs whole: float32, whole groups of 8."""
     return dtype == mx.float32 and rows % row_kernel.COLUMN_GROUP == 0
@@ -125,11 +53,11 @@ def matmul_for(weight: mx.array, on: bool, bf16: bool = False) -> Callable[[mx.a
     weight; else through the row kernel if ``on`` and the weight fits, else the BLAS. The weight
     is made row-contiguous once, here."""
     if bf16:
-        w16 = bf16_weight(weight)
-        threads = bf16_threads(w16)
+        w16 = bf16_weights.bf16_weight(weight)
+        threads = bf16_weights.bf16_threads(w16)
 
         def by_bf16(x):
-            return bf16_products(x, w16, threads)
+            return bf16_weights.bf16_products(x, w16, threads)
         by_bf16.by_kernel = "bf16"
         return by_bf16
     if on and fits(weight.shape[0], weight.dtype):

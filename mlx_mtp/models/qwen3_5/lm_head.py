@@ -17,6 +17,7 @@ import mlx.nn as nn
 
 from mlx_mtp.cpu import row_kernel
 from mlx_mtp.errors import MTPError
+from mlx_mtp.models import bf16_weights
 from mlx_mtp.models.qwen3_5 import drafter_products
 
 
@@ -68,7 +69,7 @@ class HeadTensors:
         """``x @ rows[start:stop].T`` (+ bias): the same op the module itself runs."""
         s = slice(start, stop)
         if self.bf16:
-            out = drafter_products.bf16_products(x, self.weight[s], self.threads)
+            out = bf16_weights.bf16_products(x, self.weight[s], self.threads)
         elif self.row_kernel and start == 0 and stop is None:
             out = row_kernel.products(x, self.weight, self.weight.shape[0])
         elif self.transposed:
@@ -87,8 +88,8 @@ class HeadTensors:
         untransposed rows only); only the rows taken are copied."""
         w = self.weight if ids is None else self.weight[ids]
         bias = self.bias if ids is None or self.bias is None else mx.contiguous(self.bias[ids])
-        w = drafter_products.bf16_weight(w)
-        return HeadTensors(w, bias=bias, bf16=True, threads=drafter_products.bf16_threads(w))
+        w = bf16_weights.bf16_weight(w)
+        return HeadTensors(w, bias=bias, bf16=True, threads=bf16_weights.bf16_threads(w))
 
     @property
     def nbytes(self) -> int:
