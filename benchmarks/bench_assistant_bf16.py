@@ -174,10 +174,7 @@ def main(argv=None):
         return rendered
     if not args.drafter:
         p.error("--drafter: the assistant's folder is required")
-    try:
-        args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
-    except ValueError:
-        p.error(f"--block-sizes: expected comma-separated integers, got {args.block_sizes!r}")
+    args.block_sizes = common.int_list(p, "--block-sizes", args.block_sizes)
     if (any(b < 2 for b in args.block_sizes) or args.pairs < 1 or args.max_tokens < 2
             or args.draft_steps < 1 or args.reps < 1):
         p.error("--block-sizes: each at least 2; --pairs, --draft-steps and --reps >= 1; "

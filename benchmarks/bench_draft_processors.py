@@ -233,10 +233,7 @@ def main(argv=None):
     rendered = common.render_instead(args, p, render, None)
     if rendered is not None:
         return rendered
-    try:
-        args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
-    except ValueError:
-        p.error(f"--block-sizes: expected comma-separated integers, got {args.block_sizes!r}")
+    args.block_sizes = common.int_list(p, "--block-sizes", args.block_sizes)
     if any(b < 2 for b in args.block_sizes) or args.pairs < 1 or args.max_tokens < 2:
         p.error("--block-sizes: each at least 2 (a draft to accept); --pairs >= 1 and "
                 "--max-tokens >= 2")

@@ -192,10 +192,7 @@ def main(argv=None):
     rendered = common.render_instead(args, p, render, "draft_vocab")
     if rendered is not None:
         return rendered
-    try:
-        args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
-    except ValueError:
-        p.error(f"--block-sizes: expected comma-separated integers, got {args.block_sizes!r}")
+    args.block_sizes = common.int_list(p, "--block-sizes", args.block_sizes)
     if any(b < 2 for b in args.block_sizes):
         p.error(f"--block-sizes: every block size must be >= 2 (one draft), got "
                 f"{args.block_sizes}")

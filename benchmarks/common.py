@@ -79,6 +79,14 @@ HELD_OUT_OPENINGS = {
 PROMPT_SETS = {"default": DEFAULT_PROMPTS, "code": CODE_PROMPTS, "held-out": HELD_OUT_OPENINGS}
 
 
+def int_list(p: argparse.ArgumentParser, flag: str, text: str) -> List[int]:
+    """``text`` (a flag's value) as comma-separated integers, else a usage error naming ``flag``."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        p.error(f"{flag}: expected comma-separated integers, got {text!r}")
+
+
 def add_prompt_args(p: argparse.ArgumentParser, default: str = "default") -> None:
     """``--prompts NAME`` (a set of ``PROMPT_SETS``) or ``--prompts-json FILE``."""
     p.add_argument("--prompts", choices=sorted(PROMPT_SETS), default=default,

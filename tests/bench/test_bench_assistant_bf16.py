@@ -49,3 +49,10 @@ def test_a_qwen_pair_is_refused(tmp_path):
             "--allow-busy", "--idle-window", "0.2"])
     assert e.value.code == (f"error: --model {model} with --drafter {model} is not a Gemma 4 "
                             "target and assistant")
+
+
+def test_block_sizes_that_are_not_integers_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_assistant_bf16.main(["--model", "t", "--drafter", "a", "--block-sizes", "3,x"])
+    assert e.value.code == 2
+    assert "--block-sizes: expected comma-separated integers, got '3,x'" in capsys.readouterr().err
