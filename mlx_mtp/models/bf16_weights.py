@@ -50,7 +50,8 @@ def bf16_threads(weight: mx.array) -> int:
 
 def bf16_problem() -> Optional[str]:
     """Why the bf16 kernel cannot run the drafter's products here (None: it can): the lazy
-    CPU kernels, which the row kernel's drafter products need too (``problem``)."""
+    CPU kernels, which the row kernel's drafter products need too
+    (``qwen3_5.drafter_products.problem``)."""
     if mx.default_device() != mx.cpu:
         return "the default device is not the CPU"
     if not lazy_kernels.available():

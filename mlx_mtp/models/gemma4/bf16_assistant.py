@@ -78,16 +78,11 @@ def resolve(option: Optional[bool], assistant, source: str) -> bool:
     return bf16_weights.resolve_bf16(option, lambda: candidates(assistant))
 
 
-def use_bf16(assistant) -> int:
+def use_bf16(assistant) -> None:
     """Swap the assistant's projections (and its dense tied head) for bfloat16 copies run by
-    the bf16 kernel; the float32 weights they replace are dropped. Returns the number of
-    products swapped."""
-    swapped = 0
+    the bf16 kernel; the float32 weights they replace are dropped."""
     for parent, name, linear in _linears(assistant):
         setattr(parent, name, Bf16Linear(linear.weight))
-        swapped += 1
     if "masked_embedding" not in assistant:
         # The centroid head gathers embedding rows, so it keeps the float32 table.
         assistant.model.embed_tokens = Bf16TiedHead(assistant.model.embed_tokens)
-        swapped += 1
-    return swapped

@@ -1,9 +1,9 @@
 """How the drafter's products run: the BLAS, the row kernel where the BLAS packs few-row products
 (``DraftOptions.row_kernel``: None takes it with OpenBLAS only, as benchmarks/bench_drafter.py
 measured), or the bf16 kernel on bfloat16 copies of the weights (``DraftOptions.bf16``,
-``mlx_mtp.models.bf16_weights``); and an
-MoE head's experts through the expert kernel. Drafts may differ from the BLAS's in a near tie,
-never the output. docs/models.md, "Drafter options" and "A bfloat16 drafter on the CPU"."""
+``mlx_mtp.models.bf16_weights``); and an MoE head's experts through the expert kernel. Drafts
+may differ from the BLAS's in a near tie, never the output. docs/models.md, "Drafter options"
+and "A bfloat16 drafter on the CPU"."""
 
 from __future__ import annotations
 
